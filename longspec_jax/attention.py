@@ -1,0 +1,110 @@
+"""Attention entry points and their pure-jnp reference implementations.
+
+Every attention the models do is *hybrid*: new queries attend to (a) the committed prefix
+in the KV cache, with no mask beyond its per-sequence length, and (b) the new tokens of
+this step (a causal chunk, one AR token, or a speculation tree) under an explicit mask.
+Each pass returns (out, lse) and `merge` combines them exactly. The Pallas kernels in
+`pallas_kernels/` compute the same functions; these are the ground truth.
+
+Shapes: queries are grouped by KV head, [B, T, K, G, D] (K kv heads, G query heads per
+kv head), keys/values are [B, S, K, D]. `lse` is the natural-log normalizer [B, T, K, G].
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+# Implementations selectable with `impl=` (and `--attention` on the command line).
+IMPLS = ("reference",)
+
+
+def _softmax_pass(scores: jnp.ndarray, visible: jnp.ndarray, v: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Softmax over the last axis of scores [B, K, G, T, S] where visible; rows with no
+  visible key give out = 0 and lse = -inf, so they vanish in `merge`."""
+  scores = jnp.where(visible, scores, _NEG_INF)
+  row_max = jnp.max(scores, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  weights = jnp.exp(scores - row_max)  # masked entries are exp(-inf) = 0
+  denom = jnp.sum(weights, axis=-1)  # [B, K, G, T]
+  out = jnp.einsum("bkgts,bskd->btkgd", weights, v.astype(jnp.float32))
+  out = out / jnp.maximum(denom, jnp.finfo(jnp.float32).tiny).transpose(0, 3, 1, 2)[..., None]
+  lse = jnp.log(denom) + row_max[..., 0]  # log(0) = -inf for empty rows
+  return out, lse.transpose(0, 3, 1, 2)
+
+
+def _scores(q: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+  scale = q.shape[-1] ** -0.5
+  return jnp.einsum("btkgd,bskd->bkgts", q.astype(jnp.float32) * scale, k.astype(jnp.float32))
+
+
+def prefix_attention_reference(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    lengths: jnp.ndarray,
+    q_positions: jnp.ndarray | None = None,
+    window: int | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Queries [B, T, K, G, D] over cached keys/values [B, S, K, D], slots < lengths [B] only.
+
+  With `window`, a query at position p also ignores cached slots <= p - window (the
+  committed prefix holds position i in slot i). Returns (out f32 [B,T,K,G,D], lse [B,T,K,G]).
+  """
+  slots = jnp.arange(k.shape[1])
+  visible = slots[None, :] < lengths[:, None]  # [B, S]
+  visible = visible[:, None, None, None, :]  # [B, 1, 1, 1, S]
+  if window is not None:
+    recent = q_positions[:, :, None] - slots[None, None, :] < window  # [B, T, S]
+    visible = visible & recent[:, None, None, :, :]
+  return _softmax_pass(_scores(q, k), visible, v)
+
+
+def block_attention_reference(
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Queries [B, T, K, G, D] over this step's keys/values [B, T, K, D] under mask [B, T, T]
+  (mask[b, i, j]: query i sees key j). Returns (out f32, lse)."""
+  return _softmax_pass(_scores(q, k), mask[:, None, None, :, :], v)
+
+
+def merge(out_a, lse_a, out_b, lse_b) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Exact combination of two attention passes over disjoint key sets."""
+  lse = jnp.logaddexp(lse_a, lse_b)
+  safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+  w_a = jnp.exp(lse_a - safe)[..., None]
+  w_b = jnp.exp(lse_b - safe)[..., None]
+  return out_a * w_a + out_b * w_b, lse
+
+
+def hybrid_attention(
+    q: jnp.ndarray,
+    k_cache: jnp.ndarray,
+    v_cache: jnp.ndarray,
+    lengths: jnp.ndarray,
+    k_new: jnp.ndarray,
+    v_new: jnp.ndarray,
+    mask: jnp.ndarray,
+    q_positions: jnp.ndarray,
+    window: int | None = None,
+    impl: str = "reference",
+) -> jnp.ndarray:
+  """Attention of new queries over the committed prefix plus the new block; returns
+  out [B, T, K, G, D] in float32."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention impl {impl!r} is not one of {IMPLS}.")
+  out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
+  out_b, lse_b = block_attention_reference(q, k_new, v_new, mask)
+  out, _ = merge(out_a, lse_a, out_b, lse_b)
+  return out
+
+
+def causal_block_mask(positions: jnp.ndarray, valid: jnp.ndarray, window: int | None = None) -> jnp.ndarray:
+  """Mask [B, T, T] for a chunk of consecutive tokens: key j visible to query i when it is
+  valid, not in the future, and (with `window`) fewer than `window` positions back."""
+  delta = positions[:, :, None] - positions[:, None, :]  # [B, T, T] query pos - key pos
+  mask = (delta >= 0) & valid[:, None, :]
+  if window is not None:
+    mask &= delta < window
+  return mask
+

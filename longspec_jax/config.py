@@ -1,0 +1,134 @@
+"""Frozen model configs, read from a Hugging Face `config.json` or from GGUF metadata.
+
+One `TargetConfig` describes every supported Llama-family decoder (Llama 2/3.x, Vicuna,
+LongChat, Mistral, Qwen2/2.5/QwQ, SmolLM2): they differ only in head counts, RoPE
+scaling, q/k/v biases, tied embeddings and an optional sliding window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from longspec_jax.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+  """Rotary embedding: base, scaling kind and its parameters (HF `rope_parameters` names)."""
+
+  theta: float = 10000.0
+  kind: str = "default"
+  factor: float = 1.0
+  # llama3
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+  # yarn
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  attention_factor: float | None = None
+  mscale: float | None = None
+  mscale_all_dim: float | None = None
+  truncate: bool = True
+  # Per-frequency divisors stored in a GGUF file (`rope_freqs.weight`, llama3-style scaling).
+  freq_factors: tuple[float, ...] | None = None
+
+  def __post_init__(self):
+    if self.kind not in ROPE_KINDS:
+      raise UserError(
+          f"RoPE scaling type {self.kind!r} is not supported; supported types are"
+          f" {', '.join(ROPE_KINDS)}."
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetConfig:
+  """Shape and numerics of a Llama-family decoder-only target model."""
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope: RopeConfig = RopeConfig()
+  rms_norm_eps: float = 1e-5
+  max_position_embeddings: int = 4096
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False
+  # Keys further back than this many positions are invisible (Mistral v0.1); None = full attention.
+  sliding_window: int | None = None
+  model_type: str = "llama"
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise UserError(
+          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
+      )
+
+  @property
+  def group_size(self) -> int:
+    """Query heads per key/value head (GQA group size)."""
+    return self.num_heads // self.num_kv_heads
+
+  @classmethod
+  def from_hf(cls, hf: Mapping[str, Any]) -> "TargetConfig":
+    """Builds the config from a parsed HF `config.json` (transformers 4.x or 5.x layout)."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+      raise UserError(
+          f"model_type {model_type!r} is not supported; supported Llama-family types are"
+          f" {', '.join(SUPPORTED_MODEL_TYPES)}."
+      )
+    if hf.get("hidden_act", "silu") != "silu":
+      raise UserError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is.")
+    if hf.get("mlp_bias", False):
+      raise UserError("MLP biases (mlp_bias=true) are not supported.")
+    num_heads = hf["num_attention_heads"]
+    eos = hf.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    sliding_window = hf.get("sliding_window")
+    if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+      sliding_window = None
+    return cls(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        rope=_rope_from_hf(hf),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        tie_word_embeddings=hf.get("tie_word_embeddings", model_type == "qwen2"),
+        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        sliding_window=sliding_window,
+        model_type=model_type,
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+    )
+
+
+def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
+  """Reads `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x)."""
+  params = dict(hf.get("rope_parameters") or {})
+  params.update(hf.get("rope_scaling") or {})
+  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  kind = params.get("rope_type", params.get("type", "default"))
+  if kind == "default":
+    return RopeConfig(theta=theta)
+  fields = {f.name for f in dataclasses.fields(RopeConfig)}
+  extra = {k: v for k, v in params.items() if k in fields and v is not None}
+  extra.setdefault(
+      "original_max_position_embeddings",
+      hf.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
+  )
+  return RopeConfig(theta=theta, kind=kind, **extra)

@@ -1,0 +1,162 @@
+"""The Llama-family target decoder as Flax NNX modules.
+
+embed -> L x (RMSNorm, attention with RoPE, RMSNorm, SwiGLU MLP) -> RMSNorm -> LM head
+(tied to the embedding or separate). The L layers' parameters are stacked on a leading
+axis and run with `lax.scan`, so compile time does not grow with depth. q/k/v share one
+projection `[E, H + 2K, D]` and gate/up another `[E, 2, F]`: one matrix product each.
+
+Every forward takes explicit positions and a mask over the step's own tokens, and
+attends to the committed prefix of the KV cache through `attention.hybrid_attention`:
+the same call serves prefill chunks, AR decode and tree verification.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from longspec_jax import attention
+from longspec_jax.cache import KVCache, write_block
+from longspec_jax.config import TargetConfig
+from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+
+_init = nnx.initializers.normal(0.02)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm in float32, rounded to x.dtype before the gain (as HF does)."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight * normed.astype(x.dtype)
+
+
+class DecoderLayer(nnx.Module):
+  """One pre-norm decoder block; `Transformer` stacks L of them on a leading axis."""
+
+  def __init__(self, config: TargetConfig, dtype, rngs: nnx.Rngs):
+    e, d, f = config.hidden_size, config.head_dim, config.intermediate_size
+    n_qkv = config.num_heads + 2 * config.num_kv_heads
+    self.config = config
+    self.attn_norm = nnx.Param(jnp.ones((e,), dtype))
+    self.qkv = nnx.Param(_init(rngs.params(), (e, n_qkv, d), dtype))
+    self.qkv_bias = nnx.Param(jnp.zeros((n_qkv, d), dtype)) if config.qkv_bias else None
+    self.o = nnx.Param(_init(rngs.params(), (config.num_heads, d, e), dtype))
+    self.mlp_norm = nnx.Param(jnp.ones((e,), dtype))
+    self.gate_up = nnx.Param(_init(rngs.params(), (e, 2, f), dtype))
+    self.down = nnx.Param(_init(rngs.params(), (f, e), dtype))
+
+  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k."""
+    c = self.config
+    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps)
+    qkv = jnp.einsum("bte,end->btnd", h, self.qkv[...])  # [B, T, H + 2K, D]
+    if self.qkv_bias is not None:
+      qkv = qkv + self.qkv_bias[...]
+    q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    b, t = x.shape[:2]
+    return q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim), k, v
+
+  def finish(self, x: jax.Array, attn_out: jax.Array) -> jax.Array:
+    """Output projection, residual and MLP: attn_out [B, T, K, G, D] -> x [B, T, E]."""
+    c = self.config
+    b, t = x.shape[:2]
+    attn_out = attn_out.reshape(b, t, c.num_heads, c.head_dim).astype(x.dtype)
+    x = x + jnp.einsum("bthd,hde->bte", attn_out, self.o[...])
+    h = rms_norm(x, self.mlp_norm[...], c.rms_norm_eps)
+    gate_up = jnp.einsum("bte,ecf->btcf", h, self.gate_up[...])  # [B, T, 2, F]
+    h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
+    return x + jnp.einsum("btf,fe->bte", h, self.down[...])
+
+
+class Transformer(nnx.Module):
+  """The target model. Call it with tokens, positions, a block mask and (optionally) a cache."""
+
+  def __init__(self, config: TargetConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+
+    @nnx.split_rngs(splits=config.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
+      return DecoderLayer(config, dtype, rngs)
+
+    self.layers = make_layers(rngs)
+    self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+    self.lm_head = (
+        None
+        if config.tie_word_embeddings
+        else nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+    )
+
+  @property
+  def dtype(self):
+    return self.embed[...].dtype
+
+  def __call__(
+      self,
+      tokens: jax.Array,
+      positions: jax.Array,
+      mask: jax.Array,
+      cache: KVCache | None = None,
+      impl: str = "reference",
+  ) -> tuple[jax.Array, KVCache | None]:
+    """tokens, positions [B, T]; mask [B, T, T] over this step's tokens.
+
+    Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
+    this step's K/V written after each sequence's committed prefix (lengths unchanged).
+    """
+    c = self.config
+    x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
+    inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
+    cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
+    layer_def, layer_state = nnx.split(self.layers)
+
+    def block(carry, xs):
+      x, k_layers, v_layers = carry
+      state, index = xs
+      layer = nnx.merge(layer_def, state)
+      q, k, v = layer.project_qkv(x, cos, sin)
+      if cache is None:
+        out, _ = attention.block_attention_reference(q, k, v, mask)
+      else:
+        out = attention.hybrid_attention(
+            q, k_layers[index], v_layers[index], cache.lengths, k, v, mask, positions,
+            window=c.sliding_window, impl=impl,
+        )
+        k_layers = write_block(k_layers, index, cache.lengths, k)
+        v_layers = write_block(v_layers, index, cache.lengths, v)
+      return (layer.finish(x, out), k_layers, v_layers), None
+
+    layers_kv = (None, None) if cache is None else (cache.k, cache.v)
+    (x, k_layers, v_layers), _ = jax.lax.scan(
+        block, (x, *layers_kv), (layer_state, jnp.arange(c.num_layers))
+    )
+    x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+    if cache is not None:
+      cache = KVCache(k=k_layers, v=v_layers, lengths=cache.lengths)
+    return x, cache
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """hidden [..., E] -> float32 logits [..., V] through the (possibly tied) LM head."""
+    if self.lm_head is None:
+      return jnp.einsum("...e,ve->...v", hidden, self.embed[...], preferred_element_type=jnp.float32)
+    return jnp.einsum("...e,ev->...v", hidden, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+def abstract_model(config: TargetConfig, dtype) -> Transformer:
+  """The model's structure with shape/dtype placeholders instead of arrays (no memory)."""
+  return nnx.eval_shape(lambda: Transformer(config, dtype, rngs=nnx.Rngs(0)))
+
+
+def random_model(config: TargetConfig, dtype, seed: int = 0) -> Transformer:
+  """A randomly initialised model, built on the default device inside jit."""
+  graphdef, state = nnx.split(abstract_model(config, dtype))
+
+  @jax.jit
+  def init():
+    return nnx.state(Transformer(config, dtype, rngs=nnx.Rngs(seed)))
+
+  return nnx.merge(graphdef, init())

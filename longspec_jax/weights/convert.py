@@ -1,0 +1,91 @@
+"""Hugging Face tensor names -> the target's parameter pytree.
+
+Both loaders (safetensors directories and GGUF files) produce tensors under their HF
+names in the HF `nn.Linear` layout `[out, in]`; this module stacks the layers, fuses
+q/k/v and gate/up, and fills the model's abstract state, checking every shape.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from longspec_jax.config import TargetConfig
+from longspec_jax.errors import UserError
+from longspec_jax.target import Transformer, abstract_model
+
+# name -> float array [out, in] (or [n] for norms and biases), None if absent
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> Transformer:
+  """Fills a `Transformer` of `dtype` from HF-named tensors; `source` names the weights in errors."""
+
+  def need(name: str) -> np.ndarray:
+    tensor = get(name)
+    if tensor is None:
+      raise UserError(f"{source} has no tensor {name!r}; the weights are incomplete or not a {config.model_type} model.")
+    return np.asarray(tensor)
+
+  c = config
+  e, d = c.hidden_size, c.head_dim
+
+  def heads(w: np.ndarray, n: int) -> np.ndarray:  # [n * D, E] -> [E, n, D]
+    return w.reshape(n, d, e).transpose(2, 0, 1)
+
+  def layer(i: int) -> dict[str, np.ndarray]:
+    p = f"model.layers.{i}."
+    qkv = [heads(need(p + f"self_attn.{x}_proj.weight"), n) for x, n in
+           (("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads))]
+    params = {
+        "attn_norm": need(p + "input_layernorm.weight"),
+        "qkv": np.concatenate(qkv, axis=1),
+        "o": need(p + "self_attn.o_proj.weight").reshape(e, c.num_heads, d).transpose(1, 2, 0),
+        "mlp_norm": need(p + "post_attention_layernorm.weight"),
+        "gate_up": np.stack([need(p + "mlp.gate_proj.weight").T, need(p + "mlp.up_proj.weight").T], axis=1),
+        "down": need(p + "mlp.down_proj.weight").T,
+    }
+    if c.qkv_bias:
+      biases = [need(p + f"self_attn.{x}_proj.bias").reshape(-1, d) for x in "qkv"]
+      params["qkv_bias"] = np.concatenate(biases, axis=0)
+    return params
+
+  np_dtype = jnp.dtype(dtype)
+  first = layer(0)
+  stacked = {k: np.empty((c.num_layers, *v.shape), np_dtype) for k, v in first.items()}
+  for i in range(c.num_layers):
+    for k, v in (first if i == 0 else layer(i)).items():
+      if v.shape != stacked[k].shape[1:]:
+        raise UserError(f"{source}: layer {i} tensor {k} has shape {v.shape}, expected {stacked[k].shape[1:]}.")
+      stacked[k][i] = v
+  params = {
+      "embed": need("model.embed_tokens.weight"),
+      "layers": stacked,
+      "final_norm": need("model.norm.weight"),
+  }
+  if not c.tie_word_embeddings:
+    params["lm_head"] = need("lm_head.weight").T
+  return _fill(config, params, dtype, source)
+
+
+def _fill(config: TargetConfig, params: dict, dtype, source: str) -> Transformer:
+  graphdef, state = nnx.split(abstract_model(config, dtype))
+  expected = nnx.to_pure_dict(state)
+
+  def place(path, want, got):
+    name = jax.tree_util.keystr(path)
+    if got is None:
+      raise UserError(f"{source} is missing {name}.")
+    if tuple(got.shape) != tuple(want.shape):
+      raise UserError(f"{source}: {name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.")
+    return jnp.asarray(got, dtype=want.dtype)
+
+  filled = jax.tree_util.tree_map_with_path(
+      place, expected, params, is_leaf=lambda x: x is None or isinstance(x, np.ndarray)
+  )
+  nnx.replace_by_pure_dict(state, filled)
+  return nnx.merge(graphdef, state)
