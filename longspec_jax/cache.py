@@ -44,10 +44,10 @@ class KVCache:
     return self.k.nbytes + self.v.nbytes + self.lengths.nbytes
 
 
-def write_block(layers: jax.Array, layer: jax.Array, lengths: jax.Array, block: jax.Array) -> jax.Array:
-  """Writes `block [B, T, K, D]` of one layer into `layers [L, B, S, K, D]` at slots
-  lengths[b] .. lengths[b] + T. The engine checks capacity before any write."""
-  batch, steps = block.shape[:2]
+def write_block(layers: jax.Array, lengths: jax.Array, block: jax.Array) -> jax.Array:
+  """Writes `block [L, B, T, K, D]` into `layers [L, B, S, K, D]` at slots
+  lengths[b] .. lengths[b] + T of each sequence. The engine checks capacity before any write."""
+  batch, steps = block.shape[1:3]
   rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, steps))  # [B, T]
   slots = lengths[:, None] + jnp.arange(steps)[None, :]  # [B, T]
-  return layers.at[layer, rows, slots].set(block.astype(layers.dtype), mode="drop")
+  return layers.at[:, rows, slots].set(block.astype(layers.dtype), mode="drop")

@@ -114,29 +114,30 @@ class Transformer(nnx.Module):
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)
 
-    def block(carry, xs):
-      x, k_layers, v_layers = carry
-      state, index = xs
+    def block(x, xs):
+      state, k_prefix, v_prefix = xs  # this layer's params and committed cache [B, S, K, D]
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if cache is None:
         out, _ = attention.block_attention_reference(q, k, v, mask)
       else:
         out = attention.hybrid_attention(
-            q, k_layers[index], v_layers[index], cache.lengths, k, v, mask, positions,
+            q, k_prefix, v_prefix, cache.lengths, k, v, mask, positions,
             window=c.sliding_window, impl=impl,
         )
-        k_layers = write_block(k_layers, index, cache.lengths, k)
-        v_layers = write_block(v_layers, index, cache.lengths, v)
-      return (layer.finish(x, out), k_layers, v_layers), None
+      return layer.finish(x, out), (k, v)
 
-    layers_kv = (None, None) if cache is None else (cache.k, cache.v)
-    (x, k_layers, v_layers), _ = jax.lax.scan(
-        block, (x, *layers_kv), (layer_state, jnp.arange(c.num_layers))
-    )
+    # The cache is only read inside the scan; all layers' new K/V are written after it,
+    # in place, so no layer ever copies the cache.
+    prefix = (None, None) if cache is None else (cache.k, cache.v)
+    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, *prefix))  # k_new [L, B, T, K, D]
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if cache is not None:
-      cache = KVCache(k=k_layers, v=v_layers, lengths=cache.lengths)
+      cache = KVCache(
+          k=write_block(cache.k, cache.lengths, k_new),
+          v=write_block(cache.v, cache.lengths, v_new),
+          lengths=cache.lengths,
+      )
     return x, cache
 
   def logits(self, hidden: jax.Array) -> jax.Array:
