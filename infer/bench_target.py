@@ -1,0 +1,238 @@
+"""`python -m infer.bench_target`: AR speed of the target, ours vs transformers, and the
+decode step of a Llama-3.1-8B-shaped model against the memory-bandwidth floor.
+
+Every timing is a median after warm-up; ratios are taken between rows of one run.
+Prints tables and writes JSON (`--out`).
+
+  python -m infer.bench_target --suite smollm2 --prompt-lengths 512 2048 7900 --out smollm2.json
+  python -m infer.bench_target --suite llama8b --contexts 4096 32768 --out llama8b.json
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from infer.cli import ArgumentParser, resolve_dtype, run_main
+from longspec_jax.cache import KVCache
+from longspec_jax.config import RopeConfig, TargetConfig
+from longspec_jax.engine import DecodeState, _decode_chunk, generate_ar
+from longspec_jax.sampling import SamplingConfig
+
+LLAMA_31_8B = TargetConfig(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
+    rope=RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=8192),
+)
+
+
+def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(iters):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def measure_bandwidth() -> float:
+  """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
+  over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""
+  best = 0.0
+  for nbytes in (1 << 30, 1 << 32):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      x = jax.random.normal(jax.random.key(0), (nbytes // jnp.dtype(dtype).itemsize,), dtype)
+      step = jax.jit(lambda x: x * 2 + 1)
+      best = max(best, 2 * nbytes / median_seconds(lambda: step(x), iters=20))
+      del x
+  return best
+
+
+def real_prompt(tokenizer, length: int) -> list[int]:
+  """`length` tokens of real Python source (the stdlib of this interpreter)."""
+  import sysconfig
+
+  ids: list[int] = []
+  for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+    ids.extend(tokenizer(path.read_text(errors="ignore")).input_ids)
+    if len(ids) >= length:
+      return ids[:length]
+  raise RuntimeError("not enough local text for the prompt")
+
+
+def bench_ours(target, prompt: list[int], new_tokens: int, impl: str, repeats: int) -> dict:
+  runs = []
+  for i in range(repeats + 1):  # the first run compiles
+    result = generate_ar(target.model, [prompt], new_tokens, eos_ids=(), impl=impl)
+    if i:
+      runs.append(result.stats)
+  prefill = statistics.median(r["prefill_seconds"] for r in runs)
+  return {
+      "prefill_tokens_per_second": len(prompt) / prefill,
+      "decode_tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+      "token_ids": result.token_ids[0],
+  }
+
+
+def load_transformers(gguf_path: Path, dtype_name: str):
+  import torch
+  import transformers
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype
+  ).to(device).eval()
+
+
+def bench_transformers(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+  """transformers `generate`, greedy, on the same weights: default and static (compiled) cache."""
+  import torch
+
+  device = model.device.type
+  ids = torch.tensor([prompt], device=model.device)
+  results = {}
+  for cache in ("dynamic", "static"):
+    kwargs = dict(do_sample=False, eos_token_id=None, min_new_tokens=None)
+    if cache == "static":
+      kwargs["cache_implementation"] = "static"
+
+    def run(n):
+      if device == "cuda":
+        torch.cuda.synchronize()
+      t = time.perf_counter()
+      out = model.generate(ids, max_new_tokens=n, **kwargs)
+      if device == "cuda":
+        torch.cuda.synchronize()
+      return time.perf_counter() - t, out
+
+    run(new_tokens)  # warm-up; the static cache compiles here
+    prefill = statistics.median(run(1)[0] for _ in range(repeats))
+    full = [run(new_tokens) for _ in range(repeats)]
+    total = statistics.median(t for t, _ in full)
+    results[cache] = {
+        "prefill_tokens_per_second": len(prompt) / prefill,
+        "decode_tokens_per_second": (new_tokens - 1) / max(total - prefill, 1e-9),
+        "token_ids": full[0][1][0, len(prompt):].tolist(),
+    }
+  return results
+
+
+def suite_smollm2(args) -> dict:
+  from longspec_jax.weights import load_target, resolve_target
+
+  dtype = resolve_dtype(args.dtype)
+  dtype_name = jnp.dtype(dtype).name
+  target = load_target("smollm2-135m", dtype)
+  hf_model = load_transformers(resolve_target("smollm2-135m"), dtype_name) if args.transformers else None
+  rows = []
+  for length in args.prompt_lengths:
+    prompt = real_prompt(target.tokenizer, length)
+    ours = bench_ours(target, prompt, args.new_tokens, args.attention, args.repeats)
+    theirs = bench_transformers(hf_model, prompt, args.new_tokens, args.repeats) if hf_model else {}
+    best = max(theirs.values(), key=lambda r: r["decode_tokens_per_second"], default=None)
+    rows.append({
+        "prompt_tokens": length,
+        "ours": {k: v for k, v in ours.items() if k != "token_ids"},
+        "transformers": {k: {m: v for m, v in r.items() if m != "token_ids"} for k, r in theirs.items()},
+        "decode_speedup_vs_best_transformers": best and ours["decode_tokens_per_second"] / best["decode_tokens_per_second"],
+        "prefill_speedup_vs_best_transformers": best and ours["prefill_tokens_per_second"] / max(
+            r["prefill_tokens_per_second"] for r in theirs.values()),
+        "greedy_tokens_equal": {k: r["token_ids"] == ours["token_ids"] for k, r in theirs.items()},
+    })
+    print(_smollm2_row(rows[-1]), flush=True)
+  return {"dtype": dtype_name, "new_tokens": args.new_tokens, "attention": args.attention, "rows": rows}
+
+
+def _smollm2_row(row) -> str:
+  t = row["transformers"]
+  cells = [f"{row['prompt_tokens']:>6}", f"{row['ours']['prefill_tokens_per_second']:>10.0f}",
+           f"{row['ours']['decode_tokens_per_second']:>8.1f}"]
+  for cache in ("dynamic", "static"):
+    r = t.get(cache)
+    cells.append(f"{r['decode_tokens_per_second']:>8.1f}" if r else f"{'-':>8}")
+  ratio = row["decode_speedup_vs_best_transformers"]
+  cells.append(f"{ratio:>6.2f}x" if ratio else "")
+  return " | ".join(cells)
+
+
+def suite_llama8b(args) -> dict:
+  """Decode step of a random-weight Llama-3.1-8B-shaped model at several contexts."""
+  from longspec_jax.target import random_model
+
+  config = LLAMA_31_8B
+  dtype = resolve_dtype(args.dtype)
+  bandwidth = measure_bandwidth()
+  model = random_model(config, dtype)
+  graphdef, params = nnx.split(model)
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  itemsize = jnp.dtype(dtype).itemsize
+  # One embedding row is read per token, not the table.
+  weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
+  steps = 64
+  rows = []
+  for context in args.contexts:
+    cache = KVCache.create(config, 1, context + 2 * steps, dtype)
+    key_k, key_v = jax.random.split(jax.random.key(context))
+    cache = KVCache(
+        k=jax.random.normal(key_k, cache.k.shape, dtype), v=jax.random.normal(key_v, cache.v.shape, dtype),
+        lengths=jnp.full((1,), context, jnp.int32),
+    )
+    kv_bytes = 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
+    state = DecodeState(
+        cache=cache, token=jnp.zeros((1,), jnp.int32), done=jnp.zeros((1,), bool), step=jnp.int32(0),
+        key=jax.random.key(0), nonfinite=jnp.zeros((1,), bool),
+    )
+    eos = jnp.asarray([-1], jnp.int32)
+
+    # Wrapped in an outer jit, the chunk's donation is off: every repeat starts from this cache.
+    decode = jax.jit(lambda params, state: _decode_chunk(
+        graphdef, params, state, jnp.int32(steps), eos, args.attention, SamplingConfig(), steps))
+    seconds = median_seconds(lambda: decode(params, state), warmup=2, iters=5) / steps
+    floor = (weight_bytes + kv_bytes) / bandwidth
+    rows.append({"context": context, "step_ms": seconds * 1e3, "floor_ms": floor * 1e3,
+                 "fraction_of_floor": floor / seconds, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes})
+    print(f"{context:>7} | {seconds * 1e3:8.3f} ms | floor {floor * 1e3:7.3f} ms | {floor / seconds:6.1%}", flush=True)
+  return {"dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth, "attention": args.attention,
+          "steps_per_measure": steps, "rows": rows}
+
+
+def main(argv=None):
+  p = ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
+  p.add_argument("--suite", choices=("smollm2", "llama8b"), required=True)
+  p.add_argument("--prompt-lengths", type=int, nargs="+", default=[512, 2048, 7900])
+  p.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+  p.add_argument("--new-tokens", type=int, default=256)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--dtype", choices=("float32", "bfloat16"))
+  p.add_argument("--attention", default="reference")
+  p.add_argument("--no-transformers", dest="transformers", action="store_false")
+  p.add_argument("--out", type=Path)
+  args = p.parse_args(argv)
+  header = {
+      "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
+      "llama8b": "context | decode step | bandwidth floor | floor/step",
+  }[args.suite]
+  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+  print(header, flush=True)
+  result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+            "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
+  result.update(suite_smollm2(args) if args.suite == "smollm2" else suite_llama8b(args))
+  if args.out:
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m infer.bench_target")

@@ -1,0 +1,69 @@
+"""Command-line plumbing shared by `infer.generate` and `infer.benchmark`: one-line errors
+with exit code 2, dtype and prompt handling."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn
+
+from longspec_jax.errors import UserError
+
+EXIT_USAGE = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse that reports a bad flag as one sentence on stderr (no usage dump)."""
+
+  def error(self, message: str) -> NoReturn:
+    print(f"{self.prog}: error: {message} (see --help).", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def run_main(main: Callable[[], None], prog: str) -> None:
+  """Runs a CLI entry point; a `UserError` becomes one line on stderr and exit code 2."""
+  try:
+    main()
+  except UserError as e:
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE) from None
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted.", file=sys.stderr)
+    raise SystemExit(130) from None
+
+
+def resolve_dtype(name: str | None):
+  """`None` means bfloat16 on GPU, float32 elsewhere."""
+  import jax
+  import jax.numpy as jnp
+
+  if name is None:
+    name = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+  if prompt_file is not None:
+    if prompt_file == "-":
+      return sys.stdin.read()
+    path = Path(prompt_file)
+    try:
+      return path.read_text()
+    except FileNotFoundError:
+      raise UserError(f"prompt file {path} does not exist.") from None
+    except (UnicodeDecodeError, IsADirectoryError) as e:
+      raise UserError(f"prompt file {path} is not readable text ({type(e).__name__}).") from None
+  return prompt
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+  """Token ids of the prompt, through the model's chat template with `chat`."""
+  if not text.strip():
+    raise UserError("the prompt is empty; give at least one token of text.")
+  if chat:
+    if not getattr(tokenizer, "chat_template", None):
+      raise UserError("--chat was given but the target's tokenizer has no chat template.")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
+  return tokenizer(text).input_ids

@@ -1,0 +1,115 @@
+"""`python -m infer.generate`: generate text from a prompt with the target model.
+
+Text streams to stdout as it is made; a progress line goes to stderr; with --json the
+last stdout line is one JSON object with the token ids and timing statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype, run_main
+from longspec_jax.errors import UserError
+from longspec_jax.weights import default
+
+# Methods in order of preference; the first that can run is the default.
+METHODS = ("ar",)
+
+
+def parse_args(argv=None):
+  p = ArgumentParser(prog="python -m infer.generate", description=__doc__.splitlines()[0])
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--prompt", help="the prompt text")
+  src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
+  p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+  p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
+  p.add_argument("--draft", default="default", help="draft for speculative methods: 'default', 'none', or a path")
+  p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
+  p.add_argument("--max-new-tokens", type=int, default=256)
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
+  from longspec_jax.attention import IMPLS
+
+  p.add_argument("--attention", choices=IMPLS, default=IMPLS[0], help="attention implementation")
+  p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
+  args = p.parse_args(argv)
+  if args.max_new_tokens < 1:
+    p.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+  if not args.temperature >= 0:
+    p.error(f"--temperature must be >= 0, got {args.temperature}")
+  return args
+
+
+class TextStream:
+  """Decodes the growing token list and writes only the new text (multi-byte safe)."""
+
+  def __init__(self, tokenizer, out=sys.stdout):
+    self.tokenizer, self.out = tokenizer, out
+    self.ids: list[int] = []
+    self.written = ""
+
+  def __call__(self, chunk) -> None:
+    from longspec_jax.engine import PAD_ID
+
+    self.ids.extend(int(t) for t in chunk[0] if t != PAD_ID)
+    text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+    if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+      return
+    self.out.write(text[len(self.written):])
+    self.out.flush()
+    self.written = text
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  prompt_text = read_prompt(args.prompt, args.prompt_file)
+  import jax.numpy as jnp  # after argument checks: bad flags fail fast
+
+  from longspec_jax.engine import generate_ar
+  from longspec_jax.sampling import SamplingConfig
+  from longspec_jax.weights import load_target
+
+  method = args.method or METHODS[0]
+  if method == "ar" and args.draft not in ("default", "none"):
+    raise UserError(f"--method ar uses no draft, but --draft {args.draft} was given.")
+  sampling = SamplingConfig(temperature=args.temperature)
+  dtype = resolve_dtype(args.dtype)
+  t0 = time.perf_counter()
+  print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
+  target = load_target(args.target, dtype)
+  prompt = encode_prompt(target.tokenizer, prompt_text, args.chat)
+  print(
+      f"loaded in {time.perf_counter() - t0:.1f} s; prompt {len(prompt)} tokens; method {method}",
+      file=sys.stderr, flush=True,
+  )
+  stream = TextStream(target.tokenizer)
+  result = generate_ar(
+      target.model, [prompt], args.max_new_tokens, eos_ids=target.config.eos_token_ids,
+      sampling=sampling, seed=args.seed, impl=args.attention, on_tokens=stream,
+  )
+  stats = result.stats
+  print(file=sys.stdout)
+  print(
+      f"[{method}] {stats['num_new_tokens']} tokens, {stats['tokens_per_second']:.1f} tokens/s decode,"
+      f" prefill {stats['prefill_seconds']:.2f} s, tau {stats['mean_accepted_length']:.2f}",
+      file=sys.stderr,
+  )
+  if args.json:
+    token_ids = result.token_ids[0]
+    record = {
+        **stats,
+        "target": args.target,
+        "dtype": jnp.dtype(dtype).name,
+        "attention": args.attention,
+        "prompt_tokens": len(prompt),
+        "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
+        "token_ids": token_ids,
+    }
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m infer.generate")

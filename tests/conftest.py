@@ -1,0 +1,89 @@
+"""Shared fixtures: tiny random HF models saved to disk, the real SmolLM2 GGUF, real text."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import jax
+import pytest
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def real_texts(min_chars: int = 4000, limit: int = 40) -> list[str]:
+  """Real local documents: licenses, Python stdlib sources and Debian docs."""
+  import sysconfig
+
+  patterns = [
+      "/usr/share/common-licenses/*",
+      os.path.join(sysconfig.get_paths()["stdlib"], "*.py"),
+  ]
+  texts = []
+  for pattern in patterns:
+    for path in sorted(glob.glob(pattern)):
+      try:
+        text = Path(path).read_text()
+      except (UnicodeDecodeError, IsADirectoryError, PermissionError):
+        continue
+      if len(text) >= min_chars:
+        texts.append(text)
+      if len(texts) >= limit:
+        return texts
+  return texts
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+  from longspec_jax.weights.default import default_gguf_path
+
+  return default_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_float32(smollm2_gguf):
+  import jax.numpy as jnp
+
+  from longspec_jax.weights import load_target
+
+  return load_target(str(smollm2_gguf), jnp.float32)
+
+
+def save_tiny_hf_model(kind: str, path: Path, **overrides) -> Path:
+  """A tiny randomly initialised transformers model saved with save_pretrained."""
+  import torch
+  import transformers
+
+  common = dict(
+      vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+  )
+  configs = {
+      "llama": lambda: transformers.LlamaConfig(
+          **common, rope_theta=500000.0,
+          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+      ),
+      "qwen2": lambda: transformers.Qwen2Config(**{**common, "tie_word_embeddings": True}, rope_theta=10000.0),
+      "mistral": lambda: transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None),
+      "yarn": lambda: transformers.Qwen2Config(
+          **common, rope_theta=10000.0,
+          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+      ),
+      "linear": lambda: transformers.LlamaConfig(
+          **common, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}
+      ),
+  }
+  config = configs[kind]()
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  torch.manual_seed(0)
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+  with torch.no_grad():  # HF zero-inits biases and ones norms; randomise so they are tested
+    for name, p in model.named_parameters():
+      if name.endswith("bias") or "norm" in name:
+        p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+  model.save_pretrained(path)
+  return path

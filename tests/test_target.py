@@ -1,0 +1,86 @@
+"""Parity of the target model with PyTorch transformers, through the KV cache."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from conftest import real_texts, save_tiny_hf_model
+from longspec_jax.attention import causal_block_mask
+from longspec_jax.cache import KVCache
+from longspec_jax.weights.hf import load_hf_dir
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward(graphdef, params, tokens, positions, mask, cache):
+  model = nnx.merge(graphdef, params)
+  hidden, cache = model(tokens, positions, mask, cache)
+  return model.logits(hidden), cache.advance(tokens.shape[1])
+
+
+def run_cached(model, tokens: np.ndarray, prefill: int) -> np.ndarray:
+  """Logits [B, T, V]: the first `prefill` tokens in one pass, then one token per step."""
+  graphdef, params = nnx.split(model)
+  batch, steps = tokens.shape
+  cache = KVCache.create(model.config, batch, steps + 3, model.dtype)
+  positions = np.broadcast_to(np.arange(steps), (batch, steps))
+  mask = causal_block_mask(jnp.asarray(positions[:, :prefill]), jnp.ones((batch, prefill), bool))
+  logits, cache = forward(graphdef, params, tokens[:, :prefill], positions[:, :prefill], mask, cache)
+  outs = [logits]
+  for t in range(prefill, steps):
+    one = np.ones((batch, 1, 1), bool)
+    logits, cache = forward(graphdef, params, tokens[:, t : t + 1], positions[:, t : t + 1], one, cache)
+    outs.append(logits)
+  return np.asarray(jnp.concatenate(outs, axis=1))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "yarn", "linear"])
+def test_logits_match_transformers(kind, tmp_path):
+  import transformers
+
+  path = save_tiny_hf_model(kind, tmp_path / kind)
+  model, config = load_hf_dir(path, jnp.float32)
+  assert config.qkv_bias == (kind in ("qwen2", "yarn"))
+  tokens = np.random.default_rng(1).integers(0, config.vocab_size, size=(3, 40))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  with torch.no_grad():
+    expected = hf(torch.tensor(tokens)).logits.numpy()
+  got = run_cached(model, tokens, prefill=29)
+  np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
+  """The real model: logits on >= 512 tokens of real text, and 32 greedy tokens."""
+  import transformers
+
+  from longspec_jax.engine import generate_ar
+
+  target = smollm2_float32
+  ids = target.tokenizer(real_texts()[0]).input_ids[:600]
+  assert len(ids) >= 512
+  hf = transformers.AutoModelForCausalLM.from_pretrained(
+      smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+  ).eval()
+  tokens = np.asarray([ids])
+  with torch.no_grad():
+    expected = hf(torch.tensor(tokens)).logits.numpy()
+    hf_greedy = hf.generate(torch.tensor(tokens), max_new_tokens=32, do_sample=False, eos_token_id=None)
+  got = run_cached(target.model, tokens, prefill=560)
+  scale = np.abs(expected).max()
+  assert np.abs(got - expected).max() < 1e-5 * scale * 50, np.abs(got - expected).max()
+  assert (got.argmax(-1) == expected.argmax(-1)).all()
+  ours = generate_ar(target.model, [ids], 32).token_ids[0]
+  assert ours == hf_greedy[0, len(ids):].tolist()
+
+
+def test_bfloat16_close_to_float32(tmp_path):
+  path = save_tiny_hf_model("llama", tmp_path / "m")
+  m32, config = load_hf_dir(path, jnp.float32)
+  m16, _ = load_hf_dir(path, jnp.bfloat16)
+  tokens = np.random.default_rng(2).integers(0, config.vocab_size, size=(2, 24))
+  a, b = run_cached(m32, tokens, 16), run_cached(m16, tokens, 16)
+  assert np.abs(a - b).max() / np.abs(a).max() < 3e-2
