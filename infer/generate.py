@@ -46,8 +46,8 @@ def parse_args(argv=None):
 class TextStream:
   """Decodes the growing token list and writes only the new text (multi-byte safe)."""
 
-  def __init__(self, tokenizer, out=sys.stdout):
-    self.tokenizer, self.out = tokenizer, out
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
     self.ids: list[int] = []
     self.written = ""
 
@@ -58,8 +58,8 @@ class TextStream:
     text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
     if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
       return
-    self.out.write(text[len(self.written):])
-    self.out.flush()
+    sys.stdout.write(text[len(self.written):])
+    sys.stdout.flush()
     self.written = text
 
 

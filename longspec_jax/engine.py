@@ -102,7 +102,8 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, impl, sa
     state, out = carry
     cache = state.cache
     positions = cache.lengths[:, None]  # slot i holds position i
-    hidden, cache = model(state.token[:, None], positions, jnp.ones((batch, 1, 1), bool), cache, impl)
+    feed = jnp.maximum(state.token, 0)[:, None]  # finished sequences feed a dummy token
+    hidden, cache = model(feed, positions, jnp.ones((batch, 1, 1), bool), cache, impl)
     logits = model.logits(hidden[:, 0])  # [B, V]
     key, step_key = jax.random.split(state.key)
     token = jnp.where(state.done, PAD_ID, sample(logits, step_key, sampling))
@@ -113,7 +114,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, impl, sa
         done=state.done | jnp.isin(token, eos_ids),
         step=state.step + 1,
         key=key,
-        nonfinite=state.nonfinite | ~jnp.all(jnp.isfinite(logits), axis=-1),
+        nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=-1)),
     )
     return new_state, out
 

@@ -1,0 +1,93 @@
+"""The reference hybrid attention equals one plain masked softmax over prefix + new block."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longspec_jax import attention
+
+
+def dense_attention(q, k, v, visible):
+  """q [B,T,K,G,D]; k, v [B,S,K,D]; visible [B,T,S] -> out [B,T,K,G,D], float64 numpy."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  scores = np.einsum("btkgd,bskd->bkgts", q, k) / np.sqrt(q.shape[-1])
+  scores = np.where(visible[:, None, None], scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("bkgts,bskd->btkgd", weights, v)
+
+
+def random_tree_mask(rng, batch, steps):
+  """Ancestor masks of random trees: node i's parent is a random earlier node."""
+  masks = np.zeros((batch, steps, steps), bool)
+  for b in range(batch):
+    for i in range(steps):
+      masks[b, i, i] = True
+      if i:
+        masks[b, i] |= masks[b, rng.integers(0, i)]
+  return masks
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 3),
+    steps=st.integers(1, 9),
+    cache_len=st.integers(1, 37),
+    kv_heads=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 4]),
+    head_dim=st.sampled_from([8, 16]),
+)
+def test_hybrid_equals_dense(seed, batch, steps, cache_len, kv_heads, group, head_dim):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((batch, steps, kv_heads, group, head_dim)).astype(np.float32)
+  k_cache, v_cache = (rng.standard_normal((batch, cache_len, kv_heads, head_dim)).astype(np.float32) for _ in "kv")
+  k_new, v_new = (rng.standard_normal((batch, steps, kv_heads, head_dim)).astype(np.float32) for _ in "kv")
+  lengths = rng.integers(0, cache_len + 1, size=batch)  # includes empty prefixes
+  mask = random_tree_mask(rng, batch, steps)
+  positions = lengths[:, None] + np.arange(steps)
+  out = attention.hybrid_attention(
+      jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(lengths, jnp.int32),
+      jnp.asarray(k_new), jnp.asarray(v_new), jnp.asarray(mask), jnp.asarray(positions),
+  )
+  prefix_visible = np.broadcast_to((np.arange(cache_len)[None, :] < lengths[:, None])[:, None, :], (batch, steps, cache_len))
+  expected = dense_attention(
+      q, np.concatenate([k_cache, k_new], 1), np.concatenate([v_cache, v_new], 1),
+      np.concatenate([prefix_visible, mask], axis=2),
+  )
+  np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5)
+
+
+def test_sliding_window_hides_old_prefix_slots():
+  rng = np.random.default_rng(3)
+  q = rng.standard_normal((1, 2, 1, 2, 8)).astype(np.float32)
+  k, v = (rng.standard_normal((1, 12, 1, 8)).astype(np.float32) for _ in "kv")
+  positions = np.array([[10, 11]])
+  out, lse = attention.prefix_attention_reference(
+      jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.array([10]), jnp.asarray(positions), window=4
+  )
+  slots = np.arange(12)
+  visible = (slots[None, :] < 10) & (positions[0][:, None] - slots[None, :] < 4)
+  np.testing.assert_allclose(np.asarray(out), dense_attention(q, k, v, visible[None]), atol=1e-5)
+
+
+def test_empty_passes_vanish_in_merge():
+  out = jnp.ones((1, 1, 1, 1, 4))
+  lse = jnp.zeros((1, 1, 1, 1))
+  empty_out, empty_lse = jnp.zeros_like(out), jnp.full_like(lse, -jnp.inf)
+  merged, merged_lse = attention.merge(empty_out, empty_lse, out, lse)
+  np.testing.assert_array_equal(np.asarray(merged), np.asarray(out))
+  both_empty, both_lse = attention.merge(empty_out, empty_lse, empty_out, empty_lse)
+  assert np.all(np.isfinite(np.asarray(both_empty))) and np.all(np.isneginf(np.asarray(both_lse)))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_causal_block_mask(window):
+  positions = jnp.array([[5, 6, 7, 8, 9]])
+  valid = jnp.array([[True, True, True, True, False]])
+  mask = np.asarray(attention.causal_block_mask(positions, valid, window))
+  i, j = np.meshgrid(np.arange(5), np.arange(5), indexing="ij")
+  expected = (j <= i) & (j < 4) & ((i - j < window) if window else True)
+  np.testing.assert_array_equal(mask[0], expected)

@@ -1,0 +1,95 @@
+"""`python -m infer.generate`: output contract and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import save_tiny_hf_model
+from infer.cli import run_main
+from infer.generate import main
+
+PROG = "python -m infer.generate"
+
+
+@pytest.fixture(scope="module")
+def tiny_with_tokenizer(tmp_path_factory, smollm2_gguf):
+  """A tiny random Llama with the real SmolLM2 tokenizer (and its vocabulary size)."""
+  from longspec_jax.weights import load_tokenizer
+
+  path = save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "tiny", vocab_size=49152, eos_token_id=2)
+  load_tokenizer(smollm2_gguf).save_pretrained(path)
+  return path
+
+
+def run(argv, capsys):
+  """Runs the CLI in-process as `python -m` would; returns (exit code, stdout, stderr)."""
+  try:
+    run_main(lambda: main(argv), PROG)
+    code = 0
+  except SystemExit as e:
+    code = e.code
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_json_contract(tiny_with_tokenizer, capsys):
+  code, out, err = run(["--target", str(tiny_with_tokenizer), "--prompt", "def main():", "--max-new-tokens", "7",
+                        "--json"], capsys)
+  assert code == 0, err
+  record = json.loads(out.strip().splitlines()[-1])
+  for field in ("method", "text", "token_ids", "num_new_tokens", "mean_accepted_length", "steps",
+                "prefill_seconds", "decode_seconds", "tokens_per_second"):
+    assert field in record
+  assert record["method"] == "ar" and record["num_new_tokens"] == len(record["token_ids"]) <= 7
+  assert out.startswith(record["text"])  # the same text was streamed first
+  assert "tokens/s" in err
+
+
+def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
+  prompt = tmp_path / "prompt.txt"
+  prompt.write_text("Summarize: the sky is blue.")
+  code, out, err = run(["--target", str(tiny_with_tokenizer), "--prompt-file", str(prompt), "--chat",
+                        "--max-new-tokens", "3", "--json"], capsys)
+  assert code == 0, err
+  assert json.loads(out.strip().splitlines()[-1])["prompt_tokens"] > 10  # the template was applied
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt", "   "], "the prompt is empty"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--prompt", "x", "--temperature", "-1"], "--temperature must be >= 0"),
+        (["--prompt", "x", "--dtype", "float16"], "invalid choice"),
+        (["--prompt", "x", "--method", "magic"], "invalid choice"),
+        (["--prompt-file", "/no/such/prompt.txt"], "does not exist"),
+        ([], "one of the arguments --prompt --prompt-file is required"),
+        (["--prompt", "x", "--target", "/no/such/model.gguf"], "does not exist"),
+        (["--prompt", "x", "--target", "/no/such/dir"], "neither"),
+        (["--prompt", "x", "--draft", "/some/draft"], "--method ar uses no draft"),
+    ],
+)
+def test_errors_are_one_line_with_exit_2(argv, message, capsys):
+  code, _, err = run(argv, capsys)
+  assert code == 2
+  last = err.strip().splitlines()[-1]  # earlier lines, if any, are progress
+  assert last.startswith(f"{PROG}: error: ") and message in last
+  assert "Traceback" not in err
+
+
+def test_context_overflow(tiny_with_tokenizer, capsys):
+  code, _, err = run(["--target", str(tiny_with_tokenizer), "--prompt", "hello " * 300, "--max-new-tokens", "400"],
+                     capsys)
+  assert code == 2 and "exceeds the model's context of 512 tokens" in err.strip().splitlines()[-1]
+
+
+def test_corrupt_weights_through_the_real_entry_point(tmp_path):
+  broken = tmp_path / "broken.gguf"
+  broken.write_bytes(b"GGUF" + b"\0" * 64)
+  proc = subprocess.run([sys.executable, "-m", "infer.generate", "--prompt", "x", "--target", str(broken)],
+                        capture_output=True, text=True)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"{PROG}: error: {broken} is not a readable GGUF file")
+  assert "Traceback" not in proc.stderr

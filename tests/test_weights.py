@@ -1,0 +1,116 @@
+"""Weight loading: GGUF metadata and the q/k un-permutation, and every bad-weights error."""
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import save_tiny_hf_model
+from longspec_jax.errors import UserError
+from longspec_jax.weights import load_target, resolve_target
+from longspec_jax.weights.gguf_file import load_gguf, unpermute_rows
+from longspec_jax.weights.hf import load_hf_dir
+
+
+def llama_cpp_permute(w, num_heads):
+  """What llama.cpp's convert_hf_to_gguf.py does to Llama q/k rows."""
+  return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 8])
+def test_unpermute_inverts_llama_cpp_permutation(heads):
+  w = np.random.default_rng(heads).standard_normal((heads * 16, 24))
+  np.testing.assert_array_equal(unpermute_rows(llama_cpp_permute(w, heads), heads), w)
+
+
+def test_smollm2_config_from_gguf(smollm2_float32):
+  c = smollm2_float32.config
+  assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
+  assert c.tie_word_embeddings and not c.qkv_bias
+  assert c.rope.theta == 100000.0 and c.vocab_size == 49152 and c.eos_token_ids == (2,)
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+  return save_tiny_hf_model("llama", tmp_path / "llama")
+
+
+def test_missing_config(tmp_path):
+  with pytest.raises(UserError, match="no config.json"):
+    load_hf_dir(tmp_path, jnp.float32)
+
+
+def test_unsupported_architecture(tiny_dir):
+  config = json.loads((tiny_dir / "config.json").read_text())
+  (tiny_dir / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+  with pytest.raises(UserError, match="model_type 'gpt2' is not supported"):
+    load_hf_dir(tiny_dir, jnp.float32)
+
+
+def test_truncated_safetensors(tiny_dir):
+  path = tiny_dir / "model.safetensors"
+  path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+  with pytest.raises(UserError, match="truncated or corrupt"):
+    load_hf_dir(tiny_dir, jnp.float32)
+
+
+def test_missing_tensor(tiny_dir):
+  from safetensors.numpy import load_file, save_file
+
+  path = tiny_dir / "model.safetensors"
+  tensors = load_file(path)
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  save_file(tensors, path, metadata={"format": "pt"})
+  with pytest.raises(UserError, match="model.layers.1.mlp.up_proj.weight"):
+    load_hf_dir(tiny_dir, jnp.float32)
+
+
+def test_wrong_shape_is_reported(tiny_dir):
+  config = json.loads((tiny_dir / "config.json").read_text())
+  (tiny_dir / "config.json").write_text(json.dumps({**config, "intermediate_size": 80}))
+  with pytest.raises(UserError, match="shape"):
+    load_hf_dir(tiny_dir, jnp.float32)
+
+
+def test_sharded_safetensors_load_like_single(tiny_dir, tmp_path):
+  from safetensors.numpy import load_file, save_file
+
+  tensors = load_file(tiny_dir / "model.safetensors")
+  sharded = tmp_path / "sharded"
+  shutil.copytree(tiny_dir, sharded)
+  (sharded / "model.safetensors").unlink()
+  names = sorted(tensors)
+  weight_map = {}
+  for i, part in enumerate((names[::2], names[1::2])):
+    file = f"model-0000{i + 1}-of-00002.safetensors"
+    save_file({n: tensors[n] for n in part}, sharded / file, metadata={"format": "pt"})
+    weight_map.update({n: file for n in part})
+  (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  single, _ = load_hf_dir(tiny_dir, jnp.float32)
+  split, _ = load_hf_dir(sharded, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(single.layers.qkv[...]), np.asarray(split.layers.qkv[...]))
+
+
+def test_truncated_gguf(smollm2_gguf, tmp_path):
+  broken = tmp_path / "broken.gguf"
+  with smollm2_gguf.open("rb") as f:
+    broken.write_bytes(f.read(1 << 20))
+  with pytest.raises(UserError, match="not a readable GGUF file"):
+    load_gguf(broken, jnp.float32)
+
+
+def test_not_a_gguf(tmp_path):
+  fake = tmp_path / "fake.gguf"
+  fake.write_bytes(b"definitely not gguf" * 100)
+  with pytest.raises(UserError, match="not a readable GGUF file"):
+    load_gguf(fake, jnp.float32)
+
+
+def test_target_specs(tmp_path, monkeypatch):
+  with pytest.raises(UserError, match="neither"):
+    resolve_target(str(tmp_path / "nothing-here"))
+  monkeypatch.setenv("LONGSPEC_SMOLLM2_GGUF", str(tmp_path / "missing.gguf"))
+  with pytest.raises(UserError, match="does not exist"):
+    load_target("smollm2-135m", jnp.float32)
