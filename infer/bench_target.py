@@ -23,9 +23,10 @@ import numpy as np
 from flax import nnx
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
+from infer.prompts import code_prompts
 from longspec_jax.cache import KVCache
 from longspec_jax.config import RopeConfig, TargetConfig
-from longspec_jax.engine import DecodeState, _decode_chunk, generate_ar
+from longspec_jax.engine import DecodeState, RootOnly, _decode_chunk, generate
 from longspec_jax.sampling import SamplingConfig
 
 LLAMA_31_8B = TargetConfig(
@@ -60,22 +61,10 @@ def measure_bandwidth() -> float:
   return best
 
 
-def real_prompt(tokenizer, length: int) -> list[int]:
-  """`length` tokens of real Python source (the stdlib of this interpreter)."""
-  import sysconfig
-
-  ids: list[int] = []
-  for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-    ids.extend(tokenizer(path.read_text(errors="ignore")).input_ids)
-    if len(ids) >= length:
-      return ids[:length]
-  raise RuntimeError("not enough local text for the prompt")
-
-
 def bench_ours(target, prompt: list[int], new_tokens: int, impl: str, repeats: int) -> dict:
   runs = []
   for i in range(repeats + 1):  # the first run compiles
-    result = generate_ar(target.model, [prompt], new_tokens, eos_ids=(), impl=impl)
+    result = generate(target.model, [prompt], new_tokens, eos_ids=(), impl=impl)
     if i:
       runs.append(result.stats)
   prefill = statistics.median(r["prefill_seconds"] for r in runs)
@@ -139,7 +128,7 @@ def suite_smollm2(args) -> dict:
   hf_model = load_transformers(resolve_target("smollm2-135m"), dtype_name) if args.transformers else None
   rows = []
   for length in args.prompt_lengths:
-    prompt = real_prompt(target.tokenizer, length)
+    prompt = code_prompts(target.tokenizer, length, 1)[0]
     ours = bench_ours(target, prompt, args.new_tokens, args.attention, args.repeats)
     theirs = bench_transformers(hf_model, prompt, args.new_tokens, args.repeats) if hf_model else {}
     best = max(theirs.values(), key=lambda r: r["decode_tokens_per_second"], default=None)
@@ -192,16 +181,14 @@ def suite_llama8b(args) -> dict:
         lengths=jnp.full((1,), context, jnp.int32),
     )
     kv_bytes = 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
-    state = [DecodeState(
-        cache=cache, token=jnp.zeros((1,), jnp.int32), done=jnp.zeros((1,), bool), step=jnp.int32(0),
-        key=jax.random.key(0), nonfinite=jnp.zeros((1,), bool),
-    )]
+    history = jnp.zeros((1, cache.max_len), jnp.int32)
+    state = [DecodeState.start(cache, history, jnp.ones((1,), jnp.int32), jnp.zeros((1,), bool), jax.random.key(0))]
     del cache
     no_eos = jnp.asarray([-1], jnp.int32)
 
     def decode():  # continues from the last state: the context grows by `steps` per call
-      state[0], tokens = _decode_chunk(
-          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, args.attention, SamplingConfig(), steps
+      state[0], tokens, _ = _decode_chunk(
+          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), args.attention, SamplingConfig(), steps
       )
       return tokens
 

@@ -40,6 +40,23 @@ class KVCache:
     """Commits `counts [B]` (or a scalar) more slots per sequence."""
     return dataclasses.replace(self, lengths=self.lengths + counts)
 
+  def commit_path(self, path: jax.Array, count: jax.Array) -> "KVCache":
+    """Keeps an accepted tree path: moves the K/V of nodes `path [B, N]` (written at slots
+    lengths + path[d]) to slots lengths + d for d < count [B], then commits count slots.
+    Rejected nodes stay where they are, past `lengths`, dead."""
+    batch, n = path.shape
+    if n == 1:  # a one-node tree (AR decoding): the root is already in its slot
+      return self.advance(count)
+    rows = jnp.arange(batch)[:, None]
+    depth = jnp.arange(n)[None, :]
+    src = self.lengths[:, None] + path  # [B, N]
+    dst = jnp.where(depth < count[:, None], self.lengths[:, None] + depth, self.max_len)  # past the end: dropped
+
+    def move(layers):  # [L, B, S, K, D]; the gather completes before the scatter
+      return layers.at[:, rows, dst].set(layers.at[:, rows, src].get(mode="clip"), mode="drop")
+
+    return KVCache(k=move(self.k), v=move(self.v), lengths=self.lengths + count)
+
   def nbytes(self) -> int:
     return self.k.nbytes + self.v.nbytes + self.lengths.nbytes
 

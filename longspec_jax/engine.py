@@ -1,9 +1,14 @@
-"""Generation loops: chunked prefill and the autoregressive (AR) baseline.
+"""The generation loop: chunked prefill, then propose -> verify -> accept -> commit rounds.
+
+One loop serves every method: a proposer turns the context into a token tree, the target
+verifies all of it in one forward pass (hybrid attention with the ancestor mask), the
+longest path the target agrees with is kept and its K/V committed. Plain autoregressive
+decoding (AR) is the one-node tree.
 
 The model enters jit as (graphdef, params): graphdef is static, params a pytree. Prefill
-runs the prompt in fixed-size chunks (bounded activation memory, one compilation). Decode
-runs on device in `lax.while_loop`s of `decode_chunk` steps; the host dispatches the next
-chunk before it reads the previous chunk's tokens, so streaming costs no device time.
+runs the prompt in fixed-size chunks (bounded activation memory, one compilation). Rounds
+run on device in `lax.while_loop` chunks; the host dispatches the next chunk before it
+reads the previous chunk's tokens, so streaming costs no device time.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
 from longspec_jax.sampling import SamplingConfig, sample
 from longspec_jax.target import Transformer
+from longspec_jax.tree import Tree, accept_greedy, chain, emitted_tokens
 
 PAD_ID = -1  # fills token slots after a sequence has finished
 
@@ -31,11 +37,36 @@ PAD_ID = -1  # fills token slots after a sequence has finished
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
   cache: KVCache
-  token: jax.Array  # [B] int32: the newest token, not yet in the cache
-  done: jax.Array  # [B] bool: sequence has emitted EOS
-  step: jax.Array  # [] int32: tokens emitted so far per sequence (including `token`)
+  history: jax.Array  # [B, S] int32: prompt and emitted tokens; the root sits at index cache.lengths
+  root: jax.Array  # [B] int32: the newest token, chosen but not yet in the cache
+  done: jax.Array  # [B] bool: sequence emitted EOS or reached the token limit
+  emitted: jax.Array  # [B] int32: new tokens so far, the root included
+  rounds: jax.Array  # [] int32: decoding rounds (target forward passes) so far
+  active_rounds: jax.Array  # [B] int32: rounds in which the sequence was not yet done
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
+
+
+  @classmethod
+  def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
+            nonfinite: jax.Array | None = None) -> "DecodeState":
+    """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]]."""
+    batch = root.shape[0]
+    return cls(
+        cache=cache, history=history, root=root, done=done, emitted=jnp.ones((batch,), jnp.int32),
+        rounds=jnp.int32(0), active_rounds=jnp.zeros((batch,), jnp.int32), key=key,
+        nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RootOnly:
+  """The AR "proposal": a tree of just the root, so every round emits one target token."""
+
+  tree_size: int = dataclasses.field(default=1, init=False)
+
+  def propose(self, history: jax.Array, lengths: jax.Array, root: jax.Array) -> Tree:
+    return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32))
 
 
 @dataclasses.dataclass
@@ -83,43 +114,68 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "impl", "sampling", "steps"), donate_argnames=("state",)
+    jax.jit, static_argnames=("graphdef", "proposer", "impl", "sampling", "rounds"), donate_argnames=("state",)
 )
-def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, impl, sampling, steps):
-  """Up to `steps` AR steps on device, stopping at `limit` tokens or when all are done.
-
-  Returns the new state and the chunk's tokens [B, steps] (PAD_ID where none was made).
-  """
+def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer, impl, sampling, rounds):
+  """Up to `rounds` propose -> verify -> accept -> commit rounds on device, until every
+  sequence is done. Returns the new state, this chunk's tokens [B, rounds * N] (each
+  row's tokens first, PAD_ID after them) and whether every sequence is now done."""
   model = _merge(graphdef, params)
-  batch = state.token.shape[0]
-  first_step = state.step
+  batch = state.root.shape[0]
+  width = rounds * proposer.tree_size
+  rows = jnp.arange(batch)[:, None]
+  first_round = state.rounds
 
   def cond(carry):
-    state, _ = carry
-    return (state.step < jnp.minimum(limit, first_step + steps)) & ~jnp.all(state.done)
+    state, _, _ = carry
+    return (state.rounds < first_round + rounds) & ~jnp.all(state.done)
 
   def body(carry):
-    state, out = carry
+    state, out, written = carry
     cache = state.cache
-    positions = cache.lengths[:, None]  # slot i holds position i
-    feed = jnp.maximum(state.token, 0)[:, None]  # finished sequences feed a dummy token
-    hidden, cache = model(feed, positions, jnp.ones((batch, 1, 1), bool), cache, impl)
-    logits = model.logits(hidden[:, 0])  # [B, V]
+    root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
+    tree = proposer.propose(state.history, cache.lengths, root)
+    ancestors = tree.ancestor_mask()
+    hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, impl)
+    logits = model.logits(hidden)  # [B, N, V]
     key, step_key = jax.random.split(state.key)
-    token = jnp.where(state.done, PAD_ID, sample(logits, step_key, sampling))
-    out = out.at[:, state.step - first_step].set(token)
-    new_state = DecodeState(
-        cache=cache.advance(1),
-        token=token,
-        done=state.done | jnp.isin(token, eos_ids),
-        step=state.step + 1,
-        key=key,
-        nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=-1)),
-    )
-    return new_state, out
+    acceptance = accept_greedy(tree, jnp.argmax(logits, axis=-1), ancestors)
+    best = jnp.take_along_axis(acceptance.path, acceptance.count[:, None] - 1, axis=1)[:, 0]
+    best_logits = jnp.take_along_axis(logits, best[:, None, None], axis=1)[:, 0]
+    acceptance = dataclasses.replace(acceptance, bonus=sample(best_logits, step_key, sampling))
+    new = emitted_tokens(tree, acceptance)  # [B, N]
 
-  out = jnp.full((batch, steps), PAD_ID, jnp.int32)
-  return jax.lax.while_loop(cond, body, (state, out))
+    # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
+    index = jnp.arange(tree.size)[None, :]
+    is_eos = jnp.isin(new, eos_ids) & (index < acceptance.count[:, None])
+    first_eos = jnp.min(jnp.where(is_eos, index, tree.size), axis=1)
+    count = jnp.minimum(jnp.minimum(acceptance.count, first_eos + 1), limit - state.emitted)
+    count = jnp.where(state.done, 0, count)
+    keep = index < count[:, None]
+
+    lengths = cache.lengths
+    cache = cache.commit_path(acceptance.path, count)
+    slots = jnp.where(keep, lengths[:, None] + 1 + index, state.history.shape[1])  # past the end: dropped
+    history = state.history.at[rows, slots].set(new, mode="drop")
+    out = out.at[rows, jnp.where(keep, written[:, None] + index, width)].set(new, mode="drop")
+    last = jnp.take_along_axis(new, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+    emitted = state.emitted + count
+    new_state = DecodeState(
+        cache=cache,
+        history=history,
+        root=jnp.where(count > 0, last, state.root),
+        done=state.done | (first_eos < count) | (emitted >= limit),
+        emitted=emitted,
+        rounds=state.rounds + 1,
+        active_rounds=state.active_rounds + ~state.done,
+        key=key,
+        nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=(1, 2))),
+    )
+    return new_state, out, written + count
+
+  out = jnp.full((batch, width), PAD_ID, jnp.int32)
+  state, out, _ = jax.lax.while_loop(cond, body, (state, out, jnp.zeros((batch,), jnp.int32)))
+  return state, out, jnp.all(state.done)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling"))
@@ -141,82 +197,90 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
     )
 
 
-def generate_ar(
+def generate(
     model: Transformer,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
+    proposer=RootOnly(),
+    method: str = "ar",
     eos_ids: Sequence[int] = (),
     sampling: SamplingConfig = SamplingConfig(),
     seed: int = 0,
     impl: str = "reference",
     prefill_chunk: int = 512,
-    decode_chunk: int = 32,
+    rounds_per_chunk: int = 32,
     on_tokens: Callable[[np.ndarray], None] | None = None,
 ) -> GenerationResult:
-  """Plain autoregressive decoding of a batch of prompts; `on_tokens` receives each
-  finished chunk of tokens [B, n] (PAD_ID after EOS) as soon as it is on the host."""
+  """Decodes a batch of prompts with `proposer`'s trees verified by the target (the AR
+  baseline is the one-node tree). `on_tokens` receives each chunk of new tokens [B, n]
+  (PAD_ID marks no token) as soon as it is on the host."""
   check_capacity(model.config, prompts, max_new_tokens)
+  if proposer.tree_size > 1 and not sampling.greedy:
+    raise UserError(f"method {method} supports only --temperature 0 for now.")
   graphdef, params = nnx.split(model)
-  max_len = -(-(max(map(len, prompts)) + max_new_tokens) // 128) * 128
+  longest = max(map(len, prompts))
+  max_len = -(-(longest + max_new_tokens + proposer.tree_size) // 128) * 128
   eos = jnp.asarray(list(eos_ids) or [PAD_ID], jnp.int32)
   key, first_key = jax.random.split(jax.random.key(seed))
 
   t0 = time.perf_counter()
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl)
-  token, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling)
-  first = np.asarray(token)
+  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling)
+  first = np.asarray(root)
   prefill_seconds = time.perf_counter() - t0
   if on_tokens:
     on_tokens(first[:, None])
 
-  state = DecodeState(
-      cache=cache, token=token, done=jnp.isin(token, eos), step=jnp.int32(1), key=key,
-      nonfinite=nonfinite,
+  history = np.zeros((len(prompts), max_len), np.int32)
+  for row, prompt, token in zip(history, prompts, first):
+    row[: len(prompt)] = prompt
+    row[len(prompt)] = token
+  batch = len(prompts)
+  done = jnp.isin(root, eos) | (max_new_tokens == 1)
+  state = DecodeState.start(cache, jnp.asarray(history), root, done, key, nonfinite)
+  args = lambda state: (  # noqa: E731
+      graphdef, params, state, jnp.int32(max_new_tokens), eos, proposer, impl, sampling, rounds_per_chunk
   )
-  chunks, pending = [first[:, None]], None
-  compile_seconds = 0.0
+  tc = time.perf_counter()  # compile outside the timed region
+  _decode_chunk.lower(*args(state)).compile()
+  compile_seconds = time.perf_counter() - tc
+
   t1 = time.perf_counter()
-  for chunk_start in range(1, max_new_tokens, decode_chunk):
-    args = (graphdef, params, state, jnp.int32(max_new_tokens), eos, impl, sampling, decode_chunk)
-    if chunk_start == 1:  # compile outside the timed region
-      tc = time.perf_counter()
-      _decode_chunk.lower(*args).compile()
-      compile_seconds = time.perf_counter() - tc
-    state, out = _decode_chunk(*args)
-    if pending is not None and _take(pending, chunks, on_tokens):
-      pending = None
-      break
-    pending = out
-  if pending is not None:
-    _take(pending, chunks, on_tokens)
+  chunks, pending = [first[:, None]], None
+  for _ in range(-(-max_new_tokens // rounds_per_chunk) + 1):  # each round emits >= 1 token
+    state, out, finished = _decode_chunk(*args(state))
+    if pending is not None:
+      chunks.append(np.asarray(pending[0]))
+      if on_tokens:
+        on_tokens(chunks[-1])
+      if bool(pending[1]):
+        break
+    pending = (out, finished)
+  else:
+    chunks.append(np.asarray(pending[0]))
+    if on_tokens:
+      on_tokens(chunks[-1])
+  active_rounds = np.asarray(state.active_rounds)
   if bool(np.any(np.asarray(state.nonfinite))):
     raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
-  decode_seconds = time.perf_counter() - t1 - compile_seconds
+  decode_seconds = time.perf_counter() - t1
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
   new_tokens = sum(len(r) for r in token_ids)
-  steps = max(len(r) for r in token_ids) - 1
+  rounds = int(active_rounds.sum())
   return GenerationResult(
       token_ids=token_ids,
       stats={
-          "method": "ar",
+          "method": method,
           "num_new_tokens": new_tokens,
-          "steps": steps,
-          "mean_accepted_length": 1.0,
+          "steps": rounds,
+          # tokens per target forward after prefill (bonus included), as in the papers
+          "mean_accepted_length": (new_tokens - batch) / rounds if rounds else 1.0,
           "prefill_seconds": prefill_seconds,
           "decode_seconds": decode_seconds,
           "compile_seconds": compile_seconds,
-          "tokens_per_second": (new_tokens - len(prompts)) / decode_seconds if decode_seconds > 0 else 0.0,
+          "tokens_per_second": (new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       },
   )
-
-
-def _take(out: jax.Array, chunks: list, on_tokens) -> bool:
-  """Moves a finished chunk to the host; True when every sequence has ended in it."""
-  tokens = np.asarray(out)
-  chunks.append(tokens)
-  if on_tokens:
-    on_tokens(tokens)
-  return bool(np.all(np.any(tokens == PAD_ID, axis=1)))

@@ -64,3 +64,20 @@ def test_cache_bytes_and_advance(tiny):
   assert cache.k.shape == (c.num_layers, 2, 16, c.num_kv_heads, c.head_dim)
   assert cache.nbytes() == 2 * cache.k.size * 2 + 2 * 4
   np.testing.assert_array_equal(np.asarray(cache.advance(jnp.array([3, 1])).lengths), [3, 1])
+
+
+def test_commit_path_moves_accepted_nodes_into_the_prefix():
+  rng = np.random.default_rng(5)
+  layers, batch, size, nodes = 2, 3, 20, 6
+  k = rng.standard_normal((layers, batch, size, 1, 2)).astype(np.float32)
+  cache = KVCache(k=jnp.asarray(k), v=jnp.asarray(-k), lengths=jnp.array([3, 0, 9]))
+  path = np.array([[0, 2, 5, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 3, 4, 5, 0, 0]])
+  count = np.array([3, 1, 4])
+  out = cache.commit_path(jnp.asarray(path), jnp.asarray(count))
+  np.testing.assert_array_equal(np.asarray(out.lengths), [6, 1, 13])
+  expected = k.copy()
+  for b, length in enumerate([3, 0, 9]):
+    for d in range(count[b]):
+      expected[:, b, length + d] = k[:, b, length + path[b, d]]
+  np.testing.assert_array_equal(np.asarray(out.k), expected)
+  np.testing.assert_array_equal(np.asarray(out.v), -expected)

@@ -1,13 +1,17 @@
 """The AR engine: exact greedy decoding, batching, EOS, sampling reproducibility."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import save_tiny_hf_model
+from conftest import real_texts, save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.engine import generate_ar
+from longspec_jax.engine import generate
 from longspec_jax.errors import UserError
+from longspec_jax.ngram import PromptLookup
+from longspec_jax.tree import Tree, static_topology
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -31,7 +35,7 @@ def naive_greedy(model, prompt, steps):
 
 def test_greedy_equals_naive_recompute(tiny):
   prompt = np.random.default_rng(0).integers(3, 211, size=19).tolist()
-  result = generate_ar(tiny, [prompt], 12, decode_chunk=5)
+  result = generate(tiny, [prompt], 12, rounds_per_chunk=5)
   assert result.token_ids[0] == naive_greedy(tiny, prompt, 12)
   assert result.stats["num_new_tokens"] == 12 and result.stats["steps"] == 11
 
@@ -39,32 +43,32 @@ def test_greedy_equals_naive_recompute(tiny):
 def test_batch_equals_each_prompt_alone(tiny):
   rng = np.random.default_rng(1)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (7, 23, 15)]
-  batched = generate_ar(tiny, prompts, 9, prefill_chunk=8, decode_chunk=4).token_ids
-  assert batched == [generate_ar(tiny, [p], 9).token_ids[0] for p in prompts]
+  batched = generate(tiny, prompts, 9, prefill_chunk=8, rounds_per_chunk=4).token_ids
+  assert batched == [generate(tiny, [p], 9).token_ids[0] for p in prompts]
 
 
 def test_eos_stops_exactly_there(tiny):
   prompt = np.random.default_rng(2).integers(3, 211, size=11).tolist()
-  free = generate_ar(tiny, [prompt], 10).token_ids[0]
+  free = generate(tiny, [prompt], 10).token_ids[0]
   eos = free[4]
-  stopped = generate_ar(tiny, [prompt], 10, eos_ids=[eos], decode_chunk=3).token_ids[0]
+  stopped = generate(tiny, [prompt], 10, eos_ids=[eos], rounds_per_chunk=3).token_ids[0]
   assert stopped == free[: free.index(eos) + 1]
 
 
 def test_sampling_is_reproducible_and_seed_dependent(tiny):
   prompt = list(range(3, 30))
   hot = SamplingConfig(temperature=1.5)
-  a = generate_ar(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
-  b = generate_ar(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
-  c = generate_ar(tiny, [prompt], 16, sampling=hot, seed=8).token_ids
+  a = generate(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
+  b = generate(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
+  c = generate(tiny, [prompt], 16, sampling=hot, seed=8).token_ids
   assert a == b and a != c
 
 
 def test_capacity_and_empty_prompt_errors(tiny):
   with pytest.raises(UserError, match="exceeds the model's context of 512"):
-    generate_ar(tiny, [[5] * 500], 20)
+    generate(tiny, [[5] * 500], 20)
   with pytest.raises(UserError, match="empty"):
-    generate_ar(tiny, [[]], 4)
+    generate(tiny, [[]], 4)
 
 
 def test_nonfinite_logits_are_reported(tiny):
@@ -75,14 +79,96 @@ def test_nonfinite_logits_are_reported(tiny):
   pure["final_norm"] = pure["final_norm"] * jnp.nan
   nnx.replace_by_pure_dict(state, pure)
   with pytest.raises(UserError, match="NaN"):
-    generate_ar(nnx.merge(graphdef, state), [[5, 6, 7]], 4)
+    generate(nnx.merge(graphdef, state), [[5, 6, 7]], 4)
 
 
 def test_finished_sequences_do_not_disturb_the_others(tiny):
   rng = np.random.default_rng(4)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (9, 14)]
-  free = [generate_ar(tiny, [p], 8).token_ids[0] for p in prompts]
+  free = [generate(tiny, [p], 8).token_ids[0] for p in prompts]
   eos = free[0][2]  # the first sequence stops early, the second (most likely) runs on
-  batched = generate_ar(tiny, prompts, 8, eos_ids=[eos], decode_chunk=3).token_ids
+  batched = generate(tiny, prompts, 8, eos_ids=[eos], rounds_per_chunk=3).token_ids
   for got, alone in zip(batched, free):
     assert got == (alone[: alone.index(eos) + 1] if eos in alone else alone)
+
+
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+  """Proposes a static tree whose all-first-child branch is the known continuation
+  `reference[b]` (the AR output) and whose other nodes are decoys."""
+
+  reference: tuple[tuple[int, ...], ...]
+  prompt_lengths: tuple[int, ...]
+  branching: tuple[int, ...] = (2, 2, 2)
+  vocab: int = 211
+
+  @property
+  def tree_size(self) -> int:
+    return len(static_topology(self.branching)[0])
+
+  def propose(self, history, lengths, root):
+    parents, depths, ranks = static_topology(self.branching)
+    on_truth = np.array([all(ranks[j] == 0 for j in self._ancestors(parents, i)) for i in range(len(parents))])
+    width = max(map(len, self.reference))
+    reference = jnp.asarray([list(r) + [0] * (width - len(r) + len(self.branching) + 1) for r in self.reference])
+    offset = lengths - jnp.asarray(self.prompt_lengths)  # the root is reference[offset]
+    truth = jnp.take_along_axis(reference, offset[:, None] + jnp.asarray(depths)[None, :], axis=1)  # [B, N]
+    tokens = jnp.where(on_truth[None, :], truth, (truth + 1 + jnp.asarray(ranks)[None, :]) % self.vocab)
+    tokens = tokens.at[:, 0].set(root)
+    batch = root.shape[0]
+    tile = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(parents)))  # noqa: E731
+    return Tree(tokens=tokens.astype(jnp.int32), parents=tile(parents), depths=tile(depths),
+                valid=jnp.ones((batch, len(parents)), bool))
+
+  @staticmethod
+  def _ancestors(parents, i):
+    while i > 0:
+      yield i
+      i = parents[i]
+
+
+def test_oracle_tree_is_lossless_with_full_acceptance(tiny):
+  rng = np.random.default_rng(6)
+  prompts = [rng.integers(3, 211, size=n).tolist() for n in (12, 25)]
+  reference = generate(tiny, prompts, 20).token_ids
+  oracle = Oracle(tuple(map(tuple, reference)), tuple(map(len, prompts)))
+  result = generate(tiny, prompts, 20, proposer=oracle, method="oracle", rounds_per_chunk=2)
+  assert result.token_ids == reference
+  assert result.stats["mean_accepted_length"] >= 3.5  # depth 3 + bonus, less the final round
+
+
+def test_prompt_lookup_is_lossless(tiny):
+  rng = np.random.default_rng(7)
+  pattern = rng.integers(3, 211, size=9).tolist()
+  prompts = [pattern * 4, rng.integers(3, 211, size=30).tolist()]
+  reference = generate(tiny, prompts, 24).token_ids
+  result = generate(tiny, prompts, 24, proposer=PromptLookup(num_tokens=5), method="pld", rounds_per_chunk=3)
+  assert result.token_ids == reference
+  assert result.stats["steps"] < 2 * 23  # rounds, over both sequences
+
+
+def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
+  prompt = np.random.default_rng(8).integers(3, 211, size=15).tolist()
+  free = generate(tiny, [prompt], 16).token_ids[0]
+  eos = free[5]
+  oracle = Oracle((tuple(free),), (len(prompt),))
+  stopped = generate(tiny, [prompt], 16, proposer=oracle, eos_ids=[eos]).token_ids[0]
+  assert stopped == free[: free.index(eos) + 1]
+
+
+def test_real_model_speculation_is_lossless(smollm2_float32):
+  """SmolLM2 on 10 real documents (licenses and Python sources) of 1,024 tokens: PLD and an
+  oracle tree with decoys emit exactly the AR tokens for 128 new tokens."""
+  target = smollm2_float32
+  texts = real_texts()
+  prompts = [target.tokenizer(t).input_ids[:1024] for t in texts[:5] + texts[-5:]]
+  assert all(len(p) == 1024 for p in prompts)
+  reference = generate(target.model, prompts, 128).token_ids
+  assert all(len(r) == 128 for r in reference)
+  pld = generate(target.model, prompts, 128, proposer=PromptLookup(), method="pld")
+  assert pld.token_ids == reference
+  oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
+                  vocab=target.config.vocab_size)
+  result = generate(target.model, prompts, 128, proposer=oracle, method="oracle")
+  assert result.token_ids == reference
+  assert result.stats["mean_accepted_length"] > 5.5  # depth 5 + bonus, less the last round

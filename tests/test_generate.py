@@ -69,6 +69,7 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--target", "/no/such/model.gguf"], "does not exist"),
         (["--prompt", "x", "--target", "/no/such/dir"], "neither"),
         (["--prompt", "x", "--draft", "/some/draft"], "--method ar uses no draft"),
+        (["--prompt", "x", "--method", "pld", "--temperature", "0.7"], "supports only --temperature 0"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
@@ -93,3 +94,14 @@ def test_corrupt_weights_through_the_real_entry_point(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(f"{PROG}: error: {broken} is not a readable GGUF file")
   assert "Traceback" not in proc.stderr
+
+
+def test_pld_method_matches_ar(tiny_with_tokenizer, capsys):
+  common = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "12", "--json"]
+  results = {}
+  for method in ("ar", "pld"):
+    code, out, err = run(common + ["--method", method], capsys)
+    assert code == 0, err
+    results[method] = json.loads(out.strip().splitlines()[-1])
+  assert results["pld"]["token_ids"] == results["ar"]["token_ids"]
+  assert results["pld"]["method"] == "pld"

@@ -57,7 +57,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   """The real model: logits on >= 512 tokens of real text, and 32 greedy tokens."""
   import transformers
 
-  from longspec_jax.engine import generate_ar
+  from longspec_jax.engine import generate
 
   target = smollm2_float32
   ids = target.tokenizer(real_texts()[0]).input_ids[:600]
@@ -73,7 +73,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   scale = np.abs(expected).max()
   assert np.abs(got - expected).max() < 1e-5 * scale * 50, np.abs(got - expected).max()
   assert (got.argmax(-1) == expected.argmax(-1)).all()
-  ours = generate_ar(target.model, [ids], 32).token_ids[0]
+  ours = generate(target.model, [ids], 32).token_ids[0]
   assert ours == hf_greedy[0, len(ids):].tolist()
 
 
