@@ -31,6 +31,9 @@ from longspec_jax.target import Transformer
 from longspec_jax.tree import Tree, accept_greedy, chain, emitted_tokens
 
 PAD_ID = -1  # fills token slots after a sequence has finished
+# Tree nodes verified per device chunk: the host streams text once per chunk, and each
+# chunk costs a dispatch and a transfer (at 128, 0.2 s of AR decoding on an H100).
+TOKENS_PER_CHUNK = 128
 
 
 @jax.tree_util.register_dataclass
@@ -209,13 +212,15 @@ def generate(
     seed: int = 0,
     impl: str = "reference",
     prefill_chunk: int = 512,
-    rounds_per_chunk: int = 32,
+    rounds_per_chunk: int | None = None,
     on_tokens: Callable[[np.ndarray], None] | None = None,
 ) -> GenerationResult:
   """Decodes a batch of prompts with `proposer`'s trees verified by the target (the AR
   baseline is the one-node tree). `on_tokens` receives each chunk of new tokens [B, n]
-  (PAD_ID marks no token) as soon as it is on the host."""
+  (PAD_ID marks no token) as soon as it is on the host. A chunk is `rounds_per_chunk`
+  rounds, by default enough for about `TOKENS_PER_CHUNK` tree nodes."""
   check_capacity(model.config, prompts, max_new_tokens)
+  rounds_per_chunk = rounds_per_chunk or -(-TOKENS_PER_CHUNK // proposer.tree_size)
   if proposer.tree_size > 1 and not sampling.greedy:
     raise UserError(f"method {method} supports only --temperature 0 for now.")
   graphdef, params = nnx.split(model)

@@ -96,6 +96,10 @@ def accept_greedy(tree: Tree, target_tokens: jax.Array, ancestors: jax.Array) ->
   target_tokens [B, N]: the target's greedy token after each node. With siblings distinct,
   at most one child of an accepted node can match, so the accepted nodes form one path.
   """
+  if tree.size == 1:  # the root alone (AR decoding): nothing to accept but the bonus
+    batch = target_tokens.shape[0]
+    return Acceptance(path=jnp.zeros((batch, 1), jnp.int32), count=jnp.ones((batch,), jnp.int32),
+                      bonus=target_tokens[:, 0].astype(jnp.int32))
   parent_choice = jnp.take_along_axis(target_tokens, jnp.maximum(tree.parents, 0), axis=1)
   matches = tree.valid & (tree.tokens == parent_choice)
   matches = matches.at[:, 0].set(True)  # the root is already chosen
