@@ -1,15 +1,16 @@
 """`python -m infer.bench_target`: AR speed of the target, ours vs transformers, and the
-decode step of a Llama-3.1-8B-shaped model against the memory-bandwidth floor.
+decode step of a model shape (Llama-3.1-8B by default) against the memory-bandwidth floor.
 
 Every timing is a median after warm-up; ratios are taken between rows of one run.
 Prints tables and writes JSON (`--out`).
 
   python -m infer.bench_target --suite smollm2 --prompt-lengths 512 2048 7900 --out smollm2.json
-  python -m infer.bench_target --suite llama8b --contexts 4096 32768 --out llama8b.json
+  python -m infer.bench_target --suite floor --shape llama-3.1-8b --contexts 4096 32768 --out llama8b.json
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
@@ -29,12 +29,19 @@ from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.engine import DecodeState, RootOnly, _decode_chunk, generate
 from longspec_jax.sampling import SamplingConfig
 
+SMOLLM2_135M = TargetConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+    head_dim=64, rope=RopeConfig(theta=100000.0), max_position_embeddings=8192, tie_word_embeddings=True,
+)
 LLAMA_31_8B = TargetConfig(
     vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
     num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
     rope=RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0,
                     high_freq_factor=4.0, original_max_position_embeddings=8192),
 )
+
+
+SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "smollm2-135m": SMOLLM2_135M}
 
 
 def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
@@ -51,13 +58,12 @@ def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
 def measure_bandwidth() -> float:
   """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
   over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""
+  step = jax.jit(lambda x: x * 2 + 1)
   best = 0.0
   for nbytes in (1 << 30, 1 << 32):
     for dtype in (jnp.float32, jnp.bfloat16):
-      x = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype)
-      step = jax.jit(lambda x: x * 2 + 1)
-      best = max(best, 2 * nbytes / median_seconds(lambda: step(x), iters=20))
-      del x
+      data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype)
+      best = max(best, 2 * nbytes / median_seconds(functools.partial(step, data), iters=20))
   return best
 
 
@@ -157,11 +163,12 @@ def _smollm2_row(row) -> str:
   return " | ".join(cells)
 
 
-def suite_llama8b(args) -> dict:
-  """Decode step of a random-weight Llama-3.1-8B-shaped model at several contexts."""
+def suite_floor(args) -> dict:
+  """Decode step of a random-weight model of a known shape at several contexts, against
+  the bytes it must read over the measured memory bandwidth."""
   from longspec_jax.target import random_model
 
-  config = LLAMA_31_8B
+  config = SHAPES[args.shape]
   dtype = resolve_dtype(args.dtype)
   bandwidth = measure_bandwidth()
   model = random_model(config, dtype)
@@ -197,13 +204,15 @@ def suite_llama8b(args) -> dict:
     rows.append({"context": context, "step_ms": seconds * 1e3, "floor_ms": floor * 1e3,
                  "fraction_of_floor": floor / seconds, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes})
     print(f"{context:>7} | {seconds * 1e3:8.3f} ms | floor {floor * 1e3:7.3f} ms | {floor / seconds:6.1%}", flush=True)
-  return {"dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth, "attention": args.attention,
+  return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth,
+          "attention": args.attention,
           "steps_per_measure": steps, "rows": rows}
 
 
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
-  p.add_argument("--suite", choices=("smollm2", "llama8b"), required=True)
+  p.add_argument("--suite", choices=("smollm2", "floor"), required=True)
+  p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="model shape for --suite floor")
   p.add_argument("--prompt-lengths", type=int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
   p.add_argument("--new-tokens", type=int, default=256)
@@ -215,13 +224,13 @@ def main(argv=None):
   args = p.parse_args(argv)
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
-      "llama8b": "context | decode step | bandwidth floor | floor/step",
+      "floor": "context | decode step | bandwidth floor | floor/step",
   }[args.suite]
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
   print(header, flush=True)
   result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
-  result.update(suite_smollm2(args) if args.suite == "smollm2" else suite_llama8b(args))
+  result.update(suite_smollm2(args) if args.suite == "smollm2" else suite_floor(args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -68,7 +68,7 @@ def test_cache_bytes_and_advance(tiny):
 
 def test_commit_path_moves_accepted_nodes_into_the_prefix():
   rng = np.random.default_rng(5)
-  layers, batch, size, nodes = 2, 3, 20, 6
+  layers, batch, size = 2, 3, 20
   k = rng.standard_normal((layers, batch, size, 1, 2)).astype(np.float32)
   cache = KVCache(k=jnp.asarray(k), v=jnp.asarray(-k), lengths=jnp.array([3, 0, 9]))
   path = np.array([[0, 2, 5, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 3, 4, 5, 0, 0]])

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
@@ -16,12 +17,15 @@ from longspec_jax.weights import default
 from longspec_jax.weights.gguf_file import load_gguf
 from longspec_jax.weights.hf import load_hf_dir
 
+if TYPE_CHECKING:
+  import transformers
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadedTarget:
   model: Transformer
   config: TargetConfig
-  tokenizer: "transformers.PreTrainedTokenizerBase"  # noqa: F821
+  tokenizer: "transformers.PreTrainedTokenizerBase"
   name: str
 
 
