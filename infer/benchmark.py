@@ -23,11 +23,8 @@ import jax.numpy as jnp
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS
-from longspec_jax.engine import RootOnly, generate
-from longspec_jax.ngram import PromptLookup
+from longspec_jax.engine import PROPOSERS, generate
 from longspec_jax.weights import default, load_target
-
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup}
 
 
 def run_config(target, method: str, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:

@@ -14,7 +14,8 @@ from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype,
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
-# Methods the engine runs; --method defaults to the first. PLD needs no draft but is
+# `engine.PROPOSERS` by name, listed here so that flags are checked before JAX is
+# imported; --method defaults to the first. PLD needs no draft but is
 # slower than AR on CPU and at low n-gram overlap, so AR stays the default until a
 # trained draft exists.
 METHODS = ("ar", "pld")
@@ -70,8 +71,7 @@ def main(argv=None) -> None:
   prompt_text = read_prompt(args.prompt, args.prompt_file)
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
-  from longspec_jax.engine import RootOnly, generate
-  from longspec_jax.ngram import PromptLookup
+  from longspec_jax.engine import PROPOSERS, generate
   from longspec_jax.sampling import SamplingConfig
   from longspec_jax.weights import load_target
 
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
       file=sys.stderr, flush=True,
   )
   stream = TextStream(target.tokenizer)
-  proposer = {"ar": RootOnly(), "pld": PromptLookup()}[method]
+  proposer = PROPOSERS[method]()
   result = generate(
       target.model, [prompt], args.max_new_tokens, proposer=proposer, method=method,
       eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,

@@ -26,6 +26,7 @@ from flax import nnx
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
+from longspec_jax.ngram import PromptLookup
 from longspec_jax.sampling import SamplingConfig, sample
 from longspec_jax.target import Transformer
 from longspec_jax.tree import Tree, accept_greedy, chain, emitted_tokens
@@ -70,6 +71,10 @@ class RootOnly:
 
   def propose(self, history: jax.Array, lengths: jax.Array, root: jax.Array) -> Tree:
     return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32))
+
+
+# Decoding methods by name -> their proposer class (all constructible with no arguments).
+PROPOSERS = {"ar": RootOnly, "pld": PromptLookup}
 
 
 @dataclasses.dataclass

@@ -105,3 +105,10 @@ def test_pld_method_matches_ar(tiny_with_tokenizer, capsys):
     results[method] = json.loads(out.strip().splitlines()[-1])
   assert results["pld"]["token_ids"] == results["ar"]["token_ids"]
   assert results["pld"]["method"] == "pld"
+
+
+def test_cli_methods_are_the_engine_methods():
+  from infer.generate import METHODS
+  from longspec_jax.engine import PROPOSERS
+
+  assert set(METHODS) == set(PROPOSERS)
