@@ -50,7 +50,6 @@ class DecodeState:
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
 
-
   @classmethod
   def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
             nonfinite: jax.Array | None = None) -> "DecodeState":
@@ -83,15 +82,19 @@ class GenerationResult:
   stats: dict
 
 
-def _merge(graphdef, params) -> Transformer:
-  return nnx.merge(graphdef, params)
+def _left_aligned(prompts: Sequence[Sequence[int]], width: int) -> np.ndarray:
+  """Prompts as rows of a zero-padded int32 array [B, width]."""
+  rows = np.zeros((len(prompts), width), np.int32)
+  for row, prompt in zip(rows, prompts):
+    row[: len(prompt)] = prompt
+  return rows
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "impl"), donate_argnames=("cache",))
 def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden, impl):
   """Runs prompt tokens [B, C] at positions start..start+C; keeps each sequence's hidden
   state at its last prompt token in `last_hidden [B, E]`."""
-  model = _merge(graphdef, params)
+  model = nnx.merge(graphdef, params)
   chunk = tokens.shape[1]
   positions = start + jnp.broadcast_to(jnp.arange(chunk), tokens.shape)  # [B, C]
   valid = positions < prompt_lengths[:, None]
@@ -109,9 +112,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
   chunk = min(chunk, 1 << max(4, (longest - 1).bit_length()))  # short prompts: a smaller chunk
-  padded = np.zeros((len(prompts), -(-longest // chunk) * chunk), np.int32)
-  for row, prompt in zip(padded, prompts):
-    row[: len(prompt)] = prompt
+  padded = _left_aligned(prompts, -(-longest // chunk) * chunk)
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
@@ -128,7 +129,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
   """Up to `rounds` propose -> verify -> accept -> commit rounds on device, until every
   sequence is done. Returns the new state, this chunk's tokens [B, rounds * N] (each
   row's tokens first, PAD_ID after them) and whether every sequence is now done."""
-  model = _merge(graphdef, params)
+  model = nnx.merge(graphdef, params)
   batch = state.root.shape[0]
   width = rounds * proposer.tree_size
   rows = jnp.arange(batch)[:, None]
@@ -188,7 +189,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling"))
 def _first_token(graphdef, params, last_hidden, key, sampling):
-  logits = _merge(graphdef, params).logits(last_hidden)
+  logits = nnx.merge(graphdef, params).logits(last_hidden)
   return sample(logits, key, sampling), ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
@@ -242,10 +243,8 @@ def generate(
   if on_tokens:
     on_tokens(first[:, None])
 
-  history = np.zeros((len(prompts), max_len), np.int32)
-  for row, prompt, token in zip(history, prompts, first):
-    row[: len(prompt)] = prompt
-    row[len(prompt)] = token
+  history = _left_aligned(prompts, max_len)
+  history[np.arange(len(prompts)), [len(p) for p in prompts]] = first  # the root follows its prompt
   batch = len(prompts)
   done = jnp.isin(root, eos) | (max_new_tokens == 1)
   state = DecodeState.start(cache, jnp.asarray(history), root, done, key, nonfinite)
