@@ -26,7 +26,8 @@ from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import code_prompts
 from longspec_jax.cache import KVCache
 from longspec_jax.config import RopeConfig, TargetConfig
-from longspec_jax.engine import DecodeState, RootOnly, _decode_chunk, generate
+from longspec_jax.engine import DecodeState, _decode_chunk, generate
+from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig
 
 SMOLLM2_135M = TargetConfig(
@@ -195,7 +196,7 @@ def suite_floor(args) -> dict:
 
     def decode():  # continues from the last state: the context grows by `steps` per call
       state[0], tokens, _ = _decode_chunk(
-          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), args.attention, SamplingConfig(), steps
+          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), None, args.attention, SamplingConfig(), steps
       )
       return tokens
 

@@ -3,10 +3,12 @@
 For each prompt set (`code`: complete a source file; `docs`: summarize a document) and
 prefill length, every method decodes the same prompts with the same target, cache and
 attention; the table gives tau (tokens per target forward, bonus included), decode
-tokens/s and the speedup over AR measured in the same run. Each configuration is warmed
-up (compiled) once before it is timed. Writes JSON with `--out`.
+tokens/s, the speedup over AR measured in the same run, and the split of decode time into
+drafting, verification and the rest. Each configuration is warmed up (compiled) once
+before it is timed. Writes JSON with `--out`.
 
-  python -m infer.benchmark --methods ar pld --sets code docs --lengths 1024 4096 7680 --out bench.json
+  python -m infer.benchmark --methods ar pld longspec --draft random --sets code docs \
+      --lengths 1024 4096 7680 --out bench.json
 """
 
 from __future__ import annotations
@@ -23,20 +25,34 @@ import jax.numpy as jnp
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS
-from longspec_jax.engine import PROPOSERS, generate
+from flax import nnx
+
+from longspec_jax.engine import generate
+from longspec_jax.proposers import PROPOSERS
 from longspec_jax.weights import default, load_target
+from longspec_jax.weights.drafts import load_draft
+
+DRAFT_METHODS = ("longspec",)
+PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
 
-def run_config(target, method: str, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
-  proposer = PROPOSERS[method]()
-  generate(target.model, prompts[:1], new_tokens, proposer=proposer, method=method, impl=impl)  # warm-up
-  runs = [generate(target.model, [p], new_tokens, proposer=proposer, method=method, impl=impl) for p in prompts]
+def run_config(target, method: str, draft, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
+  if method in DRAFT_METHODS:
+    graphdef, draft_params = nnx.split(draft)
+    proposer = PROPOSERS[method](graphdef)
+  else:
+    proposer, draft_params = PROPOSERS[method](), None
+  kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl)
+  generate(target.model, prompts[:1], new_tokens, **kwargs)  # warm-up
+  runs = [generate(target.model, [p], new_tokens, time_phases=True, **kwargs) for p in prompts]
   tokens = sum(r.stats["num_new_tokens"] - 1 for r in runs)
   rounds = sum(r.stats["steps"] for r in runs)
+  decode = sum(r.stats["decode_seconds"] for r in runs)
   return {
       "tau": tokens / rounds,
       "tokens_per_second": statistics.median(r.stats["tokens_per_second"] for r in runs),
       "prefill_seconds": statistics.median(r.stats["prefill_seconds"] for r in runs),
+      **{f"{phase}_share": sum(r.stats[phase] for r in runs) / decode for phase in PHASES},
       "token_ids": [r.token_ids[0] for r in runs],
   }
 
@@ -44,6 +60,7 @@ def run_config(target, method: str, prompts: list[list[int]], new_tokens: int, i
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
+  p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 7680])
   p.add_argument("--num-prompts", type=int, default=3)
@@ -54,33 +71,39 @@ def main(argv=None):
   p.add_argument("--out", type=Path)
   args = p.parse_args(argv)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
-  target = load_target(args.target, resolve_dtype(args.dtype))
+  dtype = resolve_dtype(args.dtype)
+  target = load_target(args.target, dtype)
+  draft = load_draft(args.draft, target.config, dtype, args.target) if set(methods) & set(DRAFT_METHODS) else None
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
-  print("set  | prefill | method | tau  | tokens/s | speedup vs AR | same tokens as AR", flush=True)
+  print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | same tokens as AR",
+        flush=True)
   rows = []
   for set_name in args.sets:
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for method in methods:
-        result = run_config(target, method, prompts, args.new_tokens, args.attention)
+        result = run_config(target, method, draft, prompts, args.new_tokens, args.attention)
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": method,
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"],
+            **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
             "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
             "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"],
         }
         rows.append(row)
-        print(f"{set_name:4} | {length:7} | {method:6} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
-              f" {row['speedup_vs_ar']:12.2f}x | {row['same_tokens_as_ar']}", flush=True)
+        split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
+        print(f"{set_name:4} | {length:7} | {method:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
+              f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['same_tokens_as_ar']}", flush=True)
   if args.out:
     args.out.write_text(json.dumps({
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
+        "draft": args.draft if draft is not None else None,
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "rows": rows,
     }, indent=1))
 

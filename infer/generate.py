@@ -14,11 +14,11 @@ from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype,
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
-# `engine.PROPOSERS` by name, listed here so that flags are checked before JAX is
-# imported; --method defaults to the first. PLD needs no draft but is
-# slower than AR on CPU and at low n-gram overlap, so AR stays the default until a
-# trained draft exists.
-METHODS = ("ar", "pld")
+# `proposers.PROPOSERS` by name, listed here so that flags are checked before JAX is
+# imported. Without --method: longspec when the draft is given or shipped, else AR (PLD
+# needs no draft but is slower than AR on CPU and at low n-gram overlap).
+METHODS = ("ar", "pld", "longspec")
+DRAFT_METHODS = ("longspec",)
 
 
 def parse_args(argv=None):
@@ -28,7 +28,10 @@ def parse_args(argv=None):
   src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
-  p.add_argument("--draft", default="default", help="draft for speculative methods: 'default', 'none', or a path")
+  p.add_argument(
+      "--draft", default="default",
+      help="draft for --method longspec: 'default' (shipped for the target), 'random', 'none', or a checkpoint dir",
+  )
   p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--temperature", type=float, default=0.0)
@@ -71,13 +74,20 @@ def main(argv=None) -> None:
   prompt_text = read_prompt(args.prompt, args.prompt_file)
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
-  from longspec_jax.engine import PROPOSERS, generate
+  from flax import nnx
+
+  from longspec_jax.engine import generate
+  from longspec_jax.proposers import PROPOSERS
   from longspec_jax.sampling import SamplingConfig
   from longspec_jax.weights import load_target
+  from longspec_jax.weights.drafts import has_shipped_draft, load_draft
 
-  method = args.method or METHODS[0]
-  if method in ("ar", "pld") and args.draft not in ("default", "none"):
+  method = args.method or ("longspec" if args.draft != "none" and (
+      args.draft != "default" or has_shipped_draft(args.target)) else "ar")
+  if method not in DRAFT_METHODS and args.draft not in ("default", "none"):
     raise UserError(f"--method {method} uses no draft, but --draft {args.draft} was given.")
+  if method in DRAFT_METHODS and args.draft == "none":
+    raise UserError(f"--method {method} needs a draft, but --draft none was given.")
   sampling = SamplingConfig(temperature=args.temperature)
   dtype = resolve_dtype(args.dtype)
   t0 = time.perf_counter()
@@ -89,9 +99,13 @@ def main(argv=None) -> None:
       file=sys.stderr, flush=True,
   )
   stream = TextStream(target.tokenizer)
-  proposer = PROPOSERS[method]()
+  if method in DRAFT_METHODS:
+    graphdef, draft_params = nnx.split(load_draft(args.draft, target.config, dtype, args.target))
+    proposer = PROPOSERS[method](graphdef)
+  else:
+    proposer, draft_params = PROPOSERS[method](), None
   result = generate(
-      target.model, [prompt], args.max_new_tokens, proposer=proposer, method=method,
+      target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
       eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,
       on_tokens=stream,
   )
@@ -109,6 +123,7 @@ def main(argv=None) -> None:
         "target": args.target,
         "dtype": jnp.dtype(dtype).name,
         "attention": args.attention,
+        "draft": args.draft if method in DRAFT_METHODS else None,
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
         "token_ids": token_ids,

@@ -46,26 +46,35 @@ def prefix_attention_reference(
     q_positions: jnp.ndarray | None = None,
     window: int | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Queries [B, T, K, G, D] over cached keys/values [B, S, K, D], slots < lengths [B] only.
+  """Queries [B, T, K, G, D] over cached keys/values [B, S, K, D], slots < lengths only:
+  `lengths` is [B] (one committed length per sequence) or [B, T] (a limit per query, as
+  the draft's delayed cross-attention uses).
 
   With `window`, a query at position p also ignores cached slots <= p - window (the
   committed prefix holds position i in slot i). Returns (out f32 [B,T,K,G,D], lse [B,T,K,G]).
   """
   slots = jnp.arange(k.shape[1])
-  visible = slots[None, :] < lengths[:, None]  # [B, S]
-  visible = visible[:, None, None, None, :]  # [B, 1, 1, 1, S]
+  limits = lengths[:, None] if lengths.ndim == 1 else lengths  # [B, 1] or [B, T]
+  visible = slots[None, None, :] < limits[:, :, None]  # [B, 1 or T, S]
   if window is not None:
-    recent = q_positions[:, :, None] - slots[None, None, :] < window  # [B, T, S]
-    visible = visible & recent[:, None, None, :, :]
-  return _softmax_pass(_scores(q, k), visible, v)
+    visible = visible & (q_positions[:, :, None] - slots[None, None, :] < window)  # [B, T, S]
+  return masked_attention_reference(q, k, v, visible)
 
 
-def block_attention_reference(
+def masked_attention_reference(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Queries [B, T, K, G, D] over this step's keys/values [B, T, K, D] under mask [B, T, T]
-  (mask[b, i, j]: query i sees key j). Returns (out f32, lse)."""
+  """Queries [B, T, K, G, D] over keys/values [B, S, K, D] under mask [B, T or 1, S]
+  (mask[b, i, j]: query i sees key j): the pass over a step's own tokens or a tree.
+  Returns (out f32, lse)."""
   return _softmax_pass(_scores(q, k), mask[:, None, None, :, :], v)
+
+
+def prefix_attention(q, k, v, lengths, q_positions=None, window=None, impl: str = "reference"):
+  """The prefix pass with the chosen implementation; see `prefix_attention_reference`."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention impl {impl!r} is not one of {IMPLS}.")
+  return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
 
 def merge(out_a, lse_a, out_b, lse_b) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -91,10 +100,8 @@ def hybrid_attention(
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix plus the new block; returns
   out [B, T, K, G, D] in float32."""
-  if impl not in IMPLS:
-    raise ValueError(f"attention impl {impl!r} is not one of {IMPLS}.")
-  out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
-  out_b, lse_b = block_attention_reference(q, k_new, v_new, mask)
+  out_a, lse_a = prefix_attention(q, k_cache, v_cache, lengths, q_positions, window, impl)
+  out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)
   out, _ = merge(out_a, lse_a, out_b, lse_b)
   return out
 

@@ -1,4 +1,4 @@
-"""Static-shape KV cache of the target model.
+"""Static-shape KV caches: the target's full cache and the draft's sliding-window ring.
 
 Keys and values are preallocated `[L, B, S_max, K, D]`; `lengths [B]` says how many
 slots of each sequence hold committed tokens (slot i holds position i). A forward pass
@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.config import TargetConfig
+from longspec_jax.config import DraftConfig, TargetConfig
 
 
 @jax.tree_util.register_dataclass
@@ -68,3 +68,50 @@ def write_block(layers: jax.Array, lengths: jax.Array, block: jax.Array) -> jax.
   rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, steps))  # [B, T]
   slots = lengths[:, None] + jnp.arange(steps)[None, :]  # [B, T]
   return layers.at[:, rows, slots].set(block.astype(layers.dtype), mode="drop")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RingCache:
+  """The draft's self-attention K/V for the latest `window` committed positions: position
+  p lives in slot p % window, so memory is constant however long the context grows."""
+
+  k: jax.Array  # [L, B, W, K, D]
+  v: jax.Array  # [L, B, W, K, D]
+  positions: jax.Array  # [B, W] int32: position held in each slot, -1 if none yet
+  length: jax.Array  # [B] int32: every position below this has been written
+
+  @classmethod
+  def create(cls, config: DraftConfig, batch: int, dtype) -> "RingCache":
+    shape = (config.num_layers, batch, config.window, config.num_kv_heads, config.head_dim)
+    return cls(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        positions=jnp.full((batch, config.window), -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+    )
+
+  @property
+  def window(self) -> int:
+    return self.k.shape[2]
+
+  def write(self, k: jax.Array, v: jax.Array, positions: jax.Array, valid: jax.Array) -> "RingCache":
+    """Stores k, v [L, B, T, K, D] of consecutive `positions [B, T]` where
+    `valid [B, T]` (at most `window` of them), and moves `length` past the newest one."""
+    batch = positions.shape[0]
+    rows = jnp.arange(batch)[:, None]
+    slots = jnp.where(valid, positions % self.window, self.window)  # past the end: dropped
+    put = lambda ring, new: ring.at[:, rows, slots].set(new.astype(ring.dtype), mode="drop")  # noqa: E731
+    newest = jnp.max(jnp.where(valid, positions + 1, 0), axis=1)
+    return RingCache(
+        k=put(self.k, k), v=put(self.v, v),
+        positions=self.positions.at[rows, slots].set(positions, mode="drop"),
+        length=jnp.maximum(self.length, newest),
+    )
+
+  def visible(self, q_positions: jax.Array, limit: jax.Array) -> jax.Array:
+    """[B, T, W]: the slots a query at q_positions [B, T] sees: written positions below
+    `limit [B]` and within the window (p - window < position <= p)."""
+    held = self.positions[:, None, :]  # [B, 1, W]
+    return (held >= 0) & (held < limit[:, None, None]) & (q_positions[:, :, None] - held < self.window)
+
+  def nbytes(self) -> int:
+    return sum(x.nbytes for x in (self.k, self.v, self.positions, self.length))

@@ -1,4 +1,5 @@
-"""Frozen model configs, read from a Hugging Face `config.json` or from GGUF metadata.
+"""Frozen model configs: targets read from a Hugging Face `config.json` or GGUF metadata,
+and the LongSpec draft built for a target.
 
 One `TargetConfig` describes every supported Llama-family decoder (Llama 2/3.x, Vicuna,
 LongChat, Mistral, Qwen2/2.5/QwQ, SmolLM2): they differ only in head counts, RoPE
@@ -132,3 +133,68 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
       hf.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
   )
   return RopeConfig(theta=theta, kind=kind, **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftConfig:
+  """A LongSpec draft for one target. Its heads and RoPE are the target's, because its
+  cross-attention reads the target's cached K/V as they are; its embedding and LM head
+  are the target's own arrays, shared, so they appear here only as `vocab_size`."""
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope: RopeConfig = RopeConfig()
+  rms_norm_eps: float = 1e-5
+  num_layers: int = 1
+  window: int = 512  # sliding window of the self-attention (and size of its ring buffer)
+  cross_layer: int = -1  # the target layer whose cached K/V the cross-attention reads
+  qkv_bias: bool = False
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise UserError(
+          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
+      )
+    if self.num_layers < 1 or self.window < 1:
+      raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
+
+  @property
+  def group_size(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  @classmethod
+  def for_target(cls, target: TargetConfig, **overrides) -> "DraftConfig":
+    """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...)."""
+    shared = {f.name: getattr(target, f.name) for f in dataclasses.fields(cls) if hasattr(target, f.name)}
+    shared["qkv_bias"] = False
+    return cls(**{**shared, **overrides})
+
+  def check_matches(self, target: TargetConfig) -> None:
+    """Raises UserError unless this draft can run on `target` (shared vocabulary and
+    hidden size, the cross-attended layer's heads, the same RoPE)."""
+    for name in ("vocab_size", "hidden_size", "num_kv_heads", "head_dim", "rope"):
+      mine, theirs = getattr(self, name), getattr(target, name)
+      if mine != theirs:
+        raise UserError(f"the draft does not match the target: its {name} is {mine}, the target's is {theirs}.")
+    if not -target.num_layers <= self.cross_layer < target.num_layers:
+      raise UserError(
+          f"the draft cross-attends to target layer {self.cross_layer}, but the target has {target.num_layers} layers."
+      )
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "DraftConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+      raise UserError(f"unknown draft config keys: {', '.join(sorted(unknown))}.")
+    rope = dict(d.get("rope") or {})
+    if rope.get("freq_factors") is not None:
+      rope["freq_factors"] = tuple(rope["freq_factors"])
+    return cls(**{**d, "rope": RopeConfig(**rope)})

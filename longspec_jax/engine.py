@@ -1,9 +1,9 @@
 """The generation loop: chunked prefill, then propose -> verify -> accept -> commit rounds.
 
-One loop serves every method: a proposer turns the context into a token tree, the target
-verifies all of it in one forward pass (hybrid attention with the ancestor mask), the
-longest path the target agrees with is kept and its K/V committed. Plain autoregressive
-decoding (AR) is the one-node tree.
+One loop serves every method: a proposer (`proposers.py`) turns the context into a token
+tree, the target verifies all of it in one forward pass (hybrid attention with the
+ancestor mask), the longest path the target agrees with is kept and its K/V committed.
+Plain autoregressive decoding (AR) is the one-node tree.
 
 The model enters jit as (graphdef, params): graphdef is static, params a pytree. Prefill
 runs the prompt in fixed-size chunks (bounded activation memory, one compilation). Rounds
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,10 @@ from flax import nnx
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
-from longspec_jax.ngram import PromptLookup
+from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig, sample
 from longspec_jax.target import Transformer
-from longspec_jax.tree import Tree, accept_greedy, chain, emitted_tokens
+from longspec_jax.verify import accept_greedy, emitted_tokens, verify
 
 PAD_ID = -1  # fills token slots after a sequence has finished
 # Tree nodes verified per device chunk: the host streams text once per chunk, and each
@@ -49,31 +49,18 @@ class DecodeState:
   active_rounds: jax.Array  # [B] int32: rounds in which the sequence was not yet done
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
+  proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
 
   @classmethod
   def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
-            nonfinite: jax.Array | None = None) -> "DecodeState":
+            nonfinite: jax.Array | None = None, proposal: Any = None) -> "DecodeState":
     """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]]."""
     batch = root.shape[0]
     return cls(
         cache=cache, history=history, root=root, done=done, emitted=jnp.ones((batch,), jnp.int32),
         rounds=jnp.int32(0), active_rounds=jnp.zeros((batch,), jnp.int32), key=key,
-        nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite,
+        nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite, proposal=proposal,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class RootOnly:
-  """The AR "proposal": a tree of just the root, so every round emits one target token."""
-
-  tree_size: int = dataclasses.field(default=1, init=False)
-
-  def propose(self, history: jax.Array, lengths: jax.Array, root: jax.Array) -> Tree:
-    return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32))
-
-
-# Decoding methods by name -> their proposer class (all constructible with no arguments).
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup}
 
 
 @dataclasses.dataclass
@@ -122,10 +109,23 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   return cache, last_hidden
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "impl"))
+def _start_proposer(graphdef, params, proposer, proposer_params, cache, history, impl):
+  model = nnx.merge(graphdef, params)
+  return proposer.start(proposer_params, target=model, cache=cache, history=history, impl=impl)
+
+
+def _propose(model, proposer, proposer_params, state: DecodeState, impl):
+  root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
+  return proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
+                          history=state.history, root=root, impl=impl)
+
+
 @functools.partial(
     jax.jit, static_argnames=("graphdef", "proposer", "impl", "sampling", "rounds"), donate_argnames=("state",)
 )
-def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer, impl, sampling, rounds):
+def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer, proposer_params, impl, sampling,
+                  rounds):
   """Up to `rounds` propose -> verify -> accept -> commit rounds on device, until every
   sequence is done. Returns the new state, this chunk's tokens [B, rounds * N] (each
   row's tokens first, PAD_ID after them) and whether every sequence is now done."""
@@ -141,12 +141,8 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
 
   def body(carry):
     state, out, written = carry
-    cache = state.cache
-    root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
-    tree = proposer.propose(state.history, cache.lengths, root)
-    ancestors = tree.ancestor_mask()
-    hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, impl)
-    logits = model.logits(hidden)  # [B, N, V]
+    tree, proposal = _propose(model, proposer, proposer_params, state, impl)
+    logits, ancestors, cache = verify(model, tree, state.cache, impl)  # logits [B, N, V]
     key, step_key = jax.random.split(state.key)
     acceptance = accept_greedy(tree, jnp.argmax(logits, axis=-1), ancestors)
     best = jnp.take_along_axis(acceptance.path, acceptance.count[:, None] - 1, axis=1)[:, 0]
@@ -179,6 +175,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
         active_rounds=state.active_rounds + ~state.done,
         key=key,
         nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=(1, 2))),
+        proposal=proposal,
     )
     return new_state, out, written + count
 
@@ -212,6 +209,7 @@ def generate(
     max_new_tokens: int,
     *,
     proposer=RootOnly(),
+    proposer_params: Any = None,
     method: str = "ar",
     eos_ids: Sequence[int] = (),
     sampling: SamplingConfig = SamplingConfig(),
@@ -220,11 +218,13 @@ def generate(
     prefill_chunk: int = 512,
     rounds_per_chunk: int | None = None,
     on_tokens: Callable[[np.ndarray], None] | None = None,
+    time_phases: bool = False,
 ) -> GenerationResult:
-  """Decodes a batch of prompts with `proposer`'s trees verified by the target (the AR
-  baseline is the one-node tree). `on_tokens` receives each chunk of new tokens [B, n]
-  (PAD_ID marks no token) as soon as it is on the host. A chunk is `rounds_per_chunk`
-  rounds, by default enough for about `TOKENS_PER_CHUNK` tree nodes."""
+  """Decodes a batch of prompts with `proposer`'s trees (its arrays: `proposer_params`)
+  verified by the target; the AR baseline is the one-node tree. `on_tokens` receives each
+  chunk of new tokens [B, n] (PAD_ID marks no token) as soon as it is on the host. A chunk
+  is `rounds_per_chunk` rounds, by default enough for about `TOKENS_PER_CHUNK` tree nodes.
+  `time_phases` adds the draft / verify / other split of the decode time to the stats."""
   check_capacity(model.config, prompts, max_new_tokens)
   rounds_per_chunk = rounds_per_chunk or -(-TOKENS_PER_CHUNK // proposer.tree_size)
   if proposer.tree_size > 1 and not sampling.greedy:
@@ -239,17 +239,21 @@ def generate(
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl)
   root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling)
   first = np.asarray(root)
+  history = _left_aligned(prompts, max_len)
+  history[np.arange(len(prompts)), [len(p) for p in prompts]] = first  # the root follows its prompt
+  history = jnp.asarray(history)
+  proposal = _start_proposer(graphdef, params, proposer, proposer_params, cache, history, impl)
+  jax.block_until_ready(proposal)
   prefill_seconds = time.perf_counter() - t0
   if on_tokens:
     on_tokens(first[:, None])
 
-  history = _left_aligned(prompts, max_len)
-  history[np.arange(len(prompts)), [len(p) for p in prompts]] = first  # the root follows its prompt
   batch = len(prompts)
   done = jnp.isin(root, eos) | (max_new_tokens == 1)
-  state = DecodeState.start(cache, jnp.asarray(history), root, done, key, nonfinite)
+  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
   args = lambda state: (  # noqa: E731
-      graphdef, params, state, jnp.int32(max_new_tokens), eos, proposer, impl, sampling, rounds_per_chunk
+      graphdef, params, state, jnp.int32(max_new_tokens), eos, proposer, proposer_params, impl, sampling,
+      rounds_per_chunk,
   )
   tc = time.perf_counter()  # compile outside the timed region
   _decode_chunk.lower(*args(state)).compile()
@@ -279,9 +283,16 @@ def generate(
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
   new_tokens = sum(len(r) for r in token_ids)
   rounds = int(active_rounds.sum())
+  phases = {}
+  if time_phases:
+    draft_round, verify_round = _time_phases(graphdef, params, proposer, proposer_params, state, impl)
+    loop_rounds = int(state.rounds)
+    phases = {"draft_seconds": draft_round * loop_rounds, "verify_seconds": verify_round * loop_rounds}
+    phases["other_seconds"] = decode_seconds - phases["draft_seconds"] - phases["verify_seconds"]
   return GenerationResult(
       token_ids=token_ids,
       stats={
+          **phases,
           "method": method,
           "num_new_tokens": new_tokens,
           "steps": rounds,
@@ -293,3 +304,31 @@ def generate(
           "tokens_per_second": (new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       },
   )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "impl"))
+def _propose_alone(graphdef, params, proposer, proposer_params, state, impl):
+  return _propose(nnx.merge(graphdef, params), proposer, proposer_params, state, impl)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "impl"))
+def _verify_alone(graphdef, params, tree, cache, impl):
+  return verify(nnx.merge(graphdef, params), tree, cache, impl)[0]
+
+
+def _time_phases(graphdef, params, proposer, proposer_params, state: DecodeState, impl, repeats: int = 5):
+  """Seconds per round of drafting and of verification, each run alone on the final state
+  (median of `repeats` after a warm-up): the rounds run fused on device, so the split of
+  the loop's own time is estimated from its two phases timed in isolation."""
+  def median_seconds(fn, *args):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+  tree = _propose_alone(graphdef, params, proposer, proposer_params, state, impl)
+  draft = median_seconds(_propose_alone, graphdef, params, proposer, proposer_params, state, impl)
+  return draft, median_seconds(_verify_alone, graphdef, params, tree, state.cache, impl)

@@ -23,10 +23,13 @@ class PromptLookup:
   def tree_size(self) -> int:
     return self.num_tokens + 1
 
-  def propose(self, history: jax.Array, lengths: jax.Array, root: jax.Array) -> Tree:
+  def start(self, params, *, target, cache, history, impl):
+    return None
+
+  def propose(self, params, state, *, target, cache, history, root, impl) -> tuple[Tree, None]:
     """A chain: the root, then the tokens that followed the latest earlier match."""
-    drafted, valid = self.lookup(history, lengths)
-    return chain(root, drafted, valid)
+    drafted, valid = self.lookup(history, cache.lengths)
+    return chain(root, drafted, valid), state
 
   def lookup(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
     """history [B, S] holds each sequence's tokens up to and including index `end [B]`

@@ -21,7 +21,7 @@ from longspec_jax.cache import KVCache, write_block
 from longspec_jax.config import TargetConfig
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 
-_init = nnx.initializers.normal(0.02)
+init_weight = nnx.initializers.normal(0.02)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -39,12 +39,12 @@ class DecoderLayer(nnx.Module):
     n_qkv = config.num_heads + 2 * config.num_kv_heads
     self.config = config
     self.attn_norm = nnx.Param(jnp.ones((e,), dtype))
-    self.qkv = nnx.Param(_init(rngs.params(), (e, n_qkv, d), dtype))
+    self.qkv = nnx.Param(init_weight(rngs.params(), (e, n_qkv, d), dtype))
     self.qkv_bias = nnx.Param(jnp.zeros((n_qkv, d), dtype)) if config.qkv_bias else None
-    self.o = nnx.Param(_init(rngs.params(), (config.num_heads, d, e), dtype))
+    self.o = nnx.Param(init_weight(rngs.params(), (config.num_heads, d, e), dtype))
     self.mlp_norm = nnx.Param(jnp.ones((e,), dtype))
-    self.gate_up = nnx.Param(_init(rngs.params(), (e, 2, f), dtype))
-    self.down = nnx.Param(_init(rngs.params(), (f, e), dtype))
+    self.gate_up = nnx.Param(init_weight(rngs.params(), (e, 2, f), dtype))
+    self.down = nnx.Param(init_weight(rngs.params(), (f, e), dtype))
 
   def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
     """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k."""
@@ -59,13 +59,17 @@ class DecoderLayer(nnx.Module):
     b, t = x.shape[:2]
     return q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim), k, v
 
-  def finish(self, x: jax.Array, attn_out: jax.Array) -> jax.Array:
-    """Output projection, residual and MLP: attn_out [B, T, K, G, D] -> x [B, T, E]."""
+  def add_attention(self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None) -> jax.Array:
+    """Residual plus the output projection `o [H, D, E]` (this layer's by default) of
+    attn_out [B, T, K, G, D]."""
     c = self.config
     b, t = x.shape[:2]
     attn_out = attn_out.reshape(b, t, c.num_heads, c.head_dim).astype(x.dtype)
-    x = x + jnp.einsum("bthd,hde->bte", attn_out, self.o[...])
-    h = rms_norm(x, self.mlp_norm[...], c.rms_norm_eps)
+    return x + jnp.einsum("bthd,hde->bte", attn_out, self.o[...] if o is None else o)
+
+  def add_mlp(self, x: jax.Array) -> jax.Array:
+    """Residual plus the SwiGLU MLP of the normed x [B, T, E]."""
+    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps)
     gate_up = jnp.einsum("bte,ecf->btcf", h, self.gate_up[...])  # [B, T, 2, F]
     h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
     return x + jnp.einsum("btf,fe->bte", h, self.down[...])
@@ -76,7 +80,7 @@ class Transformer(nnx.Module):
 
   def __init__(self, config: TargetConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
     self.config = config
-    self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+    self.embed = nnx.Param(init_weight(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
 
     @nnx.split_rngs(splits=config.num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -88,7 +92,7 @@ class Transformer(nnx.Module):
     self.lm_head = (
         None
         if config.tie_word_embeddings
-        else nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+        else nnx.Param(init_weight(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
     )
 
   @property
@@ -119,13 +123,13 @@ class Transformer(nnx.Module):
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if cache is None:
-        out, _ = attention.block_attention_reference(q, k, v, mask)
+        out, _ = attention.masked_attention_reference(q, k, v, mask)
       else:
         out = attention.hybrid_attention(
             q, k_prefix, v_prefix, cache.lengths, k, v, mask, positions,
             window=c.sliding_window, impl=impl,
         )
-      return layer.finish(x, out), (k, v)
+      return layer.add_mlp(layer.add_attention(x, out)), (k, v)
 
     # The cache is only read inside the scan; all layers' new K/V are written after it,
     # in place, so no layer ever copies the cache.
@@ -153,11 +157,10 @@ def abstract_model(config: TargetConfig, dtype) -> Transformer:
 
 
 def random_model(config: TargetConfig, dtype, seed: int = 0) -> Transformer:
-  """A randomly initialised model, built on the default device inside jit."""
-  graphdef, state = nnx.split(abstract_model(config, dtype))
+  return build_random(lambda rngs: Transformer(config, dtype, rngs=rngs), seed)
 
-  @jax.jit
-  def init():
-    return nnx.state(Transformer(config, dtype, rngs=nnx.Rngs(seed)))
 
-  return nnx.merge(graphdef, init())
+def build_random(make, seed: int = 0) -> nnx.Module:
+  """The module `make(rngs)` builds, its arrays initialised on the default device in one jit."""
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(seed))))
+  return nnx.merge(graphdef, jax.jit(lambda: nnx.state(make(nnx.Rngs(seed))))())

@@ -82,41 +82,26 @@ def static_topology(branching: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray,
   return np.array(parents, np.int32), np.array(depths, np.int32), np.array(ranks, np.int32)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Acceptance:
-  path: jax.Array  # [B, N] int32: node index at each depth of the accepted path (valid below `count`)
-  count: jax.Array  # [B] int32: accepted nodes, root included (= tokens emitted this step)
-  bonus: jax.Array  # [B] int32: the target's own token after the accepted path
+def beam_offsets(widths: tuple[int, ...]) -> tuple[int, ...]:
+  """Index of the first node at each depth (0 = the root) of a beam-search tree with
+  `widths[d - 1]` nodes at depth d, nodes in breadth-first order; the last entry is the size."""
+  return (0,) + tuple(int(x) for x in np.cumsum((1,) + tuple(widths)))
 
 
-def accept_greedy(tree: Tree, target_tokens: jax.Array, ancestors: jax.Array) -> Acceptance:
-  """Longest root-to-node path whose every token is the target's argmax at its parent.
+def best_children(log_probs: jax.Array, scores: jax.Array, width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """One depth of LongSpec's dynamic beam search: of all children of the frontier nodes,
+  the `width` with the highest cumulative log-probability. A frontier node may get many
+  children or none; nodes left without children simply stop growing (nothing moves).
 
-  target_tokens [B, N]: the target's greedy token after each node. With siblings distinct,
-  at most one child of an accepted node can match, so the accepted nodes form one path.
+  log_probs [B, F, V]: each frontier node's next-token log-probs; scores [B, F]: their
+  cumulative log-probs. Returns (parent rank in the frontier, token, cumulative score),
+  each [B, width], best first; siblings are distinct tokens.
   """
-  if tree.size == 1:  # the root alone (AR decoding): nothing to accept but the bonus
-    batch = target_tokens.shape[0]
-    return Acceptance(path=jnp.zeros((batch, 1), jnp.int32), count=jnp.ones((batch,), jnp.int32),
-                      bonus=target_tokens[:, 0].astype(jnp.int32))
-  parent_choice = jnp.take_along_axis(target_tokens, jnp.maximum(tree.parents, 0), axis=1)
-  matches = tree.valid & (tree.tokens == parent_choice)
-  matches = matches.at[:, 0].set(True)  # the root is already chosen
-  accepted = tree.valid & ~jnp.any(ancestors & ~matches[:, None, :], axis=-1)  # every ancestor matches
-  best = jnp.argmax(jnp.where(accepted, tree.depths, -1), axis=1)  # deepest accepted node [B]
-  on_path = jnp.take_along_axis(ancestors, best[:, None, None], axis=1)[:, 0]  # [B, N]
-  at_depth = on_path[:, None, :] & (tree.depths[:, None, :] == jnp.arange(tree.size)[None, :, None])
-  path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)  # [B, N]: node at depth d
-  count = jnp.take_along_axis(tree.depths, best[:, None], axis=1)[:, 0] + 1
-  bonus = jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]
-  return Acceptance(path=path, count=count.astype(jnp.int32), bonus=bonus.astype(jnp.int32))
+  batch, frontier, vocab = log_probs.shape
+  per_node = min(width, vocab)  # no node can contribute more than `width` children
+  top_lp, top_tokens = jax.lax.top_k(log_probs, per_node)  # [B, F, k]
+  total = (scores[:, :, None] + top_lp).reshape(batch, frontier * per_node)
+  best, flat = jax.lax.top_k(total, width)  # [B, width]
+  tokens = jnp.take_along_axis(top_tokens.reshape(batch, frontier * per_node), flat, axis=1)
+  return (flat // per_node).astype(jnp.int32), tokens.astype(jnp.int32), best
 
-
-def emitted_tokens(tree: Tree, acceptance: Acceptance) -> jax.Array:
-  """Tokens this step adds after the root: accepted drafted tokens then the bonus, [B, N]
-  (entries at and past `count` are unspecified)."""
-  path_tokens = jnp.take_along_axis(tree.tokens, acceptance.path, axis=1)  # [B, N]; [:, 0] is the root
-  shifted = jnp.concatenate([path_tokens[:, 1:], path_tokens[:, :1]], axis=1)
-  index = jnp.arange(tree.size)[None, :]
-  return jnp.where(index == acceptance.count[:, None] - 1, acceptance.bonus[:, None], shifted)

@@ -106,7 +106,11 @@ class Oracle:
   def tree_size(self) -> int:
     return len(static_topology(self.branching)[0])
 
-  def propose(self, history, lengths, root):
+  def start(self, params, *, target, cache, history, impl):
+    return None
+
+  def propose(self, params, state, *, target, cache, history, root, impl):
+    lengths = cache.lengths
     parents, depths, ranks = static_topology(self.branching)
     on_truth = np.array([all(ranks[j] == 0 for j in self._ancestors(parents, i)) for i in range(len(parents))])
     width = max(map(len, self.reference))
@@ -118,7 +122,7 @@ class Oracle:
     batch = root.shape[0]
     tile = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(parents)))  # noqa: E731
     return Tree(tokens=tokens.astype(jnp.int32), parents=tile(parents), depths=tile(depths),
-                valid=jnp.ones((batch, len(parents)), bool))
+                valid=jnp.ones((batch, len(parents)), bool)), state
 
   @staticmethod
   def _ancestors(parents, i):

@@ -109,6 +109,6 @@ def test_pld_method_matches_ar(tiny_with_tokenizer, capsys):
 
 def test_cli_methods_are_the_engine_methods():
   from infer.generate import METHODS
-  from longspec_jax.engine import PROPOSERS
+  from longspec_jax.proposers import PROPOSERS
 
   assert set(METHODS) == set(PROPOSERS)

@@ -5,7 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.tree import Tree, accept_greedy, chain, emitted_tokens, static_topology
+from longspec_jax.tree import Tree, chain, static_topology
+from longspec_jax.verify import accept_greedy, emitted_tokens
 
 
 def random_tree(rng, batch, size, vocab):

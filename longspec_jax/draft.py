@@ -1,0 +1,116 @@
+"""The LongSpec draft model: constant memory at any context length.
+
+One block (or a few, stacked and scanned like the target's layers) of
+RMSNorm -> sliding-window self-attention over the draft's own ring buffer (the latest
+`window` positions) -> RMSNorm -> cross-attention whose keys and values are the target's
+cached K/V of one layer -> RMSNorm -> SwiGLU MLP, then a final RMSNorm. The input
+embedding and the LM head are the target's arrays, passed in, never copied: the draft's
+parameters are only its blocks, and its state only the ring.
+
+Cross-attention is delayed as at inference: a query at position p sees target slots below
+a per-query limit (the committed length, never p itself), which is what flash noisy
+training simulates.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from longspec_jax import attention
+from longspec_jax.cache import RingCache
+from longspec_jax.config import DraftConfig
+from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+from longspec_jax.target import DecoderLayer, Transformer, build_random, init_weight, rms_norm
+
+
+class DraftLayer(DecoderLayer):
+  """A decoder layer with a cross-attention over the target's K/V between its
+  self-attention and its MLP."""
+
+  def __init__(self, config: DraftConfig, dtype, rngs: nnx.Rngs):
+    super().__init__(config, dtype, rngs)
+    e, h, d = config.hidden_size, config.num_heads, config.head_dim
+    self.cross_norm = nnx.Param(jnp.ones((e,), dtype))
+    self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
+    self.cross_o = nnx.Param(init_weight(rngs.params(), (h, d, e), dtype))
+
+  def add_cross_attention(self, x, cos, sin, target_k, target_v, limits, impl):
+    """x [B, T, E] attends to the target's cached keys/values [B, S, K, D] at slots
+    below limits [B, T]; queries get RoPE at their own positions (cos/sin)."""
+    c = self.config
+    b, t = x.shape[:2]
+    h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
+    q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
+    q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
+    out, _ = attention.prefix_attention(q, target_k, target_v, limits, impl=impl)
+    return self.add_attention(x, out, self.cross_o[...])
+
+
+class Draft(nnx.Module):
+  """The draft's own parameters; the target supplies embedding, LM head and K/V."""
+
+  def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
+    self.config = config
+
+    @nnx.split_rngs(splits=config.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_layers(rngs: nnx.Rngs) -> DraftLayer:
+      return DraftLayer(config, dtype, rngs)
+
+    self.layers = make_layers(rngs)
+    self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+
+  def __call__(
+      self,
+      target: Transformer,
+      tokens: jax.Array,
+      positions: jax.Array,
+      block_mask: jax.Array,
+      ring: RingCache,
+      ring_limit: jax.Array,
+      target_k: jax.Array,
+      target_v: jax.Array,
+      cross_limits: jax.Array,
+      block: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+      impl: str = "reference",
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V).
+
+    Self-attention sees the ring's positions below `ring_limit [B]` within the window,
+    and the block keys under `block_mask [B, T, N]`. The block is this call's own tokens
+    (N = T), or, with `block = (k, v [L, B, N, K, D], slots [B, T])`, a buffer of earlier
+    tree nodes into which this call's K/V are first written at `slots`. Cross-attention
+    sees `target_k/v [B, S, K, D]` below `cross_limits [B, T]`. The returned block K/V
+    [L, B, N, K, D] include this call's.
+    """
+    c = self.config
+    x = jnp.take(target.embed[...], tokens, axis=0).astype(self.final_norm.dtype)  # [B, T, E]
+    inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
+    cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
+    ring_visible = ring.visible(positions, ring_limit)  # [B, T, W]
+    rows = jnp.arange(tokens.shape[0])[:, None]
+    layer_def, layer_state = nnx.split(self.layers)
+    block_k, block_v, slots = (None, None, None) if block is None else block
+
+    def step(x, xs):
+      state, ring_k, ring_v, buffer_k, buffer_v = xs
+      layer = nnx.merge(layer_def, state)
+      q, k, v = layer.project_qkv(x, cos, sin)
+      if buffer_k is not None:
+        k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
+        v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
+      out_ring, lse_ring = attention.masked_attention_reference(q, ring_k, ring_v, ring_visible)
+      out_block, lse_block = attention.masked_attention_reference(q, k, v, block_mask)
+      out, _ = attention.merge(out_ring, lse_ring, out_block, lse_block)
+      x = layer.add_attention(x, out)
+      x = layer.add_cross_attention(x, cos, sin, target_k, target_v, cross_limits, impl)
+      return layer.add_mlp(x), (k, v)
+
+    x, block_kv = jax.lax.scan(step, x, (layer_state, ring.k, ring.v, block_k, block_v))
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), block_kv
+
+
+def random_draft(config: DraftConfig, dtype, seed: int = 0) -> Draft:
+  return build_random(lambda rngs: Draft(config, dtype, rngs=rngs), seed)

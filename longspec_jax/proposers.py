@@ -1,0 +1,137 @@
+"""Proposers: what turns the context into a token tree each round.
+
+A proposer is a frozen (hashable) dataclass, static under jit. Its arrays, if it has any,
+travel separately: `params` (e.g. draft weights, a pytree) and a per-sequence `state`
+(e.g. the draft's ring buffer) that the engine carries from round to round.
+
+  start(params, *, target, cache, history, impl) -> state      once, after prefill
+  propose(params, state, *, target, cache, history, root, impl) -> (Tree, state)
+
+`history [B, S]` holds each sequence's tokens with the root (the newest token, not yet in
+the cache) at index `cache.lengths`. `tree_size` is the static node budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from longspec_jax.attention import causal_block_mask
+from longspec_jax.cache import RingCache
+from longspec_jax.draft import Draft
+from longspec_jax.ngram import PromptLookup
+from longspec_jax.tree import Tree, beam_offsets, best_children, chain
+
+# LongSpec's per-depth beam widths (paper, Appendix D).
+LONGSPEC_WIDTHS = (4, 16, 16, 16, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class RootOnly:
+  """The AR "proposal": a tree of just the root, so every round emits one target token."""
+
+  tree_size: int = dataclasses.field(default=1, init=False)
+
+  def start(self, params, *, target, cache, history, impl):
+    return None
+
+  def propose(self, params, state, *, target, cache, history, root, impl):
+    return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
+
+
+@dataclasses.dataclass(frozen=True)
+class LongSpecDraft:
+  """LongSpec: the draft grows a tree by dynamic beam search (`widths[d - 1]` nodes at
+  depth d, chosen by cumulative log-prob over all children of the previous depth).
+
+  Each round starts with one draft pass over the tokens committed since the last round
+  and the root, which appends them to the ring and gives the root's next-token
+  distribution; then one pass per depth over the new nodes, each attending to the ring
+  and to its tree ancestors (a small K/V buffer of the tree's own nodes). Cross-attention
+  sees the committed target cache only.
+  """
+
+  graphdef: nnx.GraphDef
+  widths: tuple[int, ...] = LONGSPEC_WIDTHS
+
+  @property
+  def tree_size(self) -> int:
+    return beam_offsets(self.widths)[-1]
+
+  def start(self, params, *, target, cache, history, impl) -> RingCache:
+    """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
+    at p depend on the l layers below over the window before p, so the pass runs over
+    num_layers * window positions to make them exact."""
+    draft: Draft = nnx.merge(self.graphdef, params)
+    window = draft.config.window
+    span = draft.config.num_layers * window
+    positions = cache.lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
+    valid = positions >= 0
+    ring = RingCache.create(draft.config, cache.lengths.shape[0], cache.k.dtype)
+    keep = valid & (positions >= cache.lengths[:, None] - window)
+    return self._append(draft, target, cache, history, ring, positions, valid, impl, keep)[1]
+
+  def propose(self, params, ring: RingCache, *, target, cache, history, root, impl):
+    draft: Draft = nnx.merge(self.graphdef, params)
+    lengths = cache.lengths
+    batch = root.shape[0]
+    # Catch up: the tokens committed last round (at most depth + 1 of them) and the root.
+    first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
+    positions = first[:, None] + jnp.arange(len(self.widths) + 1)[None, :]
+    hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None], impl)
+    root_hidden = jnp.take_along_axis(hidden, (lengths - first)[:, None, None], axis=1)  # [B, 1, E]
+
+    offsets = beam_offsets(self.widths)
+    n = self.tree_size
+    tokens = jnp.zeros((batch, n), jnp.int32).at[:, 0].set(root)
+    parents = jnp.full((batch, n), -1, jnp.int32)
+    ancestors = jnp.broadcast_to(jnp.eye(n, dtype=bool), (batch, n, n))  # rows filled as nodes appear
+    cfg = draft.config
+    buffer_shape = (cfg.num_layers, batch, n, cfg.num_kv_heads, cfg.head_dim)
+    buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
+    target_k, target_v = cache.k[cfg.cross_layer], cache.v[cfg.cross_layer]
+    hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
+    for depth, width in enumerate(self.widths, start=1):
+      log_probs = jax.nn.log_softmax(target.logits(hidden), axis=-1)  # [B, F, V]
+      rank, new_tokens, scores = best_children(log_probs, scores, width)
+      nodes = jnp.arange(offsets[depth], offsets[depth] + width)  # [width]
+      new_parents = offsets[depth - 1] + rank  # [B, width]
+      tokens = tokens.at[:, nodes].set(new_tokens)
+      parents = parents.at[:, nodes].set(new_parents)
+      inherited = jnp.take_along_axis(ancestors, new_parents[:, :, None], axis=1)  # [B, width, N]
+      ancestors = ancestors.at[:, nodes].set(inherited | (jnp.arange(n)[None, None, :] == nodes[None, :, None]))
+      if depth == len(self.widths):
+        break
+      node_positions = jnp.broadcast_to(lengths[:, None] + depth, (batch, width))
+      drafted = jnp.arange(n)[None, None, :] > 0  # the root is in the ring, not the buffer
+      hidden, buffer = draft(
+          target, new_tokens, node_positions, ancestors[:, nodes] & drafted, ring, lengths + 1,
+          target_k, target_v, jnp.broadcast_to(lengths[:, None], (batch, width)),
+          block=(*buffer, jnp.broadcast_to(nodes, (batch, width))), impl=impl,
+      )
+    depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
+    tree = Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
+                valid=jnp.ones((batch, n), bool))
+    return tree, ring
+
+  @staticmethod
+  def _append(draft: Draft, target, cache, history, ring: RingCache, positions, valid, impl, keep=None):
+    """One draft pass over the tokens at consecutive `positions [B, T]` (where valid),
+    which then join the ring (those marked `keep`, by default all valid ones; at most
+    `window` of them). Cross-attention: a query at p sees target slots < min(p, lengths)."""
+    tokens = jnp.take_along_axis(history, jnp.clip(positions, 0, history.shape[1] - 1), axis=1)
+    cfg = draft.config
+    limits = jnp.minimum(positions, cache.lengths[:, None])
+    hidden, (k, v) = draft(
+        target, tokens, positions, causal_block_mask(positions, valid, cfg.window), ring, positions[:, 0],
+        cache.k[cfg.cross_layer], cache.v[cfg.cross_layer], jnp.maximum(limits, 0), impl=impl,
+    )
+    return hidden, ring.write(k, v, positions, valid if keep is None else keep)
+
+
+# Decoding methods by name -> their proposer class. The draft-free ones are constructible
+# with no arguments; `longspec` takes the draft's graphdef.
+PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft}

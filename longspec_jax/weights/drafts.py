@@ -1,0 +1,79 @@
+"""Draft checkpoints: a directory with `draft_config.json` and the parameters saved by orbax.
+
+`--draft` specs: `random` (a random-init draft shaped for the target: useful to check the
+machinery, it proposes noise), `default` (the draft shipped in the package for the
+embedded target), or a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from longspec_jax.config import DraftConfig, TargetConfig
+from longspec_jax.draft import Draft, random_draft
+from longspec_jax.errors import UserError
+
+CONFIG_NAME = "draft_config.json"
+PARAMS_DIR = "params"
+# Drafts shipped with the package, by target spec.
+SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
+
+
+def save_draft(path: Path, draft: Draft) -> None:
+  """Writes the draft to `path` (a new directory); orbax writes the parameters atomically
+  and the config is renamed into place last, so a directory with a config is complete."""
+  import orbax.checkpoint as ocp
+
+  path = Path(path).resolve()
+  path.mkdir(parents=True, exist_ok=True)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(path / PARAMS_DIR, nnx.state(draft))
+  fd, tmp = tempfile.mkstemp(dir=path, suffix=".json")
+  with os.fdopen(fd, "w") as f:
+    json.dump(draft.config.to_dict(), f, indent=1)
+  os.replace(tmp, path / CONFIG_NAME)
+
+
+def has_shipped_draft(target_name: str) -> bool:
+  return (SHIPPED / target_name / CONFIG_NAME).is_file()
+
+
+def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "") -> Draft:
+  """The draft a `--draft` spec names, in `dtype`, checked against the target's config."""
+  if spec == "random":
+    return random_draft(DraftConfig.for_target(target_config), dtype)
+  if spec == "default":
+    path = SHIPPED / target_name
+    if not has_shipped_draft(target_name):
+      raise UserError(
+          f"no default draft is shipped for target {target_name!r}; give --draft random or a draft checkpoint directory."
+      )
+  else:
+    path = Path(spec).expanduser()
+  return _restore(path.resolve(), target_config, dtype)
+
+
+def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft:
+  import orbax.checkpoint as ocp
+
+  if not (path / CONFIG_NAME).is_file():
+    raise UserError(f"--draft {path} is not a draft checkpoint (no {CONFIG_NAME}); use 'random', 'default' or such a directory.")
+  try:
+    config = DraftConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+  except (ValueError, TypeError) as e:
+    raise UserError(f"the draft config {path / CONFIG_NAME} is unreadable ({e}).") from None
+  config.check_matches(target_config)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Draft(config, dtype, rngs=nnx.Rngs(0))))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      state = checkpointer.restore(path / PARAMS_DIR, abstract)
+  except Exception as e:  # orbax raises many types for missing or damaged files
+    raise UserError(f"could not read the draft parameters in {path / PARAMS_DIR} ({type(e).__name__}: {e}).") from None
+  return nnx.merge(graphdef, state)

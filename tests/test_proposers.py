@@ -1,0 +1,112 @@
+"""The LongSpec proposer against a slow reference: dynamic beam search where every node's
+draft distribution is recomputed from scratch over the whole token sequence (no ring, no
+tree buffer, no catch-up)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import save_tiny_hf_model
+from longspec_jax.attention import causal_block_mask
+from longspec_jax.cache import KVCache, RingCache
+from longspec_jax.config import DraftConfig
+from longspec_jax.draft import random_draft
+from longspec_jax.engine import prefill
+from longspec_jax.proposers import LongSpecDraft
+from longspec_jax.weights.hf import load_hf_dir
+
+WIDTHS = (2, 3, 3)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  target, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "llama"), jnp.float32)
+  # Two layers, so that ring K/V depend on the cross-attention too; a window shorter than
+  # the prompts, so that the ring wraps.
+  draft = random_draft(DraftConfig.for_target(target.config, num_layers=2, window=8), jnp.float32, seed=3)
+  return target, draft
+
+
+def reference_log_probs(target, draft, cache, b, tokens):
+  """Draft log-probs after the last of `tokens` (sequence b's committed tokens, its root,
+  then a tree path), recomputed over the whole sequence. A committed token at p sees
+  target slots < p; the root and path tokens see the committed cache."""
+  length = int(cache.lengths[b])
+  positions = jnp.arange(len(tokens))[None]
+  mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
+  empty = RingCache.create(draft.config, 1, jnp.float32)
+  layer = draft.config.cross_layer
+  hidden, _ = draft(
+      target, jnp.asarray([tokens]), positions, mask, empty, jnp.zeros((1,), jnp.int32),
+      cache.k[layer, b : b + 1], cache.v[layer, b : b + 1], jnp.minimum(positions, length),
+  )
+  return np.asarray(jax.nn.log_softmax(target.logits(hidden[0, -1])))
+
+
+def reference_beam(target, draft, cache, b, context):
+  """(tokens, parents) of the dynamic beam-search tree, breadth-first, best first per depth."""
+  tokens, parents = [context[-1]], [-1]
+  frontier = [(0, [], 0.0)]  # (node index, path tokens, cumulative log-prob)
+  for width in WIDTHS:
+    candidates = []
+    for node, path, score in frontier:
+      log_probs = reference_log_probs(target, draft, cache, b, context + path)
+      for token in np.argsort(-log_probs)[:width]:
+        candidates.append((score + log_probs[token], node, path + [int(token)]))
+    candidates.sort(key=lambda c: -c[0])
+    frontier = []
+    for score, parent, path in candidates[:width]:
+      frontier.append((len(tokens), path, score))
+      tokens.append(path[-1])
+      parents.append(parent)
+  return tokens, parents
+
+
+def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
+  target, draft = models
+  graphdef, params = nnx.split(draft)
+  proposer = LongSpecDraft(graphdef, WIDTHS)
+  rng = np.random.default_rng(0)
+  texts = [rng.integers(3, 211, size=40).tolist(), rng.integers(3, 211, size=40).tolist()]
+  history = jnp.asarray(texts, jnp.int32)
+  propose = jax.jit(lambda ring, cache, root: proposer.propose(
+      params, ring, target=target, cache=cache, history=history, root=root, impl="reference"))
+
+  # Round 1 after prefill; round 2 after the longest possible commit (depth + bonus tokens).
+  first = [20, 11]
+  ring = None
+  for step, lengths in enumerate([first, [n + len(WIDTHS) + 1 for n in first]]):
+    cache, _ = prefill(target, [t[:n] for t, n in zip(texts, lengths)], 64, 16, "reference")
+    root = jnp.asarray([t[n] for t, n in zip(texts, lengths)], jnp.int32)
+    if step == 0:
+      ring = proposer.start(params, target=target, cache=cache, history=history, impl="reference")
+    tree, ring = propose(ring, cache, root)
+    assert tree.size == 1 + sum(WIDTHS)
+    for b, (text, n) in enumerate(zip(texts, lengths)):
+      tokens, parents = reference_beam(target, draft, cache, b, text[: n + 1])
+      assert np.asarray(tree.tokens[b]).tolist() == tokens
+      assert np.asarray(tree.parents[b]).tolist() == parents
+      np.testing.assert_array_equal(np.asarray(tree.depths[b]), [0, 1, 1, 2, 2, 2, 3, 3, 3])
+    np.testing.assert_array_equal(np.asarray(ring.length), np.asarray(lengths) + 1)  # the root is in the ring
+
+
+def test_draft_state_does_not_grow_with_context(models):
+  target, draft = models
+  graphdef, params = nnx.split(draft)
+  proposer = LongSpecDraft(graphdef)
+
+  def state_bytes(context):
+    cache = jax.eval_shape(lambda: KVCache.create(target.config, 1, context, jnp.float32))
+    history = jax.ShapeDtypeStruct((1, context), jnp.int32)
+    start = lambda c, h: proposer.start(params, target=target, cache=c, history=h, impl="reference")  # noqa: E731
+    ring = jax.eval_shape(start, cache, history)
+    _, ring = jax.eval_shape(lambda c, h, r: proposer.propose(
+        params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32), impl="reference"),
+        cache, history, ring)
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ring))
+
+  assert state_bytes(1024) == state_bytes(100 * 1024)
+  vocab = target.config.vocab_size
+  assert all(vocab not in x.shape for x in jax.tree.leaves(params))  # embedding and LM head are the target's
