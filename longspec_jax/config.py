@@ -169,9 +169,9 @@ class DraftConfig:
   @classmethod
   def for_target(cls, target: TargetConfig, **overrides) -> "DraftConfig":
     """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...)."""
-    shared = {f.name: getattr(target, f.name) for f in dataclasses.fields(cls) if hasattr(target, f.name)}
-    shared["qkv_bias"] = False
-    return cls(**{**shared, **overrides})
+    shared = ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rope",
+              "rms_norm_eps")
+    return cls(**{name: getattr(target, name) for name in shared}, **overrides)
 
   def check_matches(self, target: TargetConfig) -> None:
     """Raises UserError unless this draft can run on `target` (shared vocabulary and

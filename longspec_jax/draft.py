@@ -68,8 +68,8 @@ class Draft(nnx.Module):
       tokens: jax.Array,
       positions: jax.Array,
       block_mask: jax.Array,
-      ring: RingCache,
-      ring_limit: jax.Array,
+      ring: RingCache | None,
+      ring_limit: jax.Array | None,
       target_k: jax.Array,
       target_v: jax.Array,
       cross_limits: jax.Array,
@@ -78,8 +78,8 @@ class Draft(nnx.Module):
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V).
 
-    Self-attention sees the ring's positions below `ring_limit [B]` within the window,
-    and the block keys under `block_mask [B, T, N]`. The block is this call's own tokens
+    Self-attention sees the ring's positions below `ring_limit [B]` within the window
+    (no ring: nothing before the block), and the block keys under `block_mask [B, T, N]`. The block is this call's own tokens
     (N = T), or, with `block = (k, v [L, B, N, K, D], slots [B, T])`, a buffer of earlier
     tree nodes into which this call's K/V are first written at `slots`. Cross-attention
     sees `target_k/v [B, S, K, D]` below `cross_limits [B, T]`. The returned block K/V
@@ -89,7 +89,7 @@ class Draft(nnx.Module):
     x = jnp.take(target.embed[...], tokens, axis=0).astype(self.final_norm.dtype)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
-    ring_visible = ring.visible(positions, ring_limit)  # [B, T, W]
+    ring_visible = None if ring is None else ring.visible(positions, ring_limit)  # [B, T, W]
     rows = jnp.arange(tokens.shape[0])[:, None]
     layer_def, layer_state = nnx.split(self.layers)
     block_k, block_v, slots = (None, None, None) if block is None else block
@@ -101,14 +101,15 @@ class Draft(nnx.Module):
       if buffer_k is not None:
         k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
         v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
-      out_ring, lse_ring = attention.masked_attention_reference(q, ring_k, ring_v, ring_visible)
-      out_block, lse_block = attention.masked_attention_reference(q, k, v, block_mask)
-      out, _ = attention.merge(out_ring, lse_ring, out_block, lse_block)
+      out, lse = attention.masked_attention_reference(q, k, v, block_mask)
+      if ring_k is not None:
+        out, _ = attention.merge(*attention.masked_attention_reference(q, ring_k, ring_v, ring_visible), out, lse)
       x = layer.add_attention(x, out)
       x = layer.add_cross_attention(x, cos, sin, target_k, target_v, cross_limits, impl)
       return layer.add_mlp(x), (k, v)
 
-    x, block_kv = jax.lax.scan(step, x, (layer_state, ring.k, ring.v, block_k, block_v))
+    ring_kv = (None, None) if ring is None else (ring.k, ring.v)
+    x, block_kv = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v))
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), block_kv
 
 

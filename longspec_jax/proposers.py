@@ -70,9 +70,8 @@ class LongSpecDraft:
     span = draft.config.num_layers * window
     positions = cache.lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
     valid = positions >= 0
-    ring = RingCache.create(draft.config, cache.lengths.shape[0], cache.k.dtype)
     keep = valid & (positions >= cache.lengths[:, None] - window)
-    return self._append(draft, target, cache, history, ring, positions, valid, impl, keep)[1]
+    return self._append(draft, target, cache, history, None, positions, valid, impl, keep)[1]
 
   def propose(self, params, ring: RingCache, *, target, cache, history, root, impl):
     draft: Draft = nnx.merge(self.graphdef, params)
@@ -118,10 +117,11 @@ class LongSpecDraft:
     return tree, ring
 
   @staticmethod
-  def _append(draft: Draft, target, cache, history, ring: RingCache, positions, valid, impl, keep=None):
+  def _append(draft: Draft, target, cache, history, ring: RingCache | None, positions, valid, impl, keep=None):
     """One draft pass over the tokens at consecutive `positions [B, T]` (where valid),
     which then join the ring (those marked `keep`, by default all valid ones; at most
-    `window` of them). Cross-attention: a query at p sees target slots < min(p, lengths)."""
+    `window` of them); with no ring, a new one. Cross-attention: a query at p sees target
+    slots < min(p, lengths)."""
     tokens = jnp.take_along_axis(history, jnp.clip(positions, 0, history.shape[1] - 1), axis=1)
     cfg = draft.config
     limits = jnp.minimum(positions, cache.lengths[:, None])
@@ -129,6 +129,8 @@ class LongSpecDraft:
         target, tokens, positions, causal_block_mask(positions, valid, cfg.window), ring, positions[:, 0],
         cache.k[cfg.cross_layer], cache.v[cfg.cross_layer], jnp.maximum(limits, 0), impl=impl,
     )
+    if ring is None:
+      ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype)
     return hidden, ring.write(k, v, positions, valid if keep is None else keep)
 
 

@@ -73,6 +73,23 @@ def test_sliding_window_hides_old_prefix_slots():
   np.testing.assert_allclose(np.asarray(out), dense_attention(q, k, v, visible[None]), atol=1e-5)
 
 
+def test_per_query_prefix_limits():
+  """lengths [B, T]: each query sees its own number of slots (the draft's delayed cross-attention)."""
+  rng = np.random.default_rng(4)
+  q = rng.standard_normal((2, 3, 2, 2, 8)).astype(np.float32)
+  k, v = (rng.standard_normal((2, 11, 2, 8)).astype(np.float32) for _ in "kv")
+  limits = np.array([[1, 5, 11], [7, 0, 3]])
+  out, lse = attention.prefix_attention_reference(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(limits))
+  visible = np.arange(11)[None, None, :] < limits[:, :, None]
+  with np.errstate(invalid="ignore"):  # the query with no visible slot
+    expected = dense_attention(q, k, v, visible)
+  out = np.array(out)
+  np.testing.assert_allclose(out[1, 1], 0.0)  # no visible slot: zero output, lse -inf
+  assert np.all(np.isneginf(np.asarray(lse)[1, 1]))
+  out[1, 1] = expected[1, 1] = 0.0
+  np.testing.assert_allclose(out, np.nan_to_num(expected), atol=1e-5)
+
+
 def test_empty_passes_vanish_in_merge():
   out = jnp.ones((1, 1, 1, 1, 4))
   lse = jnp.zeros((1, 1, 1, 1))

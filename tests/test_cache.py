@@ -6,7 +6,8 @@ import pytest
 
 from conftest import save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache, write_block
+from longspec_jax.cache import KVCache, RingCache, write_block
+from longspec_jax.config import DraftConfig
 from longspec_jax.engine import prefill
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -81,3 +82,32 @@ def test_commit_path_moves_accepted_nodes_into_the_prefix():
       expected[:, b, length + d] = k[:, b, length + path[b, d]]
   np.testing.assert_array_equal(np.asarray(out.k), expected)
   np.testing.assert_array_equal(np.asarray(out.v), -expected)
+
+
+def test_ring_keeps_the_latest_window_positions():
+  config = DraftConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1,
+                       head_dim=4, num_layers=2, window=5)
+  ring = RingCache.create(config, 2, jnp.float32)
+  rng = np.random.default_rng(0)
+  written = {}  # (b, position) -> k
+  for start, count in [(0, 3), (3, 4), (7, 1), (8, 4)]:
+    positions = jnp.asarray(np.broadcast_to(start + np.arange(4), (2, 4)))
+    valid = jnp.asarray([[i < count for i in range(4)], [i < min(count, 2) for i in range(4)]])
+    k = rng.standard_normal((2, 2, 4, 1, 4)).astype(np.float32)
+    ring = ring.write(jnp.asarray(k), jnp.asarray(k) + 1, positions, valid)
+    for b in range(2):
+      for i in range(4):
+        if valid[b, i]:
+          written[(b, start + i)] = k[:, b, i]
+  for b in range(2):
+    length = max(p for (bb, p) in written if bb == b) + 1
+    assert int(ring.length[b]) == length
+    recent = lambda ps: sorted(p for p in ps if length - 5 <= p < length)  # noqa: E731
+    assert recent(np.asarray(ring.positions[b])) == recent(p for (bb, p) in written if bb == b)
+    for slot, p in enumerate(np.asarray(ring.positions[b])):
+      if p >= 0:
+        np.testing.assert_array_equal(np.asarray(ring.k[:, b, slot]), written[(b, p)])
+        np.testing.assert_array_equal(np.asarray(ring.v[:, b, slot]), written[(b, p)] + 1)
+  # A query at position 12 sees positions 8..11 below a limit of 12 (window 5, itself excluded).
+  visible = np.asarray(ring.visible(jnp.array([[12], [12]]), jnp.array([12, 12])))
+  assert sorted(np.asarray(ring.positions[0])[visible[0, 0]]) == [8, 9, 10, 11]

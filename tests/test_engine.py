@@ -3,14 +3,18 @@
 import dataclasses
 
 import jax.numpy as jnp
+from flax import nnx
 import numpy as np
 import pytest
 
 from conftest import real_texts, save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
+from longspec_jax.config import DraftConfig
+from longspec_jax.draft import random_draft
 from longspec_jax.engine import generate
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
+from longspec_jax.proposers import LongSpecDraft
 from longspec_jax.tree import Tree, static_topology
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.weights.hf import load_hf_dir
@@ -151,6 +155,24 @@ def test_prompt_lookup_is_lossless(tiny):
   assert result.stats["steps"] < 2 * 23  # rounds, over both sequences
 
 
+def longspec(target, widths=(2, 3, 3), seed=0, **draft_config):
+  """A LongSpec proposer and its random draft's params."""
+  draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed)
+  graphdef, params = nnx.split(draft)
+  return dict(proposer=LongSpecDraft(graphdef, widths), proposer_params=params, method="longspec")
+
+
+def test_longspec_with_a_random_draft_is_lossless(tiny):
+  rng = np.random.default_rng(9)
+  prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
+  reference = generate(tiny, prompts, 24).token_ids
+  eos = reference[1][6]
+  result = generate(tiny, prompts, 24, eos_ids=[eos], rounds_per_chunk=5, time_phases=True,
+                    **longspec(tiny, num_layers=2, window=8))
+  assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
+  assert result.stats["draft_seconds"] > 0 and result.stats["verify_seconds"] > 0
+
+
 def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
   prompt = np.random.default_rng(8).integers(3, 211, size=15).tolist()
   free = generate(tiny, [prompt], 16).token_ids[0]
@@ -161,7 +183,8 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
-  """SmolLM2 on 10 real documents (licenses and Python sources) of 1,024 tokens: PLD and an
+  """SmolLM2 on 10 real documents (licenses and Python sources) of 1,024 tokens: PLD,
+  LongSpec with a random draft (a smaller tree than the default, for CPU time) and an
   oracle tree with decoys emit exactly the AR tokens for 128 new tokens."""
   target = smollm2_float32
   texts = real_texts()
@@ -171,6 +194,7 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert all(len(r) == 128 for r in reference)
   pld = generate(target.model, prompts, 128, proposer=PromptLookup(), method="pld")
   assert pld.token_ids == reference
+  assert generate(target.model, prompts, 128, **longspec(target.model, widths=(2, 2, 2))).token_ids == reference
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
   result = generate(target.model, prompts, 128, proposer=oracle, method="oracle")

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import pytest
 
 from conftest import save_tiny_hf_model
@@ -68,7 +69,8 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         ([], "one of the arguments --prompt --prompt-file is required"),
         (["--prompt", "x", "--target", "/no/such/model.gguf"], "does not exist"),
         (["--prompt", "x", "--target", "/no/such/dir"], "neither"),
-        (["--prompt", "x", "--draft", "/some/draft"], "--method ar uses no draft"),
+        (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft"),
+        (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
         (["--prompt", "x", "--method", "pld", "--temperature", "0.7"], "supports only --temperature 0"),
     ],
 )
@@ -96,15 +98,42 @@ def test_corrupt_weights_through_the_real_entry_point(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
-def test_pld_method_matches_ar(tiny_with_tokenizer, capsys):
+def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
+  from longspec_jax.config import DraftConfig, TargetConfig
+  from longspec_jax.draft import random_draft
+  from longspec_jax.weights.drafts import save_draft
+
+  config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
+  save_draft(tmp_path / "draft", random_draft(DraftConfig.for_target(config, window=16), jnp.float32, seed=1))
   common = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "12", "--json"]
   results = {}
-  for method in ("ar", "pld"):
-    code, out, err = run(common + ["--method", method], capsys)
+  for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
+                      ("random", ["--method", "longspec", "--draft", "random"]),
+                      ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # longspec: the draft's method
+    code, out, err = run(common + flags, capsys)
     assert code == 0, err
-    results[method] = json.loads(out.strip().splitlines()[-1])
-  assert results["pld"]["token_ids"] == results["ar"]["token_ids"]
-  assert results["pld"]["method"] == "pld"
+    results[name] = json.loads(out.strip().splitlines()[-1])
+  for name in ("pld", "random", "checkpoint"):
+    assert results[name]["token_ids"] == results["ar"]["token_ids"], name
+  assert results["checkpoint"]["method"] == "longspec" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
+
+
+def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
+  from longspec_jax.config import DraftConfig, TargetConfig
+  from longspec_jax.draft import random_draft
+  from longspec_jax.weights.drafts import save_draft
+
+  other = TargetConfig(vocab_size=100, hidden_size=64, intermediate_size=32, num_layers=2, num_heads=8,
+                       num_kv_heads=2, head_dim=8)
+  save_draft(tmp_path / "other", random_draft(DraftConfig.for_target(other), jnp.float32))
+  common = ["--target", str(tiny_with_tokenizer), "--prompt", "hello", "--max-new-tokens", "3"]
+  for flags, message in [
+      (["--method", "longspec"], "no default draft is shipped for target"),
+      (["--draft", str(tmp_path)], "is not a draft checkpoint"),
+      (["--draft", str(tmp_path / "other")], "the draft does not match the target: its vocab_size is 100"),
+  ]:
+    code, _, err = run(common + flags, capsys)
+    assert code == 2 and message in err.strip().splitlines()[-1], err
 
 
 def test_cli_methods_are_the_engine_methods():

@@ -10,7 +10,7 @@ from flax import nnx
 
 from conftest import save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache, RingCache
+from longspec_jax.cache import KVCache
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import prefill
@@ -36,10 +36,9 @@ def reference_log_probs(target, draft, cache, b, tokens):
   length = int(cache.lengths[b])
   positions = jnp.arange(len(tokens))[None]
   mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
-  empty = RingCache.create(draft.config, 1, jnp.float32)
   layer = draft.config.cross_layer
   hidden, _ = draft(
-      target, jnp.asarray([tokens]), positions, mask, empty, jnp.zeros((1,), jnp.int32),
+      target, jnp.asarray([tokens]), positions, mask, None, None,
       cache.k[layer, b : b + 1], cache.v[layer, b : b + 1], jnp.minimum(positions, length),
   )
   return np.asarray(jax.nn.log_softmax(target.logits(hidden[0, -1])))

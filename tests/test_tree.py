@@ -1,12 +1,12 @@
 """Trees against slow pure-Python references on random trees."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.tree import Tree, chain, static_topology
-from longspec_jax.verify import accept_greedy, emitted_tokens
+from longspec_jax.tree import Tree, beam_offsets, best_children, chain, static_topology
 
 
 def random_tree(rng, batch, size, vocab):
@@ -44,43 +44,22 @@ def reference_ancestors(parents, valid):
   return mask
 
 
-def reference_accept(parents, valid, tokens, target):
-  """Walk from the root, taking the child that equals the target's choice."""
-  path = [0]
-  while True:
-    children = [j for j in range(len(parents)) if valid[j] and parents[j] == path[-1] and tokens[j] == target[path[-1]]]
-    if not children:
-      return path, target[path[-1]]
-    path.append(children[0])
-
-
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 24))
-def test_random_trees_match_python_reference(seed, batch, size):
+def test_ancestors_and_positions_match_python_reference(seed, batch, size):
   rng = np.random.default_rng(seed)
-  tree, parents, depths, valid, tokens, target = random_tree(rng, batch, size, vocab=64)
+  tree, parents, depths, valid, _, _ = random_tree(rng, batch, size, vocab=64)
   ancestors = np.asarray(tree.ancestor_mask())
   lengths = rng.integers(0, 100, size=batch)
   np.testing.assert_array_equal(np.asarray(tree.positions(jnp.asarray(lengths))), lengths[:, None] + depths)
-  acceptance = accept_greedy(tree, jnp.asarray(target, jnp.int32), jnp.asarray(ancestors))
-  emitted = np.asarray(emitted_tokens(tree, acceptance))
   for b in range(batch):
     np.testing.assert_array_equal(ancestors[b], reference_ancestors(parents[b], valid[b]))
-    path, bonus = reference_accept(parents[b], valid[b], tokens[b], target[b])
-    count = int(acceptance.count[b])
-    assert count == len(path)
-    assert list(np.asarray(acceptance.path[b, :count])) == path
-    assert int(acceptance.bonus[b]) == bonus
-    assert list(emitted[b, :count]) == [tokens[b, j] for j in path[1:]] + [bonus]
 
 
 def test_chain_with_partial_draft():
   tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.array([[True, True, False], [True, False, True]]))
   np.testing.assert_array_equal(np.asarray(tree.valid), [[1, 1, 1, 0], [1, 1, 0, 0]])
   np.testing.assert_array_equal(np.asarray(tree.parents), [[-1, 0, 1, -1], [-1, 0, -1, -1]])
-  acceptance = accept_greedy(tree, jnp.array([[1, 2, 3, 0], [4, 5, 6, 0]]), tree.ancestor_mask())
-  np.testing.assert_array_equal(np.asarray(acceptance.count), [3, 2])  # invalid nodes never accepted
-  np.testing.assert_array_equal(np.asarray(acceptance.bonus), [3, 5])
 
 
 def test_static_topology():
@@ -89,3 +68,22 @@ def test_static_topology():
   assert all(parents[i] < i for i in range(1, len(parents)))
   assert np.bincount(depths).tolist() == [1, 1, 3, 9, 27]
   assert sorted(set(ranks[depths == 2])) == [0, 1, 2]
+
+
+def test_beam_offsets():
+  assert beam_offsets((4, 16, 16, 16, 16)) == (0, 1, 5, 21, 37, 53, 69)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), frontier=st.integers(1, 5), width=st.integers(1, 7))
+def test_best_children_are_the_best_of_all_children(seed, frontier, width):
+  rng = np.random.default_rng(seed)
+  vocab = 9
+  log_probs = np.asarray(jax.nn.log_softmax(rng.standard_normal((2, frontier, vocab)) * 3, axis=-1), np.float32)
+  scores = (rng.standard_normal((2, frontier)) * 2).astype(np.float32)
+  width = min(width, frontier * vocab)
+  parent, token, best = map(np.asarray, best_children(jnp.asarray(log_probs), jnp.asarray(scores), width))
+  for b in range(2):
+    every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)), reverse=True)
+    assert [(f, t) for _, f, t in every[:width]] == list(zip(parent[b], token[b]))
+    np.testing.assert_allclose(best[b], [s for s, _, _ in every[:width]], rtol=1e-6)

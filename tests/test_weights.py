@@ -114,3 +114,24 @@ def test_target_specs(tmp_path, monkeypatch):
   monkeypatch.setenv("LONGSPEC_SMOLLM2_GGUF", str(tmp_path / "missing.gguf"))
   with pytest.raises(UserError, match="does not exist"):
     load_target("smollm2-135m", jnp.float32)
+
+
+def test_draft_checkpoint_round_trip_and_damage(tmp_path):
+  import jax
+  from flax import nnx
+
+  from longspec_jax.config import DraftConfig, TargetConfig
+  from longspec_jax.draft import random_draft
+  from longspec_jax.weights.drafts import load_draft, save_draft
+
+  target = TargetConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8)
+  draft = random_draft(DraftConfig.for_target(target, num_layers=2, window=32), jnp.float32, seed=5)
+  save_draft(tmp_path / "d", draft)
+  loaded = load_draft(str(tmp_path / "d"), target, jnp.float32)
+  assert loaded.config == draft.config
+  for a, b in zip(jax.tree.leaves(nnx.state(draft)), jax.tree.leaves(nnx.state(loaded))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  shutil.rmtree(tmp_path / "d" / "params")
+  with pytest.raises(UserError, match="could not read the draft parameters"):
+    load_draft(str(tmp_path / "d"), target, jnp.float32)
