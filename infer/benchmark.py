@@ -53,6 +53,8 @@ def run_config(target, method: str, draft, prompts: list[list[int]], new_tokens:
       "tokens_per_second": statistics.median(r.stats["tokens_per_second"] for r in runs),
       "prefill_seconds": statistics.median(r.stats["prefill_seconds"] for r in runs),
       **{f"{phase}_share": sum(r.stats[phase] for r in runs) / decode for phase in PHASES},
+      "kv_cache_mib": max(r.stats["kv_cache_bytes"] for r in runs) / 2**20,
+      "draft_state_mib": max(r.stats["proposer_state_bytes"] for r in runs) / 2**20,
       "token_ids": [r.token_ids[0] for r in runs],
   }
 
@@ -97,8 +99,8 @@ def main(argv=None):
   draft = load_draft(args.draft, target.config, dtype, args.target) if set(methods) & set(DRAFT_METHODS) else None
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
-  print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | same tokens as AR",
-        flush=True)
+  print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
+        " | same tokens as AR", flush=True)
   rows = []
   for set_name in args.sets:
     for length in args.lengths:
@@ -112,6 +114,7 @@ def main(argv=None):
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
+            "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],
             "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
             "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"],
         }
@@ -123,7 +126,8 @@ def main(argv=None):
         rows.append(row)
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
         print(f"{set_name:4} | {length:7} | {method:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
-              f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {same_tokens(row)}", flush=True)
+              f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
+              f" {row['draft_state_mib']:5.2f} | {same_tokens(row)}", flush=True)
   if args.out:
     args.out.write_text(json.dumps({
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,

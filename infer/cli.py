@@ -34,12 +34,15 @@ def run_main(main: Callable[[], None], prog: str) -> None:
 
 
 def resolve_dtype(name: str | None):
-  """`None` means bfloat16 on GPU, float32 elsewhere."""
+  """`None` means bfloat16 on GPU, float32 elsewhere. float32 also makes matrix products
+  float32 (GPUs otherwise round their inputs to TF32), so that float32 runs are exact."""
   import jax
   import jax.numpy as jnp
 
   if name is None:
     name = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+  if name == "float32":
+    jax.config.update("jax_default_matmul_precision", "highest")
   return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 

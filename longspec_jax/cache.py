@@ -112,6 +112,3 @@ class RingCache:
     `limit [B]` and within the window (p - window < position <= p)."""
     held = self.positions[:, None, :]  # [B, 1, W]
     return (held >= 0) & (held < limit[:, None, None]) & (q_positions[:, :, None] - held < self.window)
-
-  def nbytes(self) -> int:
-    return sum(x.nbytes for x in (self.k, self.v, self.positions, self.length))

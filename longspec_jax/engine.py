@@ -301,6 +301,8 @@ def generate(
           "prefill_seconds": prefill_seconds,
           "decode_seconds": decode_seconds,
           "compile_seconds": compile_seconds,
+          "kv_cache_bytes": state.cache.nbytes(),  # the target's, allocated for prompt + new tokens
+          "proposer_state_bytes": sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
           "tokens_per_second": (new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       },
   )
@@ -311,10 +313,12 @@ def _propose_repeated(graphdef, params, proposer, proposer_params, state: Decode
   """`repeats` drafting passes on device, each fed the previous one's proposer state."""
   model = nnx.merge(graphdef, params)
 
-  def body(_, proposal):
-    return _propose(model, proposer, proposer_params, dataclasses.replace(state, proposal=proposal), impl)[1]
+  def body(_, carry):
+    proposal, total = carry
+    tree, proposal = _propose(model, proposer, proposer_params, dataclasses.replace(state, proposal=proposal), impl)
+    return proposal, total + tree.tokens.sum()  # the tree is used, so it is computed
 
-  return jax.lax.fori_loop(0, repeats, body, state.proposal)
+  return jax.lax.fori_loop(0, repeats, body, (state.proposal, jnp.int32(0)))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "impl", "repeats"))
