@@ -24,6 +24,7 @@ from flax import nnx
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import code_prompts
+from longspec_jax.attention import IMPLS, default_impl
 from longspec_jax.cache import KVCache
 from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.engine import DecodeState, _decode_chunk, generate
@@ -219,10 +220,11 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=int, default=256)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--attention", default="reference")
+  p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path)
   args = p.parse_args(argv)
+  args.attention = args.attention or default_impl()
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
       "floor": "context | decode step | bandwidth floor | floor/step",

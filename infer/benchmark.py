@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import PROMPT_SETS
-from longspec_jax.attention import IMPLS
+from longspec_jax.attention import IMPLS, default_impl
 from flax import nnx
 
 from longspec_jax.engine import generate, prefill
@@ -90,9 +90,10 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=int, default=256)
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--attention", choices=IMPLS, default=IMPLS[0])
+  p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
   p.add_argument("--out", type=Path)
   args = p.parse_args(argv)
+  args.attention = args.attention or default_impl()
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
   dtype = resolve_dtype(args.dtype)
   target = load_target(args.target, dtype)

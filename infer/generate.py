@@ -37,11 +37,12 @@ def parse_args(argv=None):
   p.add_argument("--temperature", type=float, default=0.0)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
-  from longspec_jax.attention import IMPLS
+  from longspec_jax.attention import IMPLS, default_impl
 
-  p.add_argument("--attention", choices=IMPLS, default=IMPLS[0], help="attention implementation")
+  p.add_argument("--attention", choices=IMPLS, help="attention kernels (default: pallas on GPU, else reference)")
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
+  args.attention = args.attention or default_impl()
   if args.max_new_tokens < 1:
     p.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
   if not args.temperature >= 0:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 _NEG_INF = -jnp.inf
-# Implementations selectable with `impl=` (and `--attention` on the command line).
-IMPLS = ("reference",)
+# Implementations selectable with `impl=` (and `--attention` on the command line):
+# "pallas" is the default on GPU (`default_impl`), and runs interpreted elsewhere.
+IMPLS = ("reference", "pallas")
 
 
 def _softmax_pass(scores: jnp.ndarray, visible: jnp.ndarray, v: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -70,10 +71,24 @@ def masked_attention_reference(
   return _softmax_pass(_scores(q, k), mask[:, None, None, :, :], v)
 
 
-def prefix_attention(q, k, v, lengths, q_positions=None, window=None, impl: str = "reference"):
-  """The prefix pass with the chosen implementation; see `prefix_attention_reference`."""
+def default_impl() -> str:
+  import jax
+
+  return "pallas" if jax.default_backend() == "gpu" else "reference"
+
+
+def _check(impl: str) -> None:
   if impl not in IMPLS:
     raise ValueError(f"attention impl {impl!r} is not one of {IMPLS}.")
+
+
+def prefix_attention(q, k, v, lengths, q_positions=None, window=None, impl: str = "reference"):
+  """The prefix pass with the chosen implementation; see `prefix_attention_reference`."""
+  _check(impl)
+  if impl == "pallas":
+    from pallas_kernels.flash_decode import flash_decode
+
+    return flash_decode(q, k, v, lengths, q_positions, window)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
 
@@ -100,7 +115,12 @@ def hybrid_attention(
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix plus the new block; returns
   out [B, T, K, G, D] in float32."""
-  out_a, lse_a = prefix_attention(q, k_cache, v_cache, lengths, q_positions, window, impl)
+  _check(impl)
+  if impl == "pallas":
+    from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
+
+    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window)
+  out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)
   out, _ = merge(out_a, lse_a, out_b, lse_b)
   return out

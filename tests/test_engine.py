@@ -173,6 +173,16 @@ def test_longspec_with_a_random_draft_is_lossless(tiny):
   assert result.stats["draft_seconds"] > 0 and result.stats["verify_seconds"] > 0
 
 
+def test_pallas_attention_gives_the_same_tokens(tiny):
+  """The whole engine (prefill, AR decode, LongSpec drafting and verification) with the
+  Pallas kernels, interpreted on CPU."""
+  rng = np.random.default_rng(10)
+  prompts = [rng.integers(3, 211, size=n).tolist() for n in (19, 7)]
+  reference = generate(tiny, prompts, 10).token_ids
+  assert generate(tiny, prompts, 10, impl="pallas", prefill_chunk=16).token_ids == reference
+  assert generate(tiny, prompts, 10, impl="pallas", **longspec(tiny, window=8)).token_ids == reference
+
+
 def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
   prompt = np.random.default_rng(8).integers(3, 211, size=15).tolist()
   free = generate(tiny, [prompt], 16).token_ids[0]

@@ -1,0 +1,96 @@
+"""Flash decoding: a few queries (one AR token, or a tree's nodes) over a long cached prefix.
+
+The key axis is split into `splits` contiguous ranges processed by separate programs
+(split-K), so that even one sequence with a few KV heads fills the GPU; each program runs
+an online softmax over its range in blocks and writes a normalized partial (out, lse);
+`blocks.combine` merges the partials exactly. Each query row r sees the cached slots
+lo[r] <= slot < hi[r]: hi is the committed length (or the draft's delayed limit), lo
+the start of a sliding window.
+
+Reference twin: `longspec_jax.attention.prefix_attention_reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels import blocks
+from pallas_kernels.tuning import KernelParams, params_for
+
+
+def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, seq_len, scale):
+  out_ref, lse_ref = refs[-2:]  # (earlier refs: initial output buffers, when given)
+  lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
+  start = pl.program_id(2) * split_len
+  begin = jnp.maximum(start, jnp.min(lo))
+  end = jnp.minimum(start + split_len, jnp.max(hi))
+  num_blocks = pl.cdiv(jnp.maximum(end - begin, 0), block_keys)
+  visible = lambda slots, i: (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None])  # noqa: E731
+  visible_in_split = lambda slots, i: visible(slots, i) & (slots[None, :] < start + split_len)  # noqa: E731
+  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len,
+                                  visible_in_split, scale)
+  out_ref[...] = out
+  lse_ref[...] = lse
+
+
+def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, initial=None):
+  """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D]; lo, hi [B, R]
+  int32. Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R].
+  `initial`: buffers the outputs are written into (tests poison them with NaN)."""
+  b, kv_heads, r, d = rows.shape
+  seq_len = k.shape[1]
+  split_len = pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
+  splits = pl.cdiv(seq_len, split_len)
+  kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
+                             scale=d**-0.5)
+  head = lambda bh: (bh // kv_heads, bh % kv_heads)  # noqa: E731
+  out_specs = [
+      pl.BlockSpec((None, None, None, params.block_rows, d), lambda bh, i, s: (s, *head(bh), i, 0)),
+      pl.BlockSpec((None, None, None, params.block_rows), lambda bh, i, s: (s, *head(bh), i)),
+  ]
+  return pl.pallas_call(
+      kernel,
+      grid=(b * kv_heads, r // params.block_rows, splits),
+      in_specs=[
+          pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i, s: (*head(bh), i, 0)),
+          pl.BlockSpec((None, seq_len, None, d), lambda bh, i, s: (head(bh)[0], 0, head(bh)[1], 0)),
+          pl.BlockSpec((None, seq_len, None, d), lambda bh, i, s: (head(bh)[0], 0, head(bh)[1], 0)),
+          pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
+          pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
+      ] + ([] if initial is None else out_specs),
+      out_specs=out_specs,
+      out_shape=[
+          jax.ShapeDtypeStruct((splits, b, kv_heads, r, d), jnp.float32),
+          jax.ShapeDtypeStruct((splits, b, kv_heads, r), jnp.float32),
+      ],
+      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+      input_output_aliases={} if initial is None else {5: 0, 6: 1},
+      interpret=interpret,
+      name="flash_decode",
+  )(rows, k, v, lo, hi, *(initial or ()))
+
+
+def bounds(lengths, q_positions, window, t: int):
+  """Per-query visible slot range [lo, hi) as [B, T] arrays."""
+  hi = jnp.broadcast_to(lengths[:, None] if lengths.ndim == 1 else lengths, (lengths.shape[0], t))
+  lo = jnp.zeros_like(hi) if window is None else jnp.maximum(q_positions - window + 1, 0)
+  return lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, params: KernelParams | None = None,
+                 interpret: bool | None = None):
+  """q [B, T, K, G, D] over k, v [B, S, K, D] at slots < lengths ([B], or [B, T] per
+  query) and, with `window`, > q_positions - window. Returns (out f32 [B, T, K, G, D],
+  lse [B, T, K, G])."""
+  b, t, kv_heads, g, d = q.shape
+  params = params or params_for("prefix", t * g, d, k.shape[1], b * kv_heads)
+  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  rows = blocks.to_rows(q, params.block_rows)
+  lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
+  out, lse = blocks.combine(*prefix_partials(rows, k, v, lo, hi, params, interpret))
+  return blocks.from_rows(out, t, g), blocks.from_rows(lse, t, g)

@@ -1,0 +1,59 @@
+"""Kernel launch parameters per shape, in one table.
+
+Rows per block, keys per block, warps and pipeline stages come from the measurements of
+`python -m pallas_kernels.bench --sweep` on an H100 (docs/benchmarks.md); the prefix
+pass's split count is derived from the shape so that the grid fills the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax.experimental import pallas as pl
+
+# Enough programs for ~4 waves over an H100's 132 SMs.
+TARGET_PROGRAMS = 528
+MIN_KEYS_PER_SPLIT = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelParams:
+  block_rows: int
+  block_keys: int
+  num_warps: int
+  num_stages: int
+  splits: int = 1
+
+
+# (pass, largest query rows per KV head, head_dim) -> (block_rows, block_keys, warps, stages).
+# Measured on an H100 with bf16 K/V; first row whose row limit is >= the shape's rows wins.
+TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
+    "prefix": [
+        (16, 64, (16, 128, 4, 3)),
+        (16, 128, (16, 64, 4, 3)),
+        (64, 64, (64, 64, 4, 3)),
+        (64, 128, (64, 64, 4, 3)),
+        (1 << 30, 64, (64, 64, 4, 3)),
+        (1 << 30, 128, (64, 64, 4, 2)),
+    ],
+    "tree": [
+        (1 << 30, 64, (32, 32, 4, 2)),
+        (1 << 30, 128, (32, 32, 4, 2)),
+    ],
+}
+
+
+def params_for(kind: str, rows: int, head_dim: int, seq_len: int, batch_heads: int) -> KernelParams:
+  """Launch parameters of pass `kind` for `rows` query rows per KV head over `seq_len`
+  keys, with batch * kv_heads independent heads."""
+  for max_rows, dim, (block_rows, block_keys, warps, stages) in TABLE[kind]:
+    if rows <= max_rows and head_dim == dim:
+      break
+  else:
+    block_rows, block_keys, warps, stages = 32, 32, 4, 2
+  block_rows = max(16, min(block_rows, pl.next_power_of_2(rows)))
+  splits = 1
+  if kind == "prefix":
+    programs = batch_heads * pl.cdiv(rows, block_rows)
+    splits = max(1, min(TARGET_PROGRAMS // programs, seq_len // MIN_KEYS_PER_SPLIT))
+  return KernelParams(block_rows, block_keys, warps, stages, splits)
