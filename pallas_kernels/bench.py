@@ -1,0 +1,294 @@
+"""`python -m pallas_kernels.bench`: the attention kernels on the GPU, checked and timed.
+
+  --suite check   kernels vs the jnp reference on the device (odd lengths, GQA, trees)
+  --suite grid    hybrid tree attention over S x T x head shapes x batch, side by side
+                  with jax.nn.dot_product_attention (xla, cudnn; the tree as a mask),
+                  JAX's bundled Pallas decode_attention (prefix only) and the reference;
+                  the prefix pass's achieved bytes/s against a measured copy bandwidth
+  --suite verify  one verification step of an 8B-shaped random target at 32k context
+  --suite sweep   block/warp/stage candidates for the tuning table
+
+Timings are medians of on-device loops where each call feeds the next (no host overhead,
+nothing hoisted), after a warm-up; every implementation of a row runs in the same process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from infer.cli import ArgumentParser, run_main
+from longspec_jax import attention
+from pallas_kernels import blocks
+from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
+from pallas_kernels.hybrid import hybrid_attention
+from pallas_kernels.tree_attention import tree_attention
+from pallas_kernels.tuning import KernelParams, params_for
+
+HEADS = {"llama-3.1-8b": (32, 8, 128), "vicuna-7b": (32, 32, 128)}
+INTERPRET = jax.default_backend() != "gpu"  # off the GPU only to try the script
+SKIP_ABOVE_BYTES = 8 << 30  # implementations that materialize [B, H, T, S] scores skip larger shapes
+
+
+def loop_seconds(fn, x, iters: int = 20, repeats: int = 5) -> float:
+  """Seconds per call of fn: x -> x (same shape), `iters` chained calls in one jit."""
+  run = jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda _, y: fn(y).astype(y.dtype), x))
+  jax.block_until_ready(run(x))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(run(x))
+    times.append((time.perf_counter() - t) / iters)
+  return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+  """Bytes/s of a device-to-device copy (read + write) of 2 GiB."""
+  x = jnp.ones((1 << 30,), jnp.bfloat16)
+  copy = jax.jit(lambda x: x + jnp.bfloat16(1))
+  jax.block_until_ready(copy(x))
+  times = []
+  for _ in range(10):
+    t = time.perf_counter()
+    jax.block_until_ready(copy(x))
+    times.append(time.perf_counter() - t)
+  return 2 * x.nbytes / statistics.median(times)
+
+
+def random_tree_mask(rng, batch, nodes):
+  parents = [rng.integers(0, max(i, 1), size=batch) for i in range(nodes)]
+  mask = np.zeros((batch, nodes, nodes), bool)
+  for i in range(nodes):
+    mask[:, i, i] = True
+    if i:
+      mask[np.arange(batch), i] |= mask[np.arange(batch), parents[i]]
+  return jnp.asarray(mask)
+
+
+def inputs(batch, steps, seq_len, heads, kv_heads, head_dim, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  keys = jax.random.split(jax.random.key(seed), 5)
+  group = heads // kv_heads
+  q = jax.random.normal(keys[0], (batch, steps, kv_heads, group, head_dim), dtype)
+  k, v = (jax.random.normal(key, (batch, seq_len, kv_heads, head_dim), dtype) for key in keys[1:3])
+  k_new, v_new = (jax.random.normal(key, (batch, steps, kv_heads, head_dim), dtype) for key in keys[3:5])
+  lengths = jnp.full((batch,), seq_len, jnp.int32)
+  return q, k, v, k_new, v_new, lengths, random_tree_mask(rng, batch, steps)
+
+
+def suite_check(args) -> list[dict]:
+  rows = []
+  for (heads, kv_heads, head_dim), dtype, steps, seq_len in [
+      ((32, 8, 128), jnp.bfloat16, 1, 4099), ((32, 8, 128), jnp.bfloat16, 69, 4099),
+      ((32, 32, 128), jnp.bfloat16, 16, 1000), ((9, 3, 64), jnp.float32, 69, 777),
+      ((9, 3, 64), jnp.bfloat16, 128, 2051), ((8, 1, 64), jnp.float32, 5, 300),
+  ]:
+    q, k, v, k_new, v_new, lengths, mask = inputs(2, steps, seq_len, heads, kv_heads, head_dim, dtype, seed=steps)
+    lengths = jnp.asarray([seq_len, seq_len // 3 + 1], jnp.int32)  # per-sequence lengths
+    positions = lengths[:, None] + jnp.arange(steps)
+    tol = 2e-5 if dtype == jnp.float32 else 2e-2
+    errors = {
+        "flash_decode": _max_error(flash_decode(q, k, v, lengths)[0], attention.prefix_attention_reference(q, k, v, lengths)[0]),
+        "tree_attention": _max_error(tree_attention(q, k_new, v_new, mask)[0],
+                                     attention.masked_attention_reference(q, k_new, v_new, mask)[0]),
+        "hybrid": _max_error(hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions),
+                             attention.hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions)),
+    }
+    row = {"heads": [heads, kv_heads, head_dim], "dtype": jnp.dtype(dtype).name, "T": steps, "S": seq_len,
+           "max_abs_error": errors, "tolerance": tol, "ok": all(e <= tol for e in errors.values())}
+    rows.append(row)
+    print(f"check {row['heads']} {row['dtype']:8} T={steps:3} S={seq_len:5}: "
+          + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()) + ("  ok" if row["ok"] else "  FAIL"), flush=True)
+  return rows
+
+
+def _max_error(a, b) -> float:
+  return float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+
+
+def suite_grid(args) -> list[dict]:
+  bandwidth = copy_bandwidth()
+  print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+  print("heads        | B | S      | T   | prefix us | prefix TB/s (% copy) | hybrid us | cudnn us | xla us |"
+        " decode_attn us | reference us | cudnn/hybrid", flush=True)
+  rows = []
+  for name in args.heads:
+    heads, kv_heads, head_dim = HEADS[name]
+    for batch in args.batches:
+      for seq_len in args.lengths:
+        for steps in args.steps:
+          rows.append(_grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth))
+          save(args, "grid", rows)  # a run cut short keeps the rows it finished
+  return rows
+
+
+def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth) -> dict:
+  q, k, v, k_new, v_new, lengths, mask = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
+  positions = lengths[:, None] + jnp.arange(steps)
+  kv_bytes = 2 * k.nbytes
+  scores_bytes = 4 * batch * heads * steps * (seq_len + steps)
+  row = {"heads": name, "batch": batch, "S": seq_len, "T": steps}
+  group = heads // kv_heads
+
+  params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+  rows_q = blocks.to_rows(q, params.block_rows)
+  lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
+  row["prefix_us"] = 1e6 * loop_seconds(
+      lambda r: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0].astype(r.dtype), rows_q)
+  row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)
+  row["prefix_fraction_of_copy"] = row["prefix_bytes_per_second"] / bandwidth
+  row["hybrid_us"] = 1e6 * loop_seconds(
+      lambda q: hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions), q)
+
+  # jax.nn.dot_product_attention over prefix + tree with the tree as a mask ([B, T, H, D] layout).
+  k_all, v_all = jnp.concatenate([k, k_new], 1), jnp.concatenate([v, v_new], 1)
+  full_mask = jnp.concatenate([jnp.ones((batch, steps, seq_len), bool), mask], axis=2)[:, None]
+  flat = q.reshape(batch, steps, heads, head_dim)
+  for impl in ("cudnn", "xla"):
+    if impl == "xla" and scores_bytes > SKIP_ABOVE_BYTES:
+      row[f"{impl}_us"] = None
+      continue
+    fn = functools.partial(jax.nn.dot_product_attention, key=k_all, value=v_all, mask=full_mask, implementation=impl)
+    try:
+      row[f"{impl}_us"] = 1e6 * loop_seconds(lambda x: fn(x), flat)
+    except Exception as e:  # cudnn rejects some shapes; say so in the table
+      row[f"{impl}_us"] = None
+      row[f"{impl}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+  # JAX's bundled Pallas decode attention: the prefix pass only, T folded into the heads.
+  from jax.experimental.pallas.ops.gpu import decode_attention
+
+  folded = q.reshape(batch, steps, heads, head_dim).transpose(0, 2, 1, 3).reshape(batch, heads * steps, head_dim)
+  try:
+    row["decode_attention_us"] = 1e6 * loop_seconds(
+        lambda x: decode_attention.gqa(x, k, v, kv_seq_len=lengths, k_splits=16), folded)
+  except Exception as e:
+    row["decode_attention_us"] = None
+    row["decode_attention_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+  row["reference_us"] = None
+  if scores_bytes <= SKIP_ABOVE_BYTES:
+    row["reference_us"] = 1e6 * loop_seconds(
+        lambda q: attention.hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions), q)
+  row["cudnn_over_hybrid"] = row["cudnn_us"] / row["hybrid_us"] if row["cudnn_us"] else None
+  fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
+  print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} |"
+        f" {row['prefix_bytes_per_second'] / 1e12:5.2f} ({100 * row['prefix_fraction_of_copy']:3.0f}%)        |"
+        f" {row['hybrid_us']:9.1f} | {fmt(row['cudnn_us'])} | {fmt(row['xla_us'])} |"
+        f" {fmt(row['decode_attention_us'])} | {fmt(row['reference_us'])} |"
+        f" {fmt(row['cudnn_over_hybrid'])}", flush=True)
+  return row
+
+
+def suite_verify(args) -> list[dict]:
+  """One tree verification (64 nodes) of a random bf16 Llama-3.1-8B-shaped target at 32k."""
+  from flax import nnx
+
+  from infer.bench_target import LLAMA_31_8B
+  from longspec_jax.cache import KVCache
+  from longspec_jax.target import random_model
+  from longspec_jax.tree import Tree
+  from longspec_jax.verify import verify
+
+  model = random_model(LLAMA_31_8B, jnp.bfloat16)
+  graphdef, params = nnx.split(model)
+  rows = []
+  for context in args.verify_contexts:
+    key_k, key_v = jax.random.split(jax.random.key(context))
+    shape = (LLAMA_31_8B.num_layers, 1, context + 128, LLAMA_31_8B.num_kv_heads, LLAMA_31_8B.head_dim)
+    cache = KVCache(k=jax.random.normal(key_k, shape, jnp.bfloat16), v=jax.random.normal(key_v, shape, jnp.bfloat16),
+                    lengths=jnp.full((1,), context, jnp.int32))
+    rng = np.random.default_rng(0)
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 64)]
+    depths = [0]
+    for i in range(1, 64):
+      depths.append(depths[parents[i]] + 1)
+    tree = Tree(tokens=jnp.asarray(rng.integers(0, 1000, (1, 64)), jnp.int32), parents=jnp.asarray([parents], jnp.int32),
+                depths=jnp.asarray([depths], jnp.int32), valid=jnp.ones((1, 64), bool))
+    row = {"context": context, "nodes": 64}
+    for impl in ("pallas", "reference"):
+      step = jax.jit(lambda params, cache, impl=impl: verify(nnx.merge(graphdef, params), tree, cache, impl)[0])
+      jax.block_until_ready(step(params, cache))
+      times = []
+      for _ in range(10):
+        t = time.perf_counter()
+        jax.block_until_ready(step(params, cache))
+        times.append(time.perf_counter() - t)
+      row[f"{impl}_ms"] = 1e3 * statistics.median(times)
+    row["reference_over_pallas"] = row["reference_ms"] / row["pallas_ms"]
+    rows.append(row)
+    print(f"verify 8B-shape, 64 nodes at {context}: pallas {row['pallas_ms']:.2f} ms, reference"
+          f" {row['reference_ms']:.2f} ms ({row['reference_over_pallas']:.2f}x)", flush=True)
+    del cache
+  return rows
+
+
+def suite_sweep(args) -> list[dict]:
+  """Times candidate launch parameters of each pass on representative shapes."""
+  rows = []
+  for name in args.heads:
+    heads, kv_heads, head_dim = HEADS[name]
+    group = heads // kv_heads
+    for steps in args.steps:
+      q, k, v, k_new, v_new, lengths, mask = inputs(1, steps, 32768, heads, kv_heads, head_dim, jnp.bfloat16)
+      best = None
+      for block_rows in (16, 32, 64, 128):
+        if block_rows > max(16, pl_next_pow2(steps * group)):
+          continue
+        for block_keys, warps, stages in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3)]:
+          base = params_for("prefix", steps * group, head_dim, 32768, kv_heads)
+          params = KernelParams(block_rows, block_keys, warps, stages, base.splits)
+          rows_q = blocks.to_rows(q, block_rows)
+          lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
+          try:
+            us = 1e6 * loop_seconds(
+                lambda r: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0].astype(r.dtype), rows_q)
+          except Exception as e:  # e.g. out of shared memory
+            print(f"sweep {name} T={steps} {params}: {type(e).__name__}", flush=True)
+            continue
+          rows.append({"heads": name, "T": steps, "params": params.__dict__, "prefix_us": us})
+          if best is None or us < best[1]:
+            best = (params, us)
+      print(f"sweep {name} T={steps}: best {best[0]} at {best[1]:.1f} us", flush=True)
+  return rows
+
+
+def pl_next_pow2(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep}
+
+
+def main(argv=None):
+  p = ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__.splitlines()[0])
+  p.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=["check", "grid", "verify"])
+  p.add_argument("--heads", nargs="+", choices=sorted(HEADS), default=sorted(HEADS))
+  p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+  p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
+  p.add_argument("--steps", type=int, nargs="+", default=[1, 16, 64, 128])
+  p.add_argument("--verify-contexts", type=int, nargs="+", default=[32768])
+  p.add_argument("--out", type=Path)
+  args = p.parse_args(argv)
+  print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
+  args.result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+  for suite in args.suites:
+    save(args, suite, SUITES[suite](args))
+
+
+def save(args, suite: str, rows: list[dict]) -> None:
+  """Writes everything measured so far: a later failure loses nothing."""
+  args.result[suite] = rows
+  if args.out:
+    args.out.write_text(json.dumps(args.result, indent=1))
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m pallas_kernels.bench")
