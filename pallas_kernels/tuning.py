@@ -26,7 +26,9 @@ class KernelParams:
 
 
 # (pass, largest query rows per KV head, head_dim) -> (block_rows, block_keys, warps, stages).
-# Measured on an H100 with bf16 K/V; first row whose row limit is >= the shape's rows wins.
+# Measured on an H100 with bf16 K/V (docs/results/h100_kernel_sweep.json); the first row
+# whose row limit is >= the shape's rows wins. Rows not yet swept hold the defaults the
+# 4k-64k grid ran with.
 TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
     "prefix": [
         (16, 64, (16, 128, 4, 3)),
@@ -34,7 +36,7 @@ TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
         (64, 64, (64, 64, 4, 3)),
         (64, 128, (64, 64, 4, 3)),
         (1 << 30, 64, (64, 64, 4, 3)),
-        (1 << 30, 128, (64, 64, 4, 2)),
+        (1 << 30, 128, (128, 64, 8, 3)),  # sweep at 32k, T = 64 and 128 with G = 4: 7-10% over (64, 64, 4, 3)
     ],
     "tree": [
         (1 << 30, 64, (32, 32, 4, 2)),
