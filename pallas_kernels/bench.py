@@ -37,14 +37,15 @@ INTERPRET = jax.default_backend() != "gpu"  # off the GPU only to try the script
 SKIP_ABOVE_BYTES = 8 << 30  # implementations that materialize [B, H, T, S] scores skip larger shapes
 
 
-def loop_seconds(fn, x, iters: int = 20, repeats: int = 5) -> float:
-  """Seconds per call of fn: x -> x (same shape), `iters` chained calls in one jit."""
-  run = jax.jit(lambda x: jax.lax.fori_loop(0, iters, lambda _, y: fn(y).astype(y.dtype), x))
-  jax.block_until_ready(run(x))
+def loop_seconds(fn, x, *operands, iters: int = 20, repeats: int = 5) -> float:
+  """Seconds per call of fn(x, *operands) -> like x, `iters` chained calls in one jit. The
+  operands (caches, masks) enter as arguments, never as constants baked into the program."""
+  run = jax.jit(lambda x, *ops: jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x))
+  jax.block_until_ready(run(x, *operands))
   times = []
   for _ in range(repeats):
     t = time.perf_counter()
-    jax.block_until_ready(run(x))
+    jax.block_until_ready(run(x, *operands))
     times.append((time.perf_counter() - t) / iters)
   return statistics.median(times)
 
@@ -141,11 +142,12 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   rows_q = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
   row["prefix_us"] = 1e6 * loop_seconds(
-      lambda r: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0].astype(r.dtype), rows_q)
+      lambda r, k, v, lo, hi: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0], rows_q,
+      k, v, lo, hi)
   row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)
   row["prefix_fraction_of_copy"] = row["prefix_bytes_per_second"] / bandwidth
-  row["hybrid_us"] = 1e6 * loop_seconds(
-      lambda q: hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions), q)
+  operands = (k, v, lengths, k_new, v_new, mask, positions)
+  row["hybrid_us"] = 1e6 * loop_seconds(hybrid_attention, q, *operands)
 
   # jax.nn.dot_product_attention over prefix + tree with the tree as a mask ([B, T, H, D] layout).
   k_all, v_all = jnp.concatenate([k, k_new], 1), jnp.concatenate([v, v_new], 1)
@@ -155,9 +157,9 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
     if impl == "xla" and scores_bytes > SKIP_ABOVE_BYTES:
       row[f"{impl}_us"] = None
       continue
-    fn = functools.partial(jax.nn.dot_product_attention, key=k_all, value=v_all, mask=full_mask, implementation=impl)
+    fn = functools.partial(jax.nn.dot_product_attention, implementation=impl)
     try:
-      row[f"{impl}_us"] = 1e6 * loop_seconds(lambda x: fn(x), flat)
+      row[f"{impl}_us"] = 1e6 * loop_seconds(lambda x, k, v, m: fn(x, k, v, mask=m), flat, k_all, v_all, full_mask)
     except Exception as e:  # cudnn rejects some shapes; say so in the table
       row[f"{impl}_us"] = None
       row[f"{impl}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -168,15 +170,14 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   folded = q.reshape(batch, steps, heads, head_dim).transpose(0, 2, 1, 3).reshape(batch, heads * steps, head_dim)
   try:
     row["decode_attention_us"] = 1e6 * loop_seconds(
-        lambda x: decode_attention.gqa(x, k, v, kv_seq_len=lengths, k_splits=16), folded)
+        lambda x, k, v, n: decode_attention.gqa(x, k, v, kv_seq_len=n, k_splits=16), folded, k, v, lengths)
   except Exception as e:
     row["decode_attention_us"] = None
     row["decode_attention_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
   row["reference_us"] = None
   if scores_bytes <= SKIP_ABOVE_BYTES:
-    row["reference_us"] = 1e6 * loop_seconds(
-        lambda q: attention.hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions), q)
+    row["reference_us"] = 1e6 * loop_seconds(attention.hybrid_attention, q, *operands)
   row["cudnn_over_hybrid"] = row["cudnn_us"] / row["hybrid_us"] if row["cudnn_us"] else None
   fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
   print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} |"
@@ -249,7 +250,8 @@ def suite_sweep(args) -> list[dict]:
           lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
           try:
             us = 1e6 * loop_seconds(
-                lambda r: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0].astype(r.dtype), rows_q)
+                lambda r, k, v, lo, hi: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0],
+                rows_q, k, v, lo, hi)
           except Exception as e:  # e.g. out of shared memory
             print(f"sweep {name} T={steps} {params}: {type(e).__name__}", flush=True)
             continue
