@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -85,3 +86,15 @@ def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarra
   cos, sin = cos[:, :, None, :], sin[:, :, None, :]
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x.dtype)
+
+
+ANCHORS = 4  # positions kept at 0..3 by anchor-offset indexing (attention sinks)
+
+
+def anchor_offset_positions(key: jax.Array, batch: int, length: int, max_len: int, anchors: int = ANCHORS) -> jnp.ndarray:
+  """Training positions [B, T] that reach deep into the context with short sequences
+  (LongSpec, Algorithm 1): the first `anchors` tokens keep positions 0..anchors-1, the
+  rest continue from anchors + o, with o uniform in [0, max_len - length] per sequence."""
+  offsets = jax.random.randint(key, (batch, 1), 0, max_len - length + 1)
+  index = jnp.arange(length)[None, :]
+  return (index + jnp.where(index >= anchors, offsets, 0)).astype(jnp.int32)

@@ -112,6 +112,20 @@ class Transformer(nnx.Module):
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
+    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, impl)
+    if cache is not None:
+      # The cache is only read inside the layer scan; all layers' new K/V are written
+      # after it, in place, so no layer ever copies the cache.
+      cache = KVCache(
+          k=write_block(cache.k, cache.lengths, k_new),
+          v=write_block(cache.v, cache.lengths, v_new),
+          lengths=cache.lengths,
+      )
+    return x, cache
+
+  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, impl: str = "reference"):
+    """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
+    tokens, k and v [L, B, T, K, D] (what draft training cross-attends to)."""
     c = self.config
     x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
@@ -131,18 +145,9 @@ class Transformer(nnx.Module):
         )
       return layer.add_mlp(layer.add_attention(x, out)), (k, v)
 
-    # The cache is only read inside the scan; all layers' new K/V are written after it,
-    # in place, so no layer ever copies the cache.
     prefix = (None, None) if cache is None else (cache.k, cache.v)
     x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, *prefix))  # k_new [L, B, T, K, D]
-    x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
-    if cache is not None:
-      cache = KVCache(
-          k=write_block(cache.k, cache.lengths, k_new),
-          v=write_block(cache.v, cache.lengths, v_new),
-          lengths=cache.lengths,
-      )
-    return x, cache
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), k_new, v_new
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [..., E] -> float32 logits [..., V] through the (possibly tied) LM head."""

@@ -71,3 +71,15 @@ def test_unsupported_scaling_is_a_user_error():
     TargetConfig.from_hf({**hf_config({"rope_type": "linear", "factor": 2.0}).to_dict(),
                           "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
                           "intermediate_size": 1, "vocab_size": 1})
+
+
+def test_anchor_offset_positions():
+  import jax
+
+  from longspec_jax.rope import anchor_offset_positions
+
+  positions = np.asarray(anchor_offset_positions(jax.random.key(0), 64, 10, 1000))
+  np.testing.assert_array_equal(positions[:, :4], np.broadcast_to(np.arange(4), (64, 4)))  # the sinks
+  offsets = positions[:, 4] - 4
+  assert offsets.min() >= 0 and positions.max() <= 999 and len(set(offsets)) > 30  # random per sequence
+  np.testing.assert_array_equal(np.diff(positions[:, 4:], axis=1), 1)  # consecutive after the sinks

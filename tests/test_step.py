@@ -1,0 +1,79 @@
+"""Draft training: flash noisy cross-attention against the paper's slicing, and real steps."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import real_texts
+from longspec_jax.attention import prefix_attention_reference
+from longspec_jax.config import DraftConfig, TargetConfig
+from longspec_jax.draft import random_draft
+from longspec_jax.target import random_model
+from train.step import TrainConfig, make_optimizer, noisy_cross_limits, train_step
+
+
+def test_noisy_shift_matches_the_papers_slicing():
+  """Algorithm 2: out[j:] = causal attention(Q[j:], K[:-j], V[:-j]), out[:j] = 0."""
+  rng = np.random.default_rng(0)
+  length = 11
+  q = jnp.asarray(rng.standard_normal((3, length, 2, 2, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((3, length, 2, 8)), jnp.float32) for _ in "kv")
+  limits = noisy_cross_limits(jax.random.key(1), 3, length, max_shift=4)
+  out, _ = prefix_attention_reference(q, k, v, limits)
+  for b in range(3):
+    shift = length - int(limits[b, -1])  # limits[b, i] = i - j + 1
+    assert 1 <= shift <= 4
+    causal = jnp.arange(1, length - shift + 1)[None]  # query m of the slice sees keys 0..m
+    sliced, _ = prefix_attention_reference(q[b:b + 1, shift:], k[b:b + 1, :-shift], v[b:b + 1, :-shift], causal)
+    explicit = np.concatenate([np.zeros((shift, 2, 2, 8)), np.asarray(sliced[0])], axis=0)
+    np.testing.assert_allclose(np.asarray(out[b]), explicit, atol=1e-6)
+
+
+TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+
+
+@pytest.mark.parametrize("positions", ["anchor_offset", "vanilla"])
+def test_a_few_real_steps_reduce_the_loss(positions):
+  target = random_model(TARGET, jnp.float32, seed=0)
+  draft = random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=1)
+  draft_graphdef, draft_params = nnx.split(draft)
+  target_graphdef, target_params = nnx.split(target)
+  text = real_texts(limit=1)[0].encode()
+  tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)  # real bytes
+  config = TrainConfig(learning_rate=3e-3, warmup_steps=2, total_steps=30, loss_chunk=16, compute_dtype="float32",
+                       positions=positions, max_position=4096)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(draft_params)
+  losses = []
+  for step in range(12):
+    draft_params, opt_state, metrics = train_step(
+        draft_params, opt_state, jax.random.key(step), tokens, jnp.ones_like(tokens), draft_graphdef=draft_graphdef,
+        target_graphdef=target_graphdef, target_params=target_params, optimizer=optimizer, config=config)
+    losses.append(float(metrics["loss"]))
+  assert int(metrics["tokens"]) == 4 * 47
+  assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_accumulation_applies_one_update_per_k_micro_batches():
+  target = random_model(TARGET, jnp.float32, seed=0)
+  draft_graphdef, draft_params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32))
+  target_graphdef, target_params = nnx.split(target)
+  config = dataclasses.replace(TrainConfig(compute_dtype="float32", loss_chunk=8), accumulate=2)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(draft_params)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 16)), jnp.int32)
+  before = jax.tree.map(jnp.copy, draft_params)
+  kwargs = dict(draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, target_params=target_params,
+                optimizer=optimizer, config=config)
+  draft_params, opt_state, _ = train_step(draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens),
+                                          **kwargs)
+  unchanged = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params))
+  assert all(unchanged)  # the first micro-batch only accumulates
+  draft_params, opt_state, _ = train_step(draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens),
+                                          **kwargs)
+  assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params)))

@@ -1,0 +1,104 @@
+"""One draft training step: frozen target forward -> draft forward with flash noisy
+cross-attention -> chunked next-token loss -> AdamW.
+
+The target only supplies its K/V at every position (no gradients reach it). Positions are
+vanilla or anchor-offset (LongSpec Algorithm 1), the same for target and draft. Flash
+noisy training (Algorithm 2) delays the cross-attention by a random j in [1, max_shift]
+per sequence: query i sees target K/V up to index i - j, as a draft query at inference
+sees only the committed cache; it is expressed as per-query key limits, so the attention
+stays a plain prefix pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from longspec_jax.attention import causal_block_mask
+from longspec_jax.rope import anchor_offset_positions
+from train.loss import chunked_cross_entropy
+
+POSITION_KINDS = ("anchor_offset", "vanilla")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  learning_rate: float = 5e-4
+  warmup_steps: int = 100
+  total_steps: int = 10_000
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  accumulate: int = 1  # micro-batches per optimizer update
+  loss_chunk: int = 512  # positions per chunk of the cross-entropy
+  compute_dtype: str = "bfloat16"  # parameters and optimizer state stay float32
+  max_shift: int = 4  # flash noisy training: delay j in [1, max_shift]; 0 turns it off
+  positions: str = "anchor_offset"
+  max_position: int = 8192  # anchor-offset positions reach up to this
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+  """AdamW on a warmup-cosine schedule with global-norm clipping, accumulated over
+  `accumulate` micro-batches."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      config.learning_rate / max(config.warmup_steps, 1),  # the first update already moves
+      config.learning_rate, config.warmup_steps, max(config.total_steps, config.warmup_steps + 1),
+      end_value=config.learning_rate * 0.1,
+  )
+  optimizer = optax.chain(optax.clip_by_global_norm(config.clip_norm),
+                          optax.adamw(schedule, weight_decay=config.weight_decay))
+  return optax.MultiSteps(optimizer, every_k_schedule=config.accumulate) if config.accumulate > 1 else optimizer
+
+
+def noisy_cross_limits(key: jax.Array, batch: int, length: int, max_shift: int) -> jax.Array:
+  """Per-query limits [B, T] on target K/V indices: query i sees indices < i - j + 1, with
+  j uniform in [1, max_shift] per sequence (the first j queries see nothing, as the
+  paper's zero padding); max_shift 0 gives plain causal cross-attention (j = 0)."""
+  shift = jax.random.randint(key, (batch, 1), 1, max_shift + 1) if max_shift else jnp.zeros((batch, 1), jnp.int32)
+  return jnp.maximum(jnp.arange(length)[None, :] - shift + 1, 0).astype(jnp.int32)
+
+
+def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: int) -> jax.Array:
+  if config.positions == "anchor_offset":
+    return anchor_offset_positions(key, batch, length, config.max_position)
+  return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+
+
+def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, cross_limits, config: TrainConfig):
+  """Mean next-token cross-entropy of the draft on tokens [B, T] where loss_mask [B, T]
+  marks the predicted tokens. Returns (loss, number of predicted tokens)."""
+  dtype = jnp.dtype(config.compute_dtype)
+  draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
+  batch, length = tokens.shape
+  index = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  everything = jnp.ones((batch, length), bool)
+  # Masks follow sequence order (anchor-offset positions jump, windows count tokens).
+  _, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
+  layer = draft.config.cross_layer
+  target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
+  hidden, _ = draft(target, tokens, positions, causal_block_mask(index, everything, draft.config.window), None, None,
+                    target_k, target_v, cross_limits)
+  total, count = chunked_cross_entropy(hidden[:, :-1], target.logits, tokens[:, 1:], loss_mask[:, 1:],
+                                       config.loss_chunk)
+  return total / jnp.maximum(count, 1.0), count
+
+
+@functools.partial(jax.jit, static_argnames=("draft_graphdef", "target_graphdef", "optimizer", "config"),
+                   donate_argnames=("draft_params", "opt_state"))
+def train_step(draft_params, opt_state, key, tokens, loss_mask, *, draft_graphdef, target_graphdef, target_params,
+               optimizer: optax.GradientTransformation, config: TrainConfig):
+  """One micro-batch: returns (draft_params, opt_state, metrics)."""
+  target = nnx.merge(target_graphdef, target_params)
+  batch, length = tokens.shape
+  position_key, shift_key = jax.random.split(key)
+  positions = training_positions(position_key, config, batch, length)
+  limits = noisy_cross_limits(shift_key, batch, length, config.max_shift)
+  (loss, count), grads = jax.value_and_grad(draft_loss, has_aux=True)(
+      draft_params, draft_graphdef, target, tokens, loss_mask, positions, limits, config)
+  updates, opt_state = optimizer.update(grads, opt_state, draft_params)
+  draft_params = optax.apply_updates(draft_params, updates)
+  return draft_params, opt_state, {"loss": loss, "tokens": count, "grad_norm": optax.global_norm(grads)}
