@@ -13,7 +13,7 @@ from longspec_jax.attention import prefix_attention_reference
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
-from train.step import TrainConfig, make_optimizer, noisy_cross_limits, train_step
+from train.step import TrainConfig, make_optimizer, make_train_step, noisy_cross_limits
 
 
 def test_noisy_shift_matches_the_papers_slicing():
@@ -49,11 +49,11 @@ def test_a_few_real_steps_reduce_the_loss(positions):
                        positions=positions, max_position=4096)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(draft_params)
+  step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
   losses = []
-  for step in range(12):
-    draft_params, opt_state, metrics = train_step(
-        draft_params, opt_state, jax.random.key(step), tokens, jnp.ones_like(tokens), draft_graphdef=draft_graphdef,
-        target_graphdef=target_graphdef, target_params=target_params, optimizer=optimizer, config=config)
+  for i in range(12):
+    draft_params, opt_state, metrics = step(draft_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens),
+                                            target_params)
     losses.append(float(metrics["loss"]))
   assert int(metrics["tokens"]) == 4 * 47
   assert losses[-1] < losses[0] - 0.5, losses
@@ -68,12 +68,11 @@ def test_accumulation_applies_one_update_per_k_micro_batches():
   opt_state = optimizer.init(draft_params)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 16)), jnp.int32)
   before = jax.tree.map(jnp.copy, draft_params)
-  kwargs = dict(draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, target_params=target_params,
-                optimizer=optimizer, config=config)
-  draft_params, opt_state, _ = train_step(draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens),
-                                          **kwargs)
+  step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+  draft_params, opt_state, _ = step(draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens),
+                                    target_params)
   unchanged = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params))
   assert all(unchanged)  # the first micro-batch only accumulates
-  draft_params, opt_state, _ = train_step(draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens),
-                                          **kwargs)
+  draft_params, opt_state, _ = step(draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens),
+                                    target_params)
   assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params)))

@@ -87,11 +87,10 @@ def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, position
   return total / jnp.maximum(count, 1.0), count
 
 
-@functools.partial(jax.jit, static_argnames=("draft_graphdef", "target_graphdef", "optimizer", "config"),
-                   donate_argnames=("draft_params", "opt_state"))
-def train_step(draft_params, opt_state, key, tokens, loss_mask, *, draft_graphdef, target_graphdef, target_params,
+def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *, draft_graphdef, target_graphdef,
                optimizer: optax.GradientTransformation, config: TrainConfig):
-  """One micro-batch: returns (draft_params, opt_state, metrics)."""
+  """One micro-batch: returns (draft_params, opt_state, metrics). Pure; `make_train_step`
+  jits it, with shardings when given a mesh."""
   target = nnx.merge(target_graphdef, target_params)
   batch, length = tokens.shape
   position_key, shift_key = jax.random.split(key)
@@ -102,3 +101,16 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, *, draft_graphde
   updates, opt_state = optimizer.update(grads, opt_state, draft_params)
   draft_params = optax.apply_updates(draft_params, updates)
   return draft_params, opt_state, {"loss": loss, "tokens": count, "grad_norm": optax.global_norm(grads)}
+
+
+def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
+  """The jitted step `(draft_params, opt_state, key, tokens, loss_mask, target_params) ->
+  (draft_params, opt_state, metrics)`, params and optimizer state donated. `shardings`:
+  (draft params, optimizer state, batch, target params) shardings from `train.mesh`."""
+  step = functools.partial(train_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
+                           optimizer=optimizer, config=config)
+  if shardings is None:
+    return jax.jit(step, donate_argnums=(0, 1))
+  params, opt_state, batch, target = shardings
+  return jax.jit(step, donate_argnums=(0, 1), in_shardings=(params, opt_state, None, batch, batch, target),
+                 out_shardings=(params, opt_state, None))
