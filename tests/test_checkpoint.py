@@ -1,0 +1,50 @@
+"""Training checkpoints: a run interrupted and resumed ends where an uninterrupted one does."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from longspec_jax.config import DraftConfig, TargetConfig
+from longspec_jax.draft import random_draft
+from longspec_jax.target import random_model
+from train.checkpoint import Checkpoints
+from train.step import TrainConfig, make_optimizer, make_train_step
+
+TARGET = TargetConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=2048)
+BATCHES = jnp.asarray(np.random.default_rng(0).integers(0, 128, (6, 2, 16)), jnp.int32)  # the data, in order
+
+
+def run(steps, checkpoints=None, start=None):
+  """Trains on BATCHES[start:steps] from fresh params or a checkpoint; saves every 2 steps."""
+  target_graphdef, target_params = nnx.split(random_model(TARGET, jnp.float32))
+  draft_graphdef, params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=8), jnp.float32))
+  config = TrainConfig(compute_dtype="float32", loss_chunk=8, warmup_steps=1, max_position=2048)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(params)
+  first = 0
+  if start == "resume":
+    params, opt_state, loop = checkpoints.restore_latest(params, opt_state)
+    first = loop["step"]
+  step_fn = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+  for step in range(first, steps):
+    tokens = BATCHES[step]
+    params, opt_state, _ = step_fn(params, opt_state, jax.random.fold_in(jax.random.key(0), step), tokens,
+                                   jnp.ones_like(tokens), target_params)
+    if checkpoints:
+      checkpoints.maybe_save(step + 1, params, opt_state, {"step": step + 1})
+  return params
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+  uninterrupted = run(6)
+  checkpoints = Checkpoints(tmp_path / "ckpt", every=2)
+  run(3, checkpoints)  # "killed" after step 3: the newest checkpoint is from step 2
+  checkpoints.close()
+  checkpoints = Checkpoints(tmp_path / "ckpt", every=2)
+  assert checkpoints.latest_step() == 2
+  resumed = run(6, checkpoints, start="resume")
+  checkpoints.close()
+  for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
