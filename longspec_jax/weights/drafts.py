@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,18 +27,22 @@ SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
 
 
 def save_draft(path: Path, draft: Draft) -> None:
-  """Writes the draft to `path` (a new directory); orbax writes the parameters atomically
-  and the config is renamed into place last, so a directory with a config is complete."""
+  """Writes the draft to the directory `path`, replacing what is there: everything is
+  written to a temporary directory beside it and renamed into place, so `path` always
+  holds a whole draft."""
   import orbax.checkpoint as ocp
 
   path = Path(path).resolve()
-  path.mkdir(parents=True, exist_ok=True)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(path / PARAMS_DIR, nnx.state(draft))
-  fd, tmp = tempfile.mkstemp(dir=path, suffix=".json")
-  with os.fdopen(fd, "w") as f:
-    json.dump(draft.config.to_dict(), f, indent=1)
-  os.replace(tmp, path / CONFIG_NAME)
+    checkpointer.save(tmp / PARAMS_DIR, nnx.state(draft))
+  (tmp / CONFIG_NAME).write_text(json.dumps(draft.config.to_dict(), indent=1))
+  if path.exists():
+    old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
+    os.replace(path, old / "draft")
+    shutil.rmtree(old)
+  os.replace(tmp, path)
 
 
 def has_shipped_draft(target_name: str) -> bool:

@@ -1,0 +1,188 @@
+"""`python -m train.run`: train a LongSpec draft for a target.
+
+Stages (the paper's recipe, Section 4.1): `pretrain` (short sequences with anchor-offset
+positions), `long` (long sequences, vanilla positions), `sft` (chat data, loss on the
+assistant's tokens). Each writes to --out: orbax checkpoints (periodic and final;
+--resume continues from the newest with the same data order), `metrics.jsonl` (one line
+per optimizer step), `loss.png`, and the final draft in `draft/` (what `--draft` loads).
+
+  python -m train.run --stage pretrain --data '/usr/lib/python3*/**/*.py' --steps 2000 --out runs/pretrain
+  python -m train.run --stage sft --data sft.jsonl --init-draft runs/pretrain/draft --out runs/sft
+
+Multi-host: run the same command on every host with JAX's distributed environment set
+(e.g. under SLURM, or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) and
+--distributed; the mesh spans every host's devices and each host reads its share of the data.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from infer.cli import ArgumentParser, resolve_dtype, run_main
+from longspec_jax.errors import UserError
+
+# stage -> (TrainConfig overrides, sequence length, batch)
+STAGES = {
+    "pretrain": (dict(positions="anchor_offset", learning_rate=5e-4), 1024, 16),
+    "long": (dict(positions="vanilla", learning_rate=5e-6), 8192, 2),
+    "sft": (dict(positions="vanilla", learning_rate=5e-6), 2048, 8),
+}
+# Dense bf16 peak FLOP/s per device kind, for MFU.
+PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
+
+
+def parse_args(argv=None):
+  p = ArgumentParser(prog="python -m train.run", description=__doc__.splitlines()[0])
+  p.add_argument("--stage", choices=sorted(STAGES), required=True)
+  p.add_argument("--data", required=True, help="a glob of text/code files, JSONL files, or a hub dataset name")
+  p.add_argument("--out", type=Path, required=True)
+  p.add_argument("--target", default="smollm2-135m")
+  p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
+  p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+  p.add_argument("--length", type=int, help="tokens per sequence (default: the stage's, capped by the context)")
+  p.add_argument("--batch", type=int, help="sequences per micro-batch, all hosts together")
+  p.add_argument("--accumulate", type=int, default=1)
+  p.add_argument("--learning-rate", type=float)
+  p.add_argument("--warmup-steps", type=int, default=100)
+  p.add_argument("--max-shift", type=int, default=4, help="flash noisy training delay bound (0: off)")
+  p.add_argument("--positions", choices=("anchor_offset", "vanilla"), help="default: the stage's")
+  p.add_argument("--window", type=int, default=512)
+  p.add_argument("--draft-layers", type=int, default=1)
+  p.add_argument("--model-parallel", type=int, default=1, help="devices that share each parameter")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
+  p.add_argument("--save-every", type=int, default=200)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--resume", action="store_true")
+  p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
+  args = p.parse_args(argv)
+  for name in ("steps", "accumulate", "save_every", "window", "draft_layers", "model_parallel"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name.replace('_', '-')} must be at least 1")
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  import jax
+
+  if args.distributed:
+    jax.distributed.initialize()
+  import jax.numpy as jnp
+  from flax import nnx
+  from tqdm import tqdm
+
+  from longspec_jax.config import DraftConfig
+  from longspec_jax.draft import random_draft
+  from longspec_jax.weights import load_target
+  from longspec_jax.weights.drafts import load_draft, save_draft
+  from train.checkpoint import Checkpoints
+  from train.data import batches, load_records, pack
+  from train.mesh import batch_sharding, make_mesh, param_shardings
+  from train.step import TrainConfig, make_optimizer, make_train_step
+
+  overrides, default_length, default_batch = STAGES[args.stage]
+  compute = jnp.dtype(resolve_dtype(args.dtype))
+  target = load_target(args.target, compute)
+  length = min(args.length or default_length, target.config.max_position_embeddings)
+  batch = args.batch or default_batch
+  config = TrainConfig(**{
+      **overrides, "total_steps": args.steps, "warmup_steps": args.warmup_steps, "accumulate": args.accumulate,
+      "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": target.config.max_position_embeddings,
+      **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
+      **({"positions": args.positions} if args.positions else {}),
+  })
+  if args.init_draft:
+    draft = load_draft(args.init_draft, target.config, jnp.float32)
+  else:
+    draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
+                         jnp.float32, seed=args.seed)
+  print(f"data: reading {args.data} ...", file=sys.stderr, flush=True)
+  eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
+  data = pack(load_records(args.data), target.tokenizer, length, eos)
+  print(f"data: {data.tokens.shape[0]} rows of {length} tokens", file=sys.stderr, flush=True)
+
+  mesh = make_mesh(args.model_parallel)
+  if batch % mesh.shape["data"]:
+    raise UserError(f"--batch {batch} does not split over {mesh.shape['data']} data-parallel devices.")
+  draft_graphdef, params = nnx.split(draft)
+  target_graphdef, target_params = nnx.split(target.model)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(params)
+  shardings = (param_shardings(mesh, params), param_shardings(mesh, opt_state), batch_sharding(mesh),
+               param_shardings(mesh, target_params))
+  params, opt_state, target_params = (jax.device_put(x, s) for x, s in
+                                      zip((params, opt_state, target_params), (shardings[0], shardings[1], shardings[3])))
+  step_fn = make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings)
+
+  args.out.mkdir(parents=True, exist_ok=True)
+  checkpoints = Checkpoints(args.out / "checkpoints", every=args.save_every * args.accumulate)
+  micro = 0
+  if args.resume:
+    restored = checkpoints.restore_latest(params, opt_state)
+    if restored is None:
+      raise UserError(f"--resume: no checkpoint in {args.out / 'checkpoints'}.")
+    params, opt_state, loop = restored
+    micro = loop["micro_step"]
+  hosts, host = jax.process_count(), jax.process_index()
+  stream = batches(data, batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
+  flops_per_token = 6 * sum(x.size for x in jax.tree.leaves(params)) + 2 * sum(
+      x.size for x in jax.tree.leaves(target_params))
+  peak = PEAK_FLOPS.get(jax.devices()[0].device_kind)
+  metrics_file = (args.out / "metrics.jsonl").open("a")
+  total_micro = args.steps * args.accumulate
+  bar = tqdm(total=args.steps, initial=micro // args.accumulate, desc=args.stage, file=sys.stderr)
+  window_tokens, window_start = 0.0, time.perf_counter()
+  try:
+    while micro < total_micro:
+      tokens, mask = next(stream)
+      tokens, mask = (jax.make_array_from_process_local_data(shardings[2], x) for x in (tokens, mask))
+      params, opt_state, metrics = step_fn(params, opt_state, jax.random.fold_in(jax.random.key(args.seed), micro),
+                                           tokens, mask, target_params)
+      micro += 1
+      window_tokens += batch * length
+      if micro % args.accumulate == 0:
+        step = micro // args.accumulate
+        loss = float(metrics["loss"])
+        seconds = time.perf_counter() - window_start
+        record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
+                  "tokens_per_second": window_tokens / seconds}
+        if peak:
+          record["mfu"] = record["tokens_per_second"] * flops_per_token / (peak * jax.device_count())
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_second']:.0f}",
+                        **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
+        bar.update(1)
+        window_tokens, window_start = 0.0, time.perf_counter()
+      checkpoints.maybe_save(micro, params, opt_state, {"micro_step": micro}, final=micro == total_micro)
+  finally:
+    bar.close()
+    metrics_file.close()
+    checkpoints.close()
+  if host == 0:
+    save_draft(args.out / "draft", nnx.merge(draft_graphdef, jax.device_get(params)))
+    plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage)
+  print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
+
+
+def plot_loss(metrics: Path, out: Path, title: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+  fig, ax = plt.subplots(figsize=(6, 3.5))
+  ax.plot([r["step"] for r in records], [r["loss"] for r in records])
+  ax.set(xlabel="optimizer step", ylabel="draft cross-entropy", title=title)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out, dpi=120)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m train.run")
