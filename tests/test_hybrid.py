@@ -10,7 +10,7 @@ from kernel_inputs import TOLERANCE, random_attention_inputs, random_tree_masks
 from longspec_jax.attention import hybrid_attention
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     nodes=st.integers(1, 24),
