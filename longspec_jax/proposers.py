@@ -77,7 +77,7 @@ class LongSpecDraft:
     draft: Draft = nnx.merge(self.graphdef, params)
     lengths = cache.lengths
     batch = root.shape[0]
-    # Catch up: the tokens committed last round (at most depth + 1 of them) and the root.
+    # Catch up: the drafted tokens accepted last round (at most depth of them) and the new root.
     first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
     positions = first[:, None] + jnp.arange(len(self.widths) + 1)[None, :]
     hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None], impl)
