@@ -46,6 +46,11 @@ class RopeConfig:
       )
 
 
+def _check_head_groups(num_heads: int, num_kv_heads: int) -> None:
+  if num_heads % num_kv_heads:
+    raise UserError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
   """Shape and numerics of a Llama-family decoder-only target model."""
@@ -69,10 +74,7 @@ class TargetConfig:
   eos_token_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
-    if self.num_heads % self.num_kv_heads:
-      raise UserError(
-          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
-      )
+    _check_head_groups(self.num_heads, self.num_kv_heads)
 
   @property
   def group_size(self) -> int:
@@ -155,10 +157,7 @@ class DraftConfig:
   qkv_bias: bool = False
 
   def __post_init__(self):
-    if self.num_heads % self.num_kv_heads:
-      raise UserError(
-          f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})."
-      )
+    _check_head_groups(self.num_heads, self.num_kv_heads)
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
 

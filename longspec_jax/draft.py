@@ -22,7 +22,7 @@ from longspec_jax import attention
 from longspec_jax.cache import RingCache
 from longspec_jax.config import DraftConfig
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
-from longspec_jax.target import DecoderLayer, Transformer, build_random, init_weight, rms_norm
+from longspec_jax.target import DecoderLayer, Transformer, build_random, init_weight, rms_norm, stacked_layers
 
 
 class DraftLayer(DecoderLayer):
@@ -54,12 +54,7 @@ class Draft(nnx.Module):
   def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
     self.config = config
 
-    @nnx.split_rngs(splits=config.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def make_layers(rngs: nnx.Rngs) -> DraftLayer:
-      return DraftLayer(config, dtype, rngs)
-
-    self.layers = make_layers(rngs)
+    self.layers = stacked_layers(DraftLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
 
   def __call__(

@@ -135,5 +135,15 @@ class LongSpecDraft:
 
 
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
-# with no arguments; `longspec` takes the draft's graphdef.
+# with no arguments; those in DRAFT_METHODS take the draft's graphdef.
 PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft}
+DRAFT_METHODS = ("longspec",)
+
+
+def make_proposer(method: str, draft: Draft | None = None):
+  """(proposer, proposer_params) for `generate`: a draft method's proposer holds the
+  draft's graphdef and its params are the draft's; the others have none."""
+  if method in DRAFT_METHODS:
+    graphdef, params = nnx.split(draft)
+    return PROPOSERS[method](graphdef), params
+  return PROPOSERS[method](), None

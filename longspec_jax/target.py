@@ -75,6 +75,18 @@ class DecoderLayer(nnx.Module):
     return x + jnp.einsum("btf,fe->bte", h, self.down[...])
 
 
+def stacked_layers(layer_class, config, dtype, rngs: nnx.Rngs) -> nnx.Module:
+  """`config.num_layers` layers as one module whose parameters carry a leading L axis
+  (each layer initialised from its own split of `rngs`), for `lax.scan`."""
+
+  @nnx.split_rngs(splits=config.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def make_layers(rngs: nnx.Rngs):
+    return layer_class(config, dtype, rngs)
+
+  return make_layers(rngs)
+
+
 class Transformer(nnx.Module):
   """The target model. Call it with tokens, positions, a block mask and (optionally) a cache."""
 
@@ -82,12 +94,7 @@ class Transformer(nnx.Module):
     self.config = config
     self.embed = nnx.Param(init_weight(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
 
-    @nnx.split_rngs(splits=config.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def make_layers(rngs: nnx.Rngs) -> DecoderLayer:
-      return DecoderLayer(config, dtype, rngs)
-
-    self.layers = make_layers(rngs)
+    self.layers = stacked_layers(DecoderLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
     self.lm_head = (
         None
