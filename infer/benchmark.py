@@ -25,23 +25,17 @@ import jax.numpy as jnp
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS, default_impl
-from flax import nnx
 
 from longspec_jax.engine import generate, prefill
-from longspec_jax.proposers import PROPOSERS
+from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
 from longspec_jax.weights import default, load_target
 from longspec_jax.weights.drafts import load_draft
 
-DRAFT_METHODS = ("longspec",)
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
 
 def run_config(target, method: str, draft, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
-  if method in DRAFT_METHODS:
-    graphdef, draft_params = nnx.split(draft)
-    proposer = PROPOSERS[method](graphdef)
-  else:
-    proposer, draft_params = PROPOSERS[method](), None
+  proposer, draft_params = make_proposer(method, draft)
   kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl)
   generate(target.model, prompts[:1], new_tokens, **kwargs)  # warm-up
   runs = [generate(target.model, [p], new_tokens, time_phases=True, **kwargs) for p in prompts]

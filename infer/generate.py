@@ -18,7 +18,6 @@ from longspec_jax.weights import default
 # imported. Without --method: longspec when the draft is given or shipped, else AR (PLD
 # needs no draft but is slower than AR on CPU and at low n-gram overlap).
 METHODS = ("ar", "pld", "longspec")
-DRAFT_METHODS = ("longspec",)
 
 
 def parse_args(argv=None):
@@ -75,10 +74,8 @@ def main(argv=None) -> None:
   prompt_text = read_prompt(args.prompt, args.prompt_file)
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
-  from flax import nnx
-
   from longspec_jax.engine import generate
-  from longspec_jax.proposers import PROPOSERS
+  from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.sampling import SamplingConfig
   from longspec_jax.weights import load_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft
@@ -100,11 +97,8 @@ def main(argv=None) -> None:
       file=sys.stderr, flush=True,
   )
   stream = TextStream(target.tokenizer)
-  if method in DRAFT_METHODS:
-    graphdef, draft_params = nnx.split(load_draft(args.draft, target.config, dtype, args.target))
-    proposer = PROPOSERS[method](graphdef)
-  else:
-    proposer, draft_params = PROPOSERS[method](), None
+  draft = load_draft(args.draft, target.config, dtype, args.target) if method in DRAFT_METHODS else None
+  proposer, draft_params = make_proposer(method, draft)
   result = generate(
       target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
       eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,

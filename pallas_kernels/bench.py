@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 
 from infer.cli import ArgumentParser, run_main
 from longspec_jax import attention
@@ -241,7 +242,7 @@ def suite_sweep(args) -> list[dict]:
       q, k, v, k_new, v_new, lengths, mask = inputs(1, steps, 32768, heads, kv_heads, head_dim, jnp.bfloat16)
       best = None
       for block_rows in (16, 32, 64, 128):
-        if block_rows > max(16, pl_next_pow2(steps * group)):
+        if block_rows > max(16, pl.next_power_of_2(steps * group)):
           continue
         for block_keys, warps, stages in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3)]:
           base = params_for("prefix", steps * group, head_dim, 32768, kv_heads)
@@ -260,10 +261,6 @@ def suite_sweep(args) -> list[dict]:
             best = (params, us)
       print(f"sweep {name} T={steps}: best {best[0]} at {best[1]:.1f} us", flush=True)
   return rows
-
-
-def pl_next_pow2(n: int) -> int:
-  return 1 << max(0, (n - 1).bit_length())
 
 
 SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep}
