@@ -50,6 +50,27 @@ def smollm2_float32(smollm2_gguf):
   return load_target(str(smollm2_gguf), jnp.float32)
 
 
+@pytest.fixture(scope="session")
+def tiny_with_tokenizer(tmp_path_factory, smollm2_gguf) -> Path:
+  """A tiny random Llama with the real SmolLM2 tokenizer (and its vocabulary size)."""
+  from longspec_jax.weights import load_tokenizer
+
+  path = save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "tiny", vocab_size=49152, eos_token_id=2)
+  load_tokenizer(smollm2_gguf).save_pretrained(path)
+  return path
+
+
+def run_cli(main, argv, prog: str) -> int:
+  """Runs a CLI's main in-process as `python -m` would; returns its exit code."""
+  from infer.cli import run_main
+
+  try:
+    run_main(lambda: main(argv), prog)
+    return 0
+  except SystemExit as e:
+    return e.code
+
+
 def save_tiny_hf_model(kind: str, path: Path, **overrides) -> Path:
   """A tiny randomly initialised transformers model saved with save_pretrained."""
   import torch

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longspec_jax import attention
+from pallas_kernels.bench import random_tree_mask
 
 
 def dense_attention(q, k, v, visible):
@@ -17,17 +18,6 @@ def dense_attention(q, k, v, visible):
   weights = np.exp(scores - scores.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
   return np.einsum("bkgts,bskd->btkgd", weights, v)
-
-
-def random_tree_mask(rng, batch, steps):
-  """Ancestor masks of random trees: node i's parent is a random earlier node."""
-  masks = np.zeros((batch, steps, steps), bool)
-  for b in range(batch):
-    for i in range(steps):
-      masks[b, i, i] = True
-      if i:
-        masks[b, i] |= masks[b, rng.integers(0, i)]
-  return masks
 
 
 @settings(max_examples=25, deadline=None)

@@ -7,30 +7,15 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from conftest import save_tiny_hf_model
-from infer.cli import run_main
+from conftest import run_cli
 from infer.generate import main
 
 PROG = "python -m infer.generate"
 
 
-@pytest.fixture(scope="module")
-def tiny_with_tokenizer(tmp_path_factory, smollm2_gguf):
-  """A tiny random Llama with the real SmolLM2 tokenizer (and its vocabulary size)."""
-  from longspec_jax.weights import load_tokenizer
-
-  path = save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "tiny", vocab_size=49152, eos_token_id=2)
-  load_tokenizer(smollm2_gguf).save_pretrained(path)
-  return path
-
-
 def run(argv, capsys):
-  """Runs the CLI in-process as `python -m` would; returns (exit code, stdout, stderr)."""
-  try:
-    run_main(lambda: main(argv), PROG)
-    code = 0
-  except SystemExit as e:
-    code = e.code
+  """Runs the CLI in-process; returns (exit code, stdout, stderr)."""
+  code = run_cli(main, argv, PROG)
   out = capsys.readouterr()
   return code, out.out, out.err
 
