@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import ArgumentParser, resolve_dtype, run_main
+from infer.cli import ArgumentParser, resolve_dtype, run_main, tree_widths
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS, default_impl
 
@@ -34,8 +34,8 @@ from longspec_jax.weights.drafts import load_draft
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
 
-def run_config(target, method: str, draft, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
-  proposer, draft_params = make_proposer(method, draft)
+def run_config(target, method: str, draft, widths, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
+  proposer, draft_params = make_proposer(method, draft, widths)
   kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl)
   generate(target.model, prompts[:1], new_tokens, **kwargs)  # warm-up
   runs = [generate(target.model, [p], new_tokens, time_phases=True, **kwargs) for p in prompts]
@@ -78,6 +78,8 @@ def main(argv=None):
   p = ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
   p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
+  p.add_argument("--tree-widths", type=tree_widths, nargs="+",
+                 help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 7680])
   p.add_argument("--num-prompts", type=int, default=3)
@@ -89,6 +91,12 @@ def main(argv=None):
   args = p.parse_args(argv)
   args.attention = args.attention or default_impl()
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
+  variants = []  # (label, method, tree widths): a draft method once per tree
+  for m in methods:
+    if m in DRAFT_METHODS and args.tree_widths:
+      variants += [(f"{m}[{','.join(map(str, w))}]", m, w) for w in args.tree_widths]
+    else:
+      variants.append((m, m, None))
   dtype = resolve_dtype(args.dtype)
   target = load_target(args.target, dtype)
   draft = load_draft(args.draft, target.config, dtype, args.target) if set(methods) & set(DRAFT_METHODS) else None
@@ -101,11 +109,12 @@ def main(argv=None):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for method in methods:
-        result = run_config(target, method, draft, prompts, args.new_tokens, args.attention)
+      for label, method, widths in variants:
+        result = run_config(target, method, draft, widths, prompts, args.new_tokens, args.attention)
         baseline = baseline or result
         row = {
-            "set": set_name, "prefill_tokens": length, "method": method,
+            "set": set_name, "prefill_tokens": length, "method": label,
+            **({"tree_widths": list(widths or draft.config.tree_widths)} if method in DRAFT_METHODS else {}),
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
@@ -120,7 +129,7 @@ def main(argv=None):
           ]
         rows.append(row)
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
-        print(f"{set_name:4} | {length:7} | {method:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
+        print(f"{set_name:4} | {length:7} | {label:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
               f" {row['draft_state_mib']:5.2f} | {same_tokens(row)}", flush=True)
   if args.out:

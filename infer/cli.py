@@ -33,6 +33,17 @@ def run_main(main: Callable[[], None], prog: str) -> None:
     raise SystemExit(130) from None
 
 
+def tree_widths(text: str) -> tuple[int, ...]:
+  """argparse type for `--tree-widths 4,16,16`: beam widths per depth."""
+  try:
+    widths = tuple(int(w) for w in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,16, got {text!r}") from None
+  if not widths or min(widths) < 1:
+    raise argparse.ArgumentTypeError(f"tree widths must be positive, got {text!r}")
+  return widths
+
+
 def resolve_dtype(name: str | None):
   """`None` means bfloat16 on GPU, float32 elsewhere. float32 also makes matrix products
   float32 (GPUs otherwise round their inputs to TF32), so that float32 runs are exact."""

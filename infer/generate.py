@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype, run_main
+from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype, run_main, tree_widths
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
@@ -32,6 +32,8 @@ def parse_args(argv=None):
       help="draft for --method longspec: 'default' (shipped for the target), 'random', 'none', or a checkpoint dir",
   )
   p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
+  p.add_argument("--tree-widths", type=tree_widths,
+                 help="longspec: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
   p.add_argument("--max-new-tokens", type=int, default=256)
   p.add_argument("--temperature", type=float, default=0.0)
   p.add_argument("--seed", type=int, default=0)
@@ -98,7 +100,7 @@ def main(argv=None) -> None:
   )
   stream = TextStream(target.tokenizer)
   draft = load_draft(args.draft, target.config, dtype, args.target) if method in DRAFT_METHODS else None
-  proposer, draft_params = make_proposer(method, draft)
+  proposer, draft_params = make_proposer(method, draft, args.tree_widths)
   result = generate(
       target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
       eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,

@@ -155,11 +155,15 @@ class DraftConfig:
   window: int = 512  # sliding window of the self-attention (and size of its ring buffer)
   cross_layer: int = -1  # the target layer whose cached K/V the cross-attention reads
   qkv_bias: bool = False
+  # Beam widths per tree depth that inference uses by default: LongSpec's (paper,
+  # Appendix D) unless measurement found a better tree for this draft's target.
+  tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
 
   def __post_init__(self):
     _check_head_groups(self.num_heads, self.num_kv_heads)
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
+    check_tree_widths(self.tree_widths)
 
   @property
   def group_size(self) -> int:
@@ -196,4 +200,10 @@ class DraftConfig:
     rope = dict(d.get("rope") or {})
     if rope.get("freq_factors") is not None:
       rope["freq_factors"] = tuple(rope["freq_factors"])
-    return cls(**{**d, "rope": RopeConfig(**rope)})
+    return cls(**{**d, "rope": RopeConfig(**rope), **({"tree_widths": tuple(d["tree_widths"])}
+                                                         if "tree_widths" in d else {})})
+
+
+def check_tree_widths(widths: tuple[int, ...]) -> None:
+  if not widths or any(w < 1 for w in widths):
+    raise UserError(f"tree widths must be one or more positive integers, got {list(widths)}.")

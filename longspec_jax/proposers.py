@@ -25,10 +25,6 @@ from longspec_jax.draft import Draft
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, chain
 
-# LongSpec's per-depth beam widths (paper, Appendix D).
-LONGSPEC_WIDTHS = (4, 16, 16, 16, 16)
-
-
 @dataclasses.dataclass(frozen=True)
 class RootOnly:
   """The AR "proposal": a tree of just the root, so every round emits one target token."""
@@ -55,7 +51,7 @@ class LongSpecDraft:
   """
 
   graphdef: nnx.GraphDef
-  widths: tuple[int, ...] = LONGSPEC_WIDTHS
+  widths: tuple[int, ...]
 
   @property
   def tree_size(self) -> int:
@@ -140,10 +136,11 @@ PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft}
 DRAFT_METHODS = ("longspec",)
 
 
-def make_proposer(method: str, draft: Draft | None = None):
+def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None):
   """(proposer, proposer_params) for `generate`: a draft method's proposer holds the
-  draft's graphdef and its params are the draft's; the others have none."""
+  draft's graphdef and tree (`tree_widths`, by default the draft's own) and its params
+  are the draft's; the others have none."""
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
-    return PROPOSERS[method](graphdef), params
+    return PROPOSERS[method](graphdef, tuple(tree_widths or draft.config.tree_widths)), params
   return PROPOSERS[method](), None

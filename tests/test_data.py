@@ -62,3 +62,16 @@ def test_order_is_deterministic_and_split_across_hosts():
 def test_bad_sources():
   with pytest.raises(UserError, match="no training files match"):
     load_records("/no/such/dir/*.py")
+
+
+def test_sources_combine_and_a_token_cap_samples_them(tokenizer):
+  import sysconfig
+
+  stdlib = sysconfig.get_paths()["stdlib"]
+  json_files, email_files = load_records(f"{stdlib}/json/*.py"), load_records(f"{stdlib}/email/*.py")
+  both = load_records([f"{stdlib}/json/*.py", f"{stdlib}/email/*.py"])
+  assert len(both) == len(json_files) + len(email_files)
+  capped = pack(both, tokenizer, 64, eos_id=2, max_tokens=3000, seed=1)
+  assert capped.tokens.shape == (3000 // 64, 64)
+  np.testing.assert_array_equal(capped.tokens, pack(both, tokenizer, 64, eos_id=2, max_tokens=3000, seed=1).tokens)
+  assert not np.array_equal(capped.tokens, pack(both, tokenizer, 64, eos_id=2, max_tokens=3000, seed=2).tokens)

@@ -18,7 +18,7 @@ TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_l
 
 def test_config_follows_the_target_and_round_trips():
   assert DraftConfig.for_target(TARGET).num_layers == 1  # one block by default, whatever the target's depth
-  config = DraftConfig.for_target(TARGET, num_layers=2, window=64)
+  config = DraftConfig.for_target(TARGET, num_layers=2, window=64, tree_widths=(2, 3))
   assert (config.vocab_size, config.num_kv_heads, config.head_dim, config.rope) == (97, 2, 8, TARGET.rope)
   assert DraftConfig.from_dict(config.to_dict()) == config
   config.check_matches(TARGET)
@@ -34,6 +34,11 @@ def test_mismatched_drafts_are_refused(change, message):
   config = dataclasses.replace(DraftConfig.for_target(TARGET), **change)
   with pytest.raises(UserError, match=message):
     config.check_matches(TARGET)
+
+
+def test_bad_tree_widths_are_refused():
+  with pytest.raises(UserError, match="tree widths must be"):
+    DraftConfig.for_target(TARGET, tree_widths=(4, 0))
 
 
 def test_cross_attention_sees_only_slots_below_its_limits():

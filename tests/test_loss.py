@@ -1,28 +1,53 @@
-"""The chunked cross-entropy equals the plain one, value and gradient."""
+"""The chunked per-token cross-entropy equals the plain one, value and gradient, against
+token labels and against a teacher's distribution."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from train.loss import chunked_cross_entropy
+from train.loss import chunked_token_losses
+
+B, T, E, V = 2, 13, 8, 31
 
 
-def test_chunked_equals_full_loss_and_gradient():
+@pytest.fixture
+def inputs():
   rng = np.random.default_rng(0)
-  hidden = jnp.asarray(rng.standard_normal((2, 13, 8)), jnp.float32)
-  head = jnp.asarray(rng.standard_normal((8, 31)), jnp.float32)
-  labels = jnp.asarray(rng.integers(0, 31, (2, 13)))
-  weights = jnp.asarray(rng.random((2, 13)) < 0.7, jnp.float32)
+  hidden = jnp.asarray(rng.standard_normal((B, T, E)), jnp.float32)
+  teacher = jnp.asarray(rng.standard_normal((B, T, E)), jnp.float32)
+  head = jnp.asarray(rng.standard_normal((E, V)), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, V, (B, T)))
+  weights = jnp.asarray(rng.random((B, T)) < 0.7, jnp.float32)
+  return hidden, teacher, head, labels, weights
 
-  def full(hidden, head):
-    logits = hidden @ head
-    losses = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
-    return jnp.sum(losses * weights)
 
-  def chunked(hidden, head):
-    return chunked_cross_entropy(hidden, lambda h: h @ head, labels, weights, chunk=4)[0]
+@pytest.mark.parametrize("distill", [False, True])
+def test_chunked_equals_full_loss_and_gradient(inputs, distill):
+  hidden, teacher, head, labels, weights = inputs
 
-  np.testing.assert_allclose(chunked(hidden, head), full(hidden, head), rtol=1e-5)
-  for got, want in zip(jax.grad(chunked, (0, 1))(hidden, head), jax.grad(full, (0, 1))(hidden, head)):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
-  assert float(chunked_cross_entropy(hidden, lambda h: h @ head, labels, weights, chunk=4)[1]) == float(weights.sum())
+  def full(hidden, head, teacher):
+    log_q = jax.nn.log_softmax(hidden @ head, -1)
+    if distill:
+      p = jax.nn.softmax(jax.lax.stop_gradient(teacher @ head), -1)
+      return jnp.sum(-jnp.sum(p * log_q, -1) * weights)
+    return jnp.sum(-jnp.take_along_axis(log_q, labels[..., None], -1)[..., 0] * weights)
+
+  def chunked(hidden, head, teacher):
+    loss, _ = chunked_token_losses(hidden, lambda h: h @ head, labels, 4, teacher if distill else None)
+    return jnp.sum(loss * weights)
+
+  np.testing.assert_allclose(chunked(hidden, head, teacher), full(hidden, head, teacher), rtol=1e-5)
+  got, want = jax.grad(chunked, (0, 1, 2))(hidden, head, teacher), jax.grad(full, (0, 1, 2))(hidden, head, teacher)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+  assert not np.asarray(got[2]).any()  # the teacher is frozen
+
+
+def test_hits_are_argmax_agreement(inputs):
+  hidden, teacher, head, labels, _ = inputs
+  argmax = jnp.argmax(hidden @ head, -1)
+  _, hit = chunked_token_losses(hidden, lambda h: h @ head, argmax.at[:, ::2].set(-1), 4)
+  np.testing.assert_array_equal(np.asarray(hit), np.arange(T)[None, :].repeat(B, 0) % 2 == 1)
+  _, hit = chunked_token_losses(hidden, lambda h: h @ head, labels, 4, teacher)
+  np.testing.assert_array_equal(np.asarray(hit), np.asarray(argmax == jnp.argmax(teacher @ head, -1)))

@@ -14,7 +14,7 @@ from longspec_jax.cache import KVCache
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import prefill
-from longspec_jax.proposers import LongSpecDraft
+from longspec_jax.proposers import LongSpecDraft, make_proposer
 from longspec_jax.weights.hf import load_hf_dir
 
 WIDTHS = (2, 3, 3)
@@ -93,8 +93,7 @@ def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
 
 def test_draft_state_does_not_grow_with_context(models):
   target, draft = models
-  graphdef, params = nnx.split(draft)
-  proposer = LongSpecDraft(graphdef)
+  proposer, params = make_proposer("longspec", draft)
 
   def state_bytes(context):
     cache = jax.eval_shape(lambda: KVCache.create(target.config, 1, context, jnp.float32))

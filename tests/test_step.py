@@ -37,8 +37,8 @@ TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_
                       num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
 
 
-@pytest.mark.parametrize("positions", ["anchor_offset", "vanilla"])
-def test_a_few_real_steps_reduce_the_loss(positions):
+@pytest.mark.parametrize("positions,labels", [("anchor_offset", "target"), ("vanilla", "data")])
+def test_a_few_real_steps_reduce_the_loss(positions, labels):
   target = random_model(TARGET, jnp.float32, seed=0)
   draft = random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=1)
   draft_graphdef, draft_params = nnx.split(draft)
@@ -46,17 +46,21 @@ def test_a_few_real_steps_reduce_the_loss(positions):
   text = real_texts(limit=1)[0].encode()
   tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)  # real bytes
   config = TrainConfig(learning_rate=3e-3, warmup_steps=2, total_steps=30, loss_chunk=16, compute_dtype="float32",
-                       positions=positions, max_position=4096)
+                       positions=positions, max_position=4096, labels=labels)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(draft_params)
   step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
-  losses = []
+  losses, hits = [], []
   for i in range(12):
     draft_params, opt_state, metrics = step(draft_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens),
                                             target_params)
     losses.append(float(metrics["loss"]))
+    hits.append(float(metrics["hit_rate"]))
   assert int(metrics["tokens"]) == 4 * 47
-  assert losses[-1] < losses[0] - 0.5, losses
+  if labels == "data":
+    assert losses[-1] < losses[0] - 0.5, losses
+  else:  # a random target is nearly uniform: the loss is mostly its entropy, agreement is what moves
+    assert losses[-1] < losses[0] and hits[-1] > hits[0] + 0.2, (losses, hits)
 
 
 def test_accumulation_applies_one_update_per_k_micro_batches():

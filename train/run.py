@@ -4,9 +4,11 @@ Stages (the paper's recipe, Section 4.1): `pretrain` (short sequences with ancho
 positions), `long` (long sequences, vanilla positions), `sft` (chat data, loss on the
 assistant's tokens). Each writes to --out: orbax checkpoints (periodic and final;
 --resume continues from the newest with the same data order), `metrics.jsonl` (one line
-per optimizer step), `loss.png`, and the final draft in `draft/` (what `--draft` loads).
+per optimizer step), `loss.png`, the final draft in `draft/` (what `--draft` loads) and,
+with --eval, `eval.json`: the held-out loss and top-1 agreement by position.
 
-  python -m train.run --stage pretrain --data '/usr/lib/python3*/**/*.py' --steps 2000 --out runs/pretrain
+  python -m train.run --stage pretrain --data 'site-packages/**/*.py' 'site-packages/**/*.md' \
+      --eval '/usr/lib/python3.12/*.py' --steps 2000 --out runs/pretrain
   python -m train.run --stage sft --data sft.jsonl --init-draft runs/pretrain/draft --out runs/sft
 
 Multi-host: run the same command on every host with JAX's distributed environment set
@@ -16,6 +18,7 @@ Multi-host: run the same command on every host with JAX's distributed environmen
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -37,7 +40,12 @@ PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m train.run", description=__doc__.splitlines()[0])
   p.add_argument("--stage", choices=sorted(STAGES), required=True)
-  p.add_argument("--data", required=True, help="a glob of text/code files, JSONL files, or a hub dataset name")
+  p.add_argument("--data", nargs="+", required=True,
+                 help="globs of text/code files, JSONL files, or hub dataset names")
+  p.add_argument("--max-tokens", type=int, help="train on at most this many tokens (a seeded sample of documents)")
+  p.add_argument("--eval", nargs="+", help="held-out data, evaluated after training (eval.json)")
+  p.add_argument("--eval-length", type=int, help="tokens per eval sequence (default: the target's context)")
+  p.add_argument("--eval-rows", type=int, default=8, help="eval sequences")
   p.add_argument("--out", type=Path, required=True)
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
@@ -48,18 +56,23 @@ def parse_args(argv=None):
   p.add_argument("--learning-rate", type=float)
   p.add_argument("--warmup-steps", type=int, default=100)
   p.add_argument("--max-shift", type=int, default=4, help="flash noisy training delay bound (0: off)")
+  p.add_argument("--labels", choices=("target", "data"), default="target",
+                 help="learn the target's next-token distribution (default) or the data's next token")
   p.add_argument("--positions", choices=("anchor_offset", "vanilla"), help="default: the stage's")
   p.add_argument("--window", type=int, default=512)
   p.add_argument("--draft-layers", type=int, default=1)
   p.add_argument("--model-parallel", type=int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
   p.add_argument("--save-every", type=int, default=200)
+  p.add_argument("--time-limit", type=float,
+                 help="seconds: stop after the first optimizer step past this (then save, export, evaluate)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--resume", action="store_true")
   p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
   args = p.parse_args(argv)
-  for name in ("steps", "accumulate", "save_every", "window", "draft_layers", "model_parallel"):
-    if getattr(args, name) < 1:
+  for name in ("steps", "accumulate", "save_every", "window", "draft_layers", "model_parallel", "eval_rows",
+               "max_tokens", "eval_length"):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
       p.error(f"--{name.replace('_', '-')} must be at least 1")
   return args
 
@@ -81,7 +94,7 @@ def main(argv=None) -> None:
   from train.checkpoint import Checkpoints
   from train.data import batches, load_records, pack
   from train.mesh import batch_sharding, make_mesh, param_shardings
-  from train.step import TrainConfig, make_optimizer, make_train_step
+  from train.step import TrainConfig, eval_step, make_optimizer, make_train_step
 
   overrides, default_length, default_batch = STAGES[args.stage]
   compute = jnp.dtype(resolve_dtype(args.dtype))
@@ -91,6 +104,7 @@ def main(argv=None) -> None:
   config = TrainConfig(**{
       **overrides, "total_steps": args.steps, "warmup_steps": args.warmup_steps, "accumulate": args.accumulate,
       "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": target.config.max_position_embeddings,
+      "labels": args.labels,
       **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
       **({"positions": args.positions} if args.positions else {}),
   })
@@ -101,8 +115,13 @@ def main(argv=None) -> None:
                          jnp.float32, seed=args.seed)
   print(f"data: reading {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
-  data = pack(load_records(args.data), target.tokenizer, length, eos)
+  data = pack(load_records(args.data), target.tokenizer, length, eos, args.max_tokens, args.seed)
   print(f"data: {data.tokens.shape[0]} rows of {length} tokens", file=sys.stderr, flush=True)
+  if args.eval:
+    eval_length = min(args.eval_length or target.config.max_position_embeddings,
+                      target.config.max_position_embeddings)
+    held_out = pack(load_records(args.eval), target.tokenizer, eval_length, eos, args.eval_rows * eval_length,
+                    args.seed).tokens
 
   mesh = make_mesh(args.model_parallel)
   if batch % mesh.shape["data"]:
@@ -128,13 +147,13 @@ def main(argv=None) -> None:
     micro = loop["micro_step"]
   hosts, host = jax.process_count(), jax.process_index()
   stream = batches(data, batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
-  flops_per_token = 6 * sum(x.size for x in jax.tree.leaves(params)) + 2 * sum(
-      x.size for x in jax.tree.leaves(target_params))
+  flops_per_token = model_flops_per_token(target.config, draft.config, length, config.labels)
   peak = PEAK_FLOPS.get(jax.devices()[0].device_kind)
   metrics_file = (args.out / "metrics.jsonl").open("a")
   total_micro = args.steps * args.accumulate
   bar = tqdm(total=args.steps, initial=micro // args.accumulate, desc=args.stage, file=sys.stderr)
   window_tokens, window_start = 0.0, time.perf_counter()
+  deadline = time.perf_counter() + (args.time_limit or float("inf"))
   try:
     while micro < total_micro:
       tokens, mask = next(stream)
@@ -147,17 +166,25 @@ def main(argv=None) -> None:
         step = micro // args.accumulate
         loss = float(metrics["loss"])
         seconds = time.perf_counter() - window_start
-        record = {"step": step, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
-                  "tokens_per_second": window_tokens / seconds}
+        record = {"step": step, "loss": loss, "hit_rate": float(metrics["hit_rate"]),
+                  "grad_norm": float(metrics["grad_norm"]), "tokens_per_second": window_tokens / seconds}
         if peak:
           record["mfu"] = record["tokens_per_second"] * flops_per_token / (peak * jax.device_count())
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_second']:.0f}",
+        bar.set_postfix(loss=f"{loss:.3f}", hit=f"{record['hit_rate']:.2f}", tok_s=f"{record['tokens_per_second']:.0f}",
                         **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
         bar.update(1)
         window_tokens, window_start = 0.0, time.perf_counter()
-      checkpoints.maybe_save(micro, params, opt_state, {"micro_step": micro}, final=micro == total_micro)
+      out_of_time = micro % args.accumulate == 0 and time.perf_counter() > deadline
+      if hosts > 1:  # every host stops at the same step
+        from jax.experimental import multihost_utils
+
+        out_of_time = bool(multihost_utils.broadcast_one_to_all(out_of_time))
+      checkpoints.maybe_save(micro, params, opt_state, {"micro_step": micro}, final=micro == total_micro or out_of_time)
+      if out_of_time:
+        print(f"\n--time-limit: stopping after step {micro // args.accumulate}", file=sys.stderr)
+        break
   finally:
     bar.close()
     metrics_file.close()
@@ -166,6 +193,50 @@ def main(argv=None) -> None:
     save_draft(args.out / "draft", nnx.merge(draft_graphdef, jax.device_get(params)))
     plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage)
   print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
+  if args.eval:
+    fn = jax.jit(functools.partial(eval_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
+                                   config=config))
+    report = evaluate(lambda rows: fn(params, rows, target_params), held_out)
+    if host == 0:
+      (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, **report}, indent=1))
+    print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
+          " tokens; by position: " + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}"
+                                             for b in report["by_position"]), file=sys.stderr)
+
+
+def model_flops_per_token(target, draft, length: int, labels: str) -> float:
+  """Matmul FLOPs per trained token (no recomputation counted): the frozen target's
+  forward, the draft block's forward and backward, the shared LM head's forward and
+  input gradient for the draft, and, when distilling, its forward for the target; causal
+  attention at the mean context length/2."""
+  def block(c, cross=False):
+    attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, o, k, v
+    if cross:
+      attention += 2 * c.hidden_size * c.num_heads * c.head_dim  # the cross-attention's q and o
+    return attention + 3 * c.hidden_size * c.intermediate_size, 2 * length * c.num_heads * c.head_dim * (1 + cross)
+
+  target_params, target_attention = block(target)
+  draft_params, draft_attention = block(draft, cross=True)
+  head = target.hidden_size * target.vocab_size
+  return (target.num_layers * (2 * target_params + target_attention) + draft.num_layers * 3 * (
+      2 * draft_params + draft_attention) + 4 * head + (2 * head if labels == "target" else 0))
+
+
+def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)) -> dict:
+  """Held-out loss and top-1 agreement, overall and by the predicting token's position
+  (where anchor-offset training should help: past the training length)."""
+  import numpy as np
+
+  results = [token_losses(rows[i : i + 1]) for i in range(len(rows))]
+  loss = np.concatenate([np.asarray(r[0]) for r in results])  # [N, L - 1]
+  hit = np.concatenate([np.asarray(r[1]) for r in results])
+  length = loss.shape[1]
+  bounds = [e for e in edges if e < length] + [length]
+  return {
+      "loss": float(loss.mean()), "hit_rate": float(hit.mean()), "tokens": int(loss.size),
+      "by_position": [{"from": a, "to": b, "loss": float(loss[:, a:b].mean()), "hit_rate": float(hit[:, a:b].mean())}
+                      for a, b in zip(bounds, bounds[1:])],
+  }
 
 
 def plot_loss(metrics: Path, out: Path, title: str) -> None:

@@ -1,7 +1,8 @@
 """One draft training step: frozen target forward -> draft forward with flash noisy
 cross-attention -> chunked next-token loss -> AdamW.
 
-The target only supplies its K/V at every position (no gradients reach it). Positions are
+The target only supplies its K/V at every position and, with `labels="target"`, its
+next-token distribution as the soft label (no gradients reach it). Positions are
 vanilla or anchor-offset (LongSpec Algorithm 1), the same for target and draft. Flash
 noisy training (Algorithm 2) delays the cross-attention by a random j in [1, max_shift]
 per sequence: query i sees target K/V up to index i - j, as a draft query at inference
@@ -21,9 +22,12 @@ from flax import nnx
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.rope import anchor_offset_positions
-from train.loss import chunked_cross_entropy
+from train.loss import chunked_token_losses
 
 POSITION_KINDS = ("anchor_offset", "vanilla")
+# What the draft learns to predict: the frozen target's next-token distribution (what
+# acceptance is measured against), or the data's next token (the paper's loss).
+LABEL_KINDS = ("target", "data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,7 @@ class TrainConfig:
   max_shift: int = 4  # flash noisy training: delay j in [1, max_shift]; 0 turns it off
   positions: str = "anchor_offset"
   max_position: int = 8192  # anchor-offset positions reach up to this
+  labels: str = "target"  # one of LABEL_KINDS
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -68,23 +73,31 @@ def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: 
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
-def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, cross_limits, config: TrainConfig):
-  """Mean next-token cross-entropy of the draft on tokens [B, T] where loss_mask [B, T]
-  marks the predicted tokens. Returns (loss, number of predicted tokens)."""
+def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, cross_limits, config: TrainConfig):
+  """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
+  and hits [B, T - 1]: the draft's argmax is the label (the target's argmax)."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
   batch, length = tokens.shape
   index = jnp.broadcast_to(jnp.arange(length), (batch, length))
   everything = jnp.ones((batch, length), bool)
   # Masks follow sequence order (anchor-offset positions jump, windows count tokens).
-  _, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
+  target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
   layer = draft.config.cross_layer
   target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
   hidden, _ = draft(target, tokens, positions, causal_block_mask(index, everything, draft.config.window), None, None,
                     target_k, target_v, cross_limits)
-  total, count = chunked_cross_entropy(hidden[:, :-1], target.logits, tokens[:, 1:], loss_mask[:, 1:],
-                                       config.loss_chunk)
-  return total / jnp.maximum(count, 1.0), count
+  teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels == "target" else None
+  return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
+
+
+def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, cross_limits, config: TrainConfig):
+  """Mean loss over the predicted tokens (loss_mask [B, T] marks them). Returns (loss,
+  (number of predicted tokens, fraction of them hit))."""
+  losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, cross_limits, config)
+  weights = loss_mask[:, 1:].astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(weights), 1.0)
+  return jnp.sum(losses * weights) / count, (jnp.sum(weights), jnp.sum(hits * weights) / count)
 
 
 def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *, draft_graphdef, target_graphdef,
@@ -96,11 +109,22 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
   position_key, shift_key = jax.random.split(key)
   positions = training_positions(position_key, config, batch, length)
   limits = noisy_cross_limits(shift_key, batch, length, config.max_shift)
-  (loss, count), grads = jax.value_and_grad(draft_loss, has_aux=True)(
+  (loss, (count, hit_rate)), grads = jax.value_and_grad(draft_loss, has_aux=True)(
       draft_params, draft_graphdef, target, tokens, loss_mask, positions, limits, config)
   updates, opt_state = optimizer.update(grads, opt_state, draft_params)
   draft_params = optax.apply_updates(draft_params, updates)
-  return draft_params, opt_state, {"loss": loss, "tokens": count, "grad_norm": optax.global_norm(grads)}
+  return draft_params, opt_state, {"loss": loss, "tokens": count, "hit_rate": hit_rate,
+                                   "grad_norm": optax.global_norm(grads)}
+
+
+def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig):
+  """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them:
+  vanilla positions, cross-attention delayed by one token (the committed cache)."""
+  target = nnx.merge(target_graphdef, target_params)
+  batch, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  limits = noisy_cross_limits(jax.random.key(0), batch, length, 1)
+  return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, limits, config)
 
 
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
