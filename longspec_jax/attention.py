@@ -92,6 +92,17 @@ def prefix_attention(q, k, v, lengths, q_positions=None, window=None, impl: str 
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
 
+def masked_attention(q, k, v, mask, impl: str = "reference"):
+  """The masked pass with the chosen implementation; see `masked_attention_reference`
+  (mask [B, T, S] here)."""
+  _check(impl)
+  if impl == "pallas":
+    from pallas_kernels.tree_attention import tree_attention
+
+    return tree_attention(q, k, v, mask)
+  return masked_attention_reference(q, k, v, mask)
+
+
 def merge(out_a, lse_a, out_b, lse_b) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Exact combination of two attention passes over disjoint key sets."""
   lse = jnp.logaddexp(lse_a, lse_b)

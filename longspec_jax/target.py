@@ -132,7 +132,8 @@ class Transformer(nnx.Module):
 
   def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, impl: str = "reference"):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
-    tokens, k and v [L, B, T, K, D] (what draft training cross-attends to)."""
+    tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
+    cache the attention is the masked pass alone (not differentiable with pallas)."""
     c = self.config
     x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
@@ -144,7 +145,7 @@ class Transformer(nnx.Module):
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if cache is None:
-        out, _ = attention.masked_attention_reference(q, k, v, mask)
+        out, _ = attention.masked_attention(q, k, v, mask, impl)
       else:
         out = attention.hybrid_attention(
             q, k_prefix, v_prefix, cache.lengths, k, v, mask, positions,

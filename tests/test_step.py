@@ -80,3 +80,27 @@ def test_accumulation_applies_one_update_per_k_micro_batches():
   draft_params, opt_state, _ = step(draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens),
                                     target_params)
   assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params)))
+
+
+def test_the_targets_pallas_forward_gives_the_same_step():
+  """The frozen target may run on the Pallas masked-attention kernel (no gradient needs
+  to pass through it): the loss and the draft's gradients are the reference's."""
+  from train.step import draft_loss, training_positions
+
+  target = random_model(TARGET, jnp.float32, seed=0)
+  draft_graphdef, draft_params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 37)), jnp.int32)
+  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions="anchor_offset", max_position=4096)
+  positions = training_positions(jax.random.key(0), config, 2, 37)
+  limits = noisy_cross_limits(jax.random.key(1), 2, 37, 4)
+
+  def loss_and_grads(impl):
+    cfg = dataclasses.replace(config, target_attention=impl)
+    return jax.value_and_grad(draft_loss, has_aux=True)(draft_params, draft_graphdef, target, tokens,
+                                                         jnp.ones_like(tokens), positions, limits, cfg)
+
+  (want, _), want_grads = loss_and_grads("reference")
+  (got, _), got_grads = loss_and_grads("pallas")
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)

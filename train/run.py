@@ -87,6 +87,7 @@ def main(argv=None) -> None:
   from flax import nnx
   from tqdm import tqdm
 
+  from longspec_jax.attention import default_impl
   from longspec_jax.config import DraftConfig
   from longspec_jax.draft import random_draft
   from longspec_jax.weights import load_target
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
   config = TrainConfig(**{
       **overrides, "total_steps": args.steps, "warmup_steps": args.warmup_steps, "accumulate": args.accumulate,
       "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": target.config.max_position_embeddings,
-      "labels": args.labels,
+      "labels": args.labels, "target_attention": default_impl(),
       **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
       **({"positions": args.positions} if args.positions else {}),
   })

@@ -44,6 +44,7 @@ class TrainConfig:
   positions: str = "anchor_offset"
   max_position: int = 8192  # anchor-offset positions reach up to this
   labels: str = "target"  # one of LABEL_KINDS
+  target_attention: str = "reference"  # the frozen target's forward: any of attention.IMPLS
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -82,7 +83,8 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   index = jnp.broadcast_to(jnp.arange(length), (batch, length))
   everything = jnp.ones((batch, length), bool)
   # Masks follow sequence order (anchor-offset positions jump, windows count tokens).
-  target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
+  target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything),
+                                                     impl=config.target_attention)
   layer = draft.config.cross_layer
   target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
   hidden, _ = draft(target, tokens, positions, causal_block_mask(index, everything, draft.config.window), None, None,
