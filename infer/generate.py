@@ -15,8 +15,9 @@ from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
 # `proposers.PROPOSERS` by name, listed here so that flags are checked before JAX is
-# imported. Without --method: longspec when the draft is given or shipped, else AR (PLD
-# needs no draft but is slower than AR on CPU and at low n-gram overlap).
+# imported. Without --method: longspec when a draft is given, or shipped and on GPU (on
+# CPU its rounds cost more than they save, docs/benchmarks.md); else AR (PLD needs no
+# draft but is slower than AR at low n-gram overlap).
 METHODS = ("ar", "pld", "longspec")
 
 
@@ -82,8 +83,10 @@ def main(argv=None) -> None:
   from longspec_jax.weights import load_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft
 
-  method = args.method or ("longspec" if args.draft != "none" and (
-      args.draft != "default" or has_shipped_draft(args.target)) else "ar")
+  import jax
+
+  method = args.method or ("longspec" if args.draft != "none" and (args.draft != "default" or (
+      has_shipped_draft(args.target) and jax.default_backend() == "gpu")) else "ar")
   if method not in DRAFT_METHODS and args.draft not in ("default", "none"):
     raise UserError(f"--method {method} uses no draft, but --draft {args.draft} was given.")
   if method in DRAFT_METHODS and args.draft == "none":

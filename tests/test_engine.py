@@ -14,9 +14,10 @@ from longspec_jax.draft import random_draft
 from longspec_jax.engine import generate
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.proposers import LongSpecDraft
+from longspec_jax.proposers import LongSpecDraft, make_proposer
 from longspec_jax.tree import Tree, static_topology
 from longspec_jax.sampling import SamplingConfig
+from longspec_jax.weights.drafts import load_draft
 from longspec_jax.weights.hf import load_hf_dir
 
 
@@ -194,8 +195,8 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 10 real documents (licenses and Python sources) of 1,024 tokens: PLD,
-  LongSpec with a random draft (a smaller tree than the default, for CPU time) and an
-  oracle tree with decoys emit exactly the AR tokens for 128 new tokens."""
+  LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
+  time) and an oracle tree with decoys emit exactly the AR tokens for 128 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in texts[:5] + texts[-5:]]
@@ -204,7 +205,11 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert all(len(r) == 128 for r in reference)
   pld = generate(target.model, prompts, 128, proposer=PromptLookup(), method="pld")
   assert pld.token_ids == reference
-  assert generate(target.model, prompts, 128, **longspec(target.model, widths=(2, 2, 2))).token_ids == reference
+  proposer, params = make_proposer("longspec", load_draft("default", target.config, jnp.float32, "smollm2-135m"),
+                                   tree_widths=(2, 2, 2))
+  longspec_run = generate(target.model, prompts, 128, proposer=proposer, proposer_params=params, method="longspec")
+  assert longspec_run.token_ids == reference
+  assert longspec_run.stats["mean_accepted_length"] > 1.5  # a trained draft: several tokens per round
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
   result = generate(target.model, prompts, 128, proposer=oracle, method="oracle")
