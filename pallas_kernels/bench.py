@@ -51,19 +51,6 @@ def loop_seconds(fn, x, *operands, iters: int = 20, repeats: int = 5) -> float:
   return statistics.median(times)
 
 
-def copy_bandwidth() -> float:
-  """Bytes/s of a device-to-device copy (read + write) of 2 GiB."""
-  x = jnp.ones((1 << 30,), jnp.bfloat16)
-  copy = jax.jit(lambda x: x + jnp.bfloat16(1))
-  jax.block_until_ready(copy(x))
-  times = []
-  for _ in range(10):
-    t = time.perf_counter()
-    jax.block_until_ready(copy(x))
-    times.append(time.perf_counter() - t)
-  return 2 * x.nbytes / statistics.median(times)
-
-
 def random_tree_mask(rng, batch, nodes):
   parents = [rng.integers(0, max(i, 1), size=batch) for i in range(nodes)]
   mask = np.zeros((batch, nodes, nodes), bool)
@@ -116,7 +103,9 @@ def _max_error(a, b) -> float:
 
 
 def suite_grid(args) -> list[dict]:
-  bandwidth = copy_bandwidth()
+  from infer.bench_target import measure_bandwidth  # the ceiling the decode-step floors use too
+
+  bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
   print("heads        | B | S      | T   | prefix us | prefix TB/s (% copy) | hybrid us | cudnn us | xla us |"
         " decode_attn us | reference us | cudnn/hybrid", flush=True)
