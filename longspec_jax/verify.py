@@ -4,6 +4,15 @@ hybrid attention (committed prefix + ancestor-masked tree), then acceptance.
 Greedy acceptance keeps the longest root-to-node path whose every token is the target's
 argmax after its parent, plus the target's own next token (the bonus), so the output is
 exactly what greedy AR decoding would emit.
+
+Sampled acceptance walks the tree from the root; at each node it tests the children in
+order against the target's (processed) distribution p, starting from p at that node:
+a child sampled from a draft distribution q is accepted with probability
+min(1, p(x)/q(x)), and on rejection p <- normalize(max(p - q, 0)); a deterministic child
+(beam search, n-gram candidates, expansions) is accepted with probability p(x), and on
+rejection x is removed from p. The walk moves to an accepted child; when every child of
+the current node is rejected, the bonus token is drawn from what is left of p. Each
+emitted token is then distributed exactly as the target's next token.
 """
 
 from __future__ import annotations
@@ -50,11 +59,76 @@ def accept_greedy(tree: Tree, target_tokens: jax.Array, ancestors: jax.Array) ->
   matches = matches.at[:, 0].set(True)  # the root is already chosen
   accepted = tree.valid & ~jnp.any(ancestors & ~matches[:, None, :], axis=-1)  # every ancestor matches
   best = jnp.argmax(jnp.where(accepted, tree.depths, -1), axis=1)  # deepest accepted node [B]
+  return _accept_up_to(tree, ancestors, best, jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0])
+
+
+def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, draft_probs: jax.Array | None = None,
+                  sampled: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """The exact law of the sampled verification walk (module docstring).
+
+  target_probs [B, N, V]: the target's processed next-token distribution after each node.
+  draft_probs [B, N, V] and sampled [B, N]: for nodes drawn from a draft distribution,
+  that distribution (at their parent); other nodes are deterministic.
+  Returns (stop [B, N]: the probability that the walk ends at node n, having accepted
+  its ancestors; residual [B, N, V]: the distribution of the bonus token when it does).
+  """
+  batch, n, _ = target_probs.shape
+  valid = tree.valid
+  child_of = (tree.parents[:, None, :] == jnp.arange(n)[None, :, None]) & valid[:, None, :]  # [B, parent, child]
+  earlier = jnp.arange(n)[None, :, None] > jnp.arange(n)[None, None, :]  # [1, c, c']: c' < c
+  same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & valid[:, None, :]
+  rank = jnp.sum(same_parent & earlier, axis=-1)  # [B, N]: place among its siblings
+  sampled = jnp.zeros((batch, n), bool) if sampled is None else sampled & valid
+
+  def test_rank(k, carry):
+    residual, stay, move = carry  # [B, N, V]; stay [B, N]: P(children so far rejected); move [B, N]
+    selected = child_of & (rank[:, None, :] == k)  # [B, parent, child]
+    has = jnp.any(selected, axis=-1)  # [B, N]
+    child = jnp.argmax(selected, axis=-1)  # [B, N]
+    x = jnp.take_along_axis(tree.tokens, child, axis=1)  # [B, N]
+    p_x = jnp.take_along_axis(residual, x[..., None], axis=-1)[..., 0]
+    is_sampled = jnp.take_along_axis(sampled, child, axis=1)
+    if draft_probs is None:
+      accept = p_x
+      after = residual
+    else:
+      q = jnp.take_along_axis(draft_probs, child[..., None], axis=1)  # [B, N, V]: what the child was drawn from
+      q_x = jnp.take_along_axis(q, x[..., None], axis=-1)[..., 0]
+      accept = jnp.where(is_sampled, jnp.minimum(1.0, p_x / jnp.maximum(q_x, 1e-30)), p_x)
+      after = jnp.where(is_sampled[..., None], jnp.maximum(residual - q, 0.0), residual)
+    removed = jnp.arange(residual.shape[-1])[None, None, :] == x[..., None]
+    after = jnp.where(~is_sampled[..., None] & removed, 0.0, after)
+    after = after / jnp.maximum(jnp.sum(after, axis=-1, keepdims=True), 1e-30)
+    accept = jnp.where(has, accept, 0.0)
+    residual = jnp.where(has[..., None], after, residual)
+    moved = (stay * accept)[:, :, None] * selected  # [B, parent, child]: P(move to child | at parent)
+    return residual, stay * (1.0 - accept), move + jnp.sum(moved, axis=1)
+
+  init = (target_probs, jnp.ones((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32))
+  residual, stay, move = jax.lax.fori_loop(0, n - 1, test_rank, init)
+  below_root = ancestors & (jnp.arange(n) > 0)[None, None, :]
+  reach = jnp.prod(jnp.where(below_root, move[:, None, :], 1.0), axis=-1)  # [B, N]
+  return jnp.where(valid, reach * stay, 0.0), residual
+
+
+def accept_sampled(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, key: jax.Array,
+                   draft_probs: jax.Array | None = None, sampled: jax.Array | None = None) -> Acceptance:
+  """A draw of the sampled verification walk: the node it stops at, then the bonus token
+  from the residual there (`walk_outcomes` gives their exact law)."""
+  stop, residual = walk_outcomes(tree, target_probs, ancestors, draft_probs, sampled)
+  stop_key, bonus_key = jax.random.split(key)
+  best = jax.random.categorical(stop_key, jnp.log(stop), axis=-1)  # [B]
+  at_best = jnp.take_along_axis(residual, best[:, None, None], axis=1)[:, 0]  # [B, V]
+  bonus = jax.random.categorical(bonus_key, jnp.log(at_best), axis=-1)
+  return _accept_up_to(tree, ancestors, best, bonus)
+
+
+def _accept_up_to(tree: Tree, ancestors: jax.Array, best: jax.Array, bonus: jax.Array) -> Acceptance:
+  """The acceptance of the path from the root to node best [B], then bonus [B]."""
   on_path = jnp.take_along_axis(ancestors, best[:, None, None], axis=1)[:, 0]  # [B, N]
   at_depth = on_path[:, None, :] & (tree.depths[:, None, :] == jnp.arange(tree.size)[None, :, None])
   path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)  # [B, N]: node at depth d
   count = jnp.take_along_axis(tree.depths, best[:, None], axis=1)[:, 0] + 1
-  bonus = jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0]
   return Acceptance(path=path, count=count.astype(jnp.int32), bonus=bonus.astype(jnp.int32))
 
 

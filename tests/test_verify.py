@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longspec_jax.tree import chain
-from longspec_jax.verify import accept_greedy, emitted_tokens
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens
 from test_tree import random_tree
 
 
@@ -41,3 +41,168 @@ def test_invalid_nodes_are_never_accepted():
   acceptance = accept_greedy(tree, jnp.array([[1, 2, 3, 0], [4, 5, 6, 0]]), tree.ancestor_mask())
   np.testing.assert_array_equal(np.asarray(acceptance.count), [3, 2])
   np.testing.assert_array_equal(np.asarray(acceptance.bonus), [3, 5])
+
+
+# --- Sampled verification: the exact law of the emitted tokens equals AR sampling. ---
+
+import functools  # noqa: E402
+import itertools  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from longspec_jax.sampling import SamplingConfig, probs  # noqa: E402
+from longspec_jax.tree import Tree  # noqa: E402
+from longspec_jax.verify import walk_outcomes  # noqa: E402
+
+V = 5  # vocabulary of the toy models
+EMITTED = 3  # the law of the first 3 emitted tokens is compared
+
+
+_probs = jax.jit(probs, static_argnums=2)
+_walk = jax.jit(walk_outcomes)
+
+
+@functools.lru_cache(maxsize=None)
+def toy_distribution(context: tuple, config: SamplingConfig, salt: int = 0) -> np.ndarray:
+  """A fixed random model of the next token after `context`, through the processors
+  (the penalty sees the last `penalty_window` tokens of the context)."""
+  logits = np.random.default_rng([salt, *context]).normal(0, 2, V)
+  seen = np.zeros(V, bool)
+  seen[list(context[-config.penalty_window:])] = True
+  return np.asarray(_probs(jnp.asarray(logits, jnp.float32), jnp.asarray(seen), config), np.float64)
+
+
+def walk_law(nodes, context, config):
+  """{(node, bonus): probability} of one verification round over the tree `nodes`
+  (list of (parent, token, draft distribution or None), the root first)."""
+  n = len(nodes)
+  paths = [()]
+  for parent, token, _ in nodes[1:]:
+    paths.append(paths[parent] + (token,))
+  target = np.stack([toy_distribution(context + path, config) for path in paths])
+  draft = np.stack([np.zeros(V) if q is None else q for _, _, q in nodes])
+  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
+              parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
+              depths=jnp.asarray([[len(path) for path in paths]], jnp.int32), valid=jnp.ones((1, n), bool))
+  stop, residual = _walk(tree, jnp.asarray(target[None], jnp.float32), tree.ancestor_mask(),
+                                 jnp.asarray(draft[None], jnp.float32),
+                                 jnp.asarray([[q is not None for _, _, q in nodes]]))
+  stop, residual = np.asarray(stop[0], np.float64), np.asarray(residual[0], np.float64)
+  return {(paths[i], x): stop[i] * residual[i, x] for i in range(n) for x in range(V) if stop[i] * residual[i, x] > 0}
+
+
+def speculative_law(trees, config, context=(0,), need=EMITTED, memo=None):
+  """Exact law of the next `need` emitted tokens when every round verifies a tree drawn
+  from trees(context): a list of (probability, nodes)."""
+  memo = {} if memo is None else memo
+  if (context, need) in memo:
+    return memo[context, need]
+  law = {}
+  for tree_prob, nodes in trees(context):
+    for (path, bonus), p in walk_law(nodes, context, config).items():
+      emitted = path + (bonus,)
+      if len(emitted) >= need:
+        law[emitted[:need]] = law.get(emitted[:need], 0.0) + tree_prob * p
+      else:
+        for rest, q in speculative_law(trees, config, context + emitted, need - len(emitted), memo).items():
+          law[emitted + rest] = law.get(emitted + rest, 0.0) + tree_prob * p * q
+  memo[context, need] = law
+  return law
+
+
+def ar_law(config, context=(0,), need=EMITTED):
+  law = {}
+  for tokens in itertools.product(range(V), repeat=need):
+    p = 1.0
+    for i, token in enumerate(tokens):
+      p *= toy_distribution(context + tokens[:i], config)[token]
+    if p > 0:
+      law[tokens] = p
+  return law
+
+
+def draft_distribution(context):
+  """The draft: another toy model, sharper, so it disagrees with the target."""
+  return toy_distribution(context, SamplingConfig(temperature=0.5), salt=1)
+
+
+def chain_tree(context, length=3):
+  tokens = np.random.default_rng([2, *context]).integers(0, V, length)
+  return [(1.0, [(-1, context[-1], None)] + [(i, int(t), None) for i, t in enumerate(tokens)])]
+
+
+def beam_tree(context):
+  """Two best draft tokens at the root, each with its two best children (deterministic)."""
+  nodes = [(-1, context[-1], None)]
+  for a in np.argsort(-draft_distribution(context))[:2]:
+    nodes.append((0, int(a), None))
+  for parent in (1, 2):
+    for b in np.argsort(-draft_distribution(context + (nodes[parent][1],)))[:2]:
+      nodes.append((parent, int(b), None))
+  return [(1.0, nodes)]
+
+
+def random_tree_of_context(context, size=6):
+  """Random shape, random tokens (repeated siblings included), deterministic children."""
+  rng = np.random.default_rng([3, *context])
+  return [(1.0, [(-1, context[-1], None)] + [(int(rng.integers(0, i)), int(rng.integers(0, V)), None)
+                                              for i in range(1, size)])]
+
+
+def cape_tree(context):
+  """CAPE-style: the draft's top-3 candidates at the root, the best one extended by a chain."""
+  top = np.argsort(-draft_distribution(context))[:3]
+  nodes = [(-1, context[-1], None)] + [(0, int(t), None) for t in top]
+  follow = chain_tree(context + (int(top[0]),), length=2)[0][1][1:]
+  return [(1.0, nodes + [(1 if p == 0 else p + 3, t, q) for p, t, q in follow])]
+
+
+def sampled_tree(context):
+  """Two children drawn i.i.d. from the draft at the root, the first with one child drawn
+  from the draft after it: every draw enumerated with its probability."""
+  q0 = draft_distribution(context)
+  out = []
+  for a, b in itertools.product(range(V), repeat=2):
+    q1 = draft_distribution(context + (a,))
+    for c in range(V):
+      nodes = [(-1, context[-1], None), (0, a, q0), (0, b, q0), (1, c, q1)]
+      out.append((q0[a] * q0[b] * q1[c], nodes))
+  return out
+
+
+CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6, top_k=3),
+           SamplingConfig(temperature=1.0, top_p=0.8, min_p=0.1), SamplingConfig(temperature=1.0, penalty=1.5,
+                                                                                 penalty_window=2)]
+
+
+@pytest.mark.parametrize("trees", [chain_tree, beam_tree, random_tree_of_context, cape_tree, sampled_tree])
+@pytest.mark.parametrize("config", CONFIGS, ids=["t1", "top-k", "top-p,min-p", "penalty"])
+def test_emitted_tokens_follow_the_target_exactly(trees, config):
+  want = ar_law(config)
+  got = speculative_law(trees, config)
+  assert abs(sum(got.values()) - 1.0) < 1e-6
+  for tokens in set(want) | set(got):
+    assert abs(got.get(tokens, 0.0) - want.get(tokens, 0.0)) < 1e-6, tokens
+
+
+def test_a_draw_follows_the_walks_law():
+  config = SamplingConfig(temperature=1.0)
+  nodes = beam_tree((0,))[0][1]
+  law = walk_law(nodes, (0,), config)
+  paths = [()]
+  for parent, token, _ in nodes[1:]:
+    paths.append(paths[parent] + (token,))
+  target = np.stack([toy_distribution((0,) + path, config) for path in paths])
+  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]] * 4000, jnp.int32),
+              parents=jnp.asarray([[p for p, _, _ in nodes]] * 4000, jnp.int32),
+              depths=jnp.asarray([[len(p) for p in paths]] * 4000, jnp.int32), valid=jnp.ones((4000, 7), bool))
+  acceptance = accept_sampled(tree, jnp.asarray(np.broadcast_to(target, (4000, 7, V)), jnp.float32),
+                              tree.ancestor_mask(), jax.random.key(0))
+  emitted = np.asarray(emitted_tokens(tree, acceptance))
+  counts = {}
+  for row, count in zip(emitted, np.asarray(acceptance.count)):
+    key = (tuple(row[: count - 1]), int(row[count - 1]))
+    counts[key] = counts.get(key, 0) + 1
+  for key, p in law.items():  # 4000 draws: within 4.5 standard deviations
+    assert abs(counts.get(key, 0) / 4000 - p) < 4.5 * np.sqrt(p * (1 - p) / 4000) + 1e-3, key

@@ -1,0 +1,71 @@
+"""The logit processors against direct NumPy definitions, and the penalty's window."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longspec_jax.errors import UserError
+from longspec_jax.sampling import SamplingConfig, log_probs, recent_tokens, sample
+
+
+def reference_probs(logits, seen, c: SamplingConfig):
+  x = np.where(seen, logits / c.penalty, logits) / c.temperature
+  p = np.exp(x - x.max())
+  p /= p.sum()
+  if c.top_k:
+    p = np.where(p >= np.sort(p)[::-1][c.top_k - 1], p, 0)
+    p /= p.sum()
+  if c.top_p < 1:
+    order = np.argsort(-p, kind="stable")
+    before = np.cumsum(p[order]) - p[order]
+    keep = np.zeros_like(p, bool)
+    keep[order[before < c.top_p]] = True
+    p = np.where(p >= p[keep].min(), p, 0)
+    p /= p.sum()
+  if c.min_p:
+    p = np.where(p >= c.min_p * p.max(), p, 0)
+    p /= p.sum()
+  return p
+
+
+@pytest.mark.parametrize("config", [
+    SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0, top_k=5),
+    SamplingConfig(temperature=1.3, top_p=0.6), SamplingConfig(temperature=1.0, min_p=0.2),
+    SamplingConfig(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, penalty=1.3),
+])
+def test_processors_match_their_definitions(config):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0, 3, (4, 97)).astype(np.float32)
+  seen = rng.random((4, 97)) < 0.2
+  got = np.exp(np.asarray(log_probs(jnp.asarray(logits), jnp.asarray(seen), config)))
+  for b in range(4):
+    np.testing.assert_allclose(got[b], reference_probs(logits[b].astype(np.float64), seen[b], config), atol=1e-6)
+
+
+def test_greedy_is_the_argmax_of_the_penalized_logits():
+  logits = jnp.asarray([[2.0, 1.9, -1.0]])
+  seen = jnp.asarray([[True, False, False]])
+  assert int(sample(logits, jax.random.key(0), SamplingConfig(), seen)[0]) == 0
+  assert int(sample(logits, jax.random.key(0), SamplingConfig(penalty=1.2), seen)[0]) == 1
+
+
+def test_recent_tokens_window_spans_history_and_path():
+  rng = np.random.default_rng(1)
+  history = rng.integers(0, 30, (2, 12))
+  ends = np.array([9, 3])
+  tail = np.array([[[5, 6, -1], [7, -1, -1]], [[-1, -1, -1], [8, 9, 10]]])
+  config = SamplingConfig(penalty=1.5, penalty_window=6)
+  seen = np.asarray(recent_tokens(jnp.asarray(history), jnp.asarray(ends), jnp.asarray(tail), config, 30))
+  for b in range(2):
+    for n in range(2):
+      context = list(history[b, : ends[b] + 1]) + [t for t in tail[b, n] if t >= 0]
+      assert set(np.flatnonzero(seen[b, n])) == set(context[-6:]), (b, n)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("top_p", 0.0, "--top-p"), ("min_p", 1.0, "--min-p"), ("penalty", 0.5, "--penalty"), ("top_k", -1, "--top-k"),
+])
+def test_bad_settings_are_refused(field, value, message):
+  with pytest.raises(UserError, match=message):
+    SamplingConfig(**{field: value})
