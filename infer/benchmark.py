@@ -13,6 +13,7 @@ before it is timed. Writes JSON with `--out`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import statistics
@@ -22,7 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import ArgumentParser, resolve_dtype, run_main, tree_widths
+from infer.cli import ArgumentParser, add_sampling_flags, resolve_dtype, run_main, sampling_config, tree_widths
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS, default_impl
 
@@ -34,9 +35,11 @@ from longspec_jax.weights.drafts import load_draft
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
 
-def run_config(target, method: str, draft, widths, prompts: list[list[int]], new_tokens: int, impl: str) -> dict:
+def run_config(target, method: str, draft, widths, prompts: list[list[int]], new_tokens: int, impl: str,
+               sampling, seed: int) -> dict:
   proposer, draft_params = make_proposer(method, draft, widths)
-  kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl)
+  kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl, sampling=sampling,
+                seed=seed)
   generate(target.model, prompts[:1], new_tokens, **kwargs)  # warm-up
   runs = [generate(target.model, [p], new_tokens, time_phases=True, **kwargs) for p in prompts]
   tokens = sum(r.stats["num_new_tokens"] - 1 for r in runs)
@@ -68,6 +71,8 @@ def divergence(target, prompt: list[int], reference: list[int], other: list[int]
 
 
 def same_tokens(row: dict) -> str:
+  if row["same_tokens_as_ar"] is None:
+    return "n/a (sampling)"
   if row["same_tokens_as_ar"]:
     return "yes"
   margins = [d["logit_margin"] for d in row["divergences"] if d["logit_margin"] is not None]
@@ -87,6 +92,7 @@ def main(argv=None):
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
+  add_sampling_flags(p)
   p.add_argument("--out", type=Path)
   args = p.parse_args(argv)
   args.attention = args.attention or default_impl()
@@ -97,6 +103,7 @@ def main(argv=None):
       variants += [(f"{m}[{','.join(map(str, w))}]", m, w) for w in args.tree_widths]
     else:
       variants.append((m, m, None))
+  sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
   target = load_target(args.target, dtype)
   draft = load_draft(args.draft, target.config, dtype, args.target) if set(methods) & set(DRAFT_METHODS) else None
@@ -110,7 +117,8 @@ def main(argv=None):
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for label, method, widths in variants:
-        result = run_config(target, method, draft, widths, prompts, args.new_tokens, args.attention)
+        result = run_config(target, method, draft, widths, prompts, args.new_tokens, args.attention, sampling,
+                            args.seed)
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
@@ -120,9 +128,10 @@ def main(argv=None):
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
             "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],
             "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
-            "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"],
+            # (sampled runs draw other random numbers than AR: token identity is a greedy check)
+            "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if sampling.greedy else None,
         }
-        if not row["same_tokens_as_ar"]:
+        if row["same_tokens_as_ar"] is False:
           row["divergences"] = [
               divergence(target, prompt, ref, got, args.attention)
               for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"]) if ref != got
@@ -138,7 +147,8 @@ def main(argv=None):
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
         "draft": args.draft if draft is not None else None,
-        "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "rows": rows,
+        "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
+        "seed": args.seed, "rows": rows,
     }, indent=1))
 
 

@@ -33,6 +33,25 @@ def run_main(main: Callable[[], None], prog: str) -> None:
     raise SystemExit(130) from None
 
 
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+  """The logit processors' flags (`longspec_jax.sampling.SamplingConfig`)."""
+  p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+  p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+  p.add_argument("--top-p", type=float, default=1.0, help="keep the most likely tokens of mass p (1: off)")
+  p.add_argument("--min-p", type=float, default=0.0, help="keep tokens >= min_p x the most likely (0: off)")
+  p.add_argument("--penalty", type=float, default=1.0,
+                 help="TokenSwift's contextual penalty theta: divide the logits of recent tokens (1: off)")
+  p.add_argument("--penalty-window", type=int, default=1024, help="how many recent tokens the penalty sees")
+  p.add_argument("--seed", type=int, default=0)
+
+
+def sampling_config(args):
+  from longspec_jax.sampling import SamplingConfig
+
+  return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                        penalty=args.penalty, penalty_window=args.penalty_window)
+
+
 def tree_widths(text: str) -> tuple[int, ...]:
   """argparse type for `--tree-widths 4,16,16`: beam widths per depth."""
   try:

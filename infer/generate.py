@@ -10,7 +10,8 @@ import json
 import sys
 import time
 
-from infer.cli import ArgumentParser, encode_prompt, read_prompt, resolve_dtype, run_main, tree_widths
+from infer.cli import (ArgumentParser, add_sampling_flags, encode_prompt, read_prompt, resolve_dtype, run_main,
+                       sampling_config, tree_widths)
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
@@ -36,8 +37,7 @@ def parse_args(argv=None):
   p.add_argument("--tree-widths", type=tree_widths,
                  help="longspec: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
   p.add_argument("--max-new-tokens", type=int, default=256)
-  p.add_argument("--temperature", type=float, default=0.0)
-  p.add_argument("--seed", type=int, default=0)
+  add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   from longspec_jax.attention import IMPLS, default_impl
 
@@ -47,8 +47,6 @@ def parse_args(argv=None):
   args.attention = args.attention or default_impl()
   if args.max_new_tokens < 1:
     p.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-  if not args.temperature >= 0:
-    p.error(f"--temperature must be >= 0, got {args.temperature}")
   return args
 
 
@@ -79,7 +77,6 @@ def main(argv=None) -> None:
 
   from longspec_jax.engine import generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
-  from longspec_jax.sampling import SamplingConfig
   from longspec_jax.weights import load_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft
 
@@ -91,7 +88,7 @@ def main(argv=None) -> None:
     raise UserError(f"--method {method} uses no draft, but --draft {args.draft} was given.")
   if method in DRAFT_METHODS and args.draft == "none":
     raise UserError(f"--method {method} needs a draft, but --draft none was given.")
-  sampling = SamplingConfig(temperature=args.temperature)
+  sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)

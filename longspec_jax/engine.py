@@ -27,9 +27,9 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import RootOnly
-from longspec_jax.sampling import SamplingConfig, sample
+from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
 from longspec_jax.target import Transformer
-from longspec_jax.verify import accept_greedy, emitted_tokens, verify
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify
 
 PAD_ID = -1  # fills token slots after a sequence has finished
 # Tree nodes verified per device chunk: the host streams text once per chunk, and each
@@ -144,10 +144,11 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
     tree, proposal = _propose(model, proposer, proposer_params, state, impl)
     logits, ancestors, cache = verify(model, tree, state.cache, impl)  # logits [B, N, V]
     key, step_key = jax.random.split(state.key)
-    acceptance = accept_greedy(tree, jnp.argmax(logits, axis=-1), ancestors)
-    best = jnp.take_along_axis(acceptance.path, acceptance.count[:, None] - 1, axis=1)[:, 0]
-    best_logits = jnp.take_along_axis(logits, best[:, None, None], axis=1)[:, 0]
-    acceptance = dataclasses.replace(acceptance, bonus=sample(best_logits, step_key, sampling))
+    seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
+    if sampling.greedy:
+      acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
+    else:
+      acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
     new = emitted_tokens(tree, acceptance)  # [B, N]
 
     # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
@@ -184,10 +185,24 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
   return state, out, jnp.all(state.done)
 
 
+def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConfig, vocab: int) -> jax.Array:
+  """The contextual penalty's tokens [B, N, V] after each tree node: the sequence up to
+  the root, then the node's path."""
+  depth = max(tree.size - 1, 1)
+  below = tree.depths[:, :, None] == jnp.arange(1, depth + 1)[None, None, :]  # [B, N, D]
+  on_path = ancestors[..., None] & below[:, None, :, :]  # [B, node, ancestor, D]
+  tail = jnp.max(jnp.where(on_path, tree.tokens[:, None, :, None], -1), axis=2)  # [B, N, D]
+  return recent_tokens(state.history, state.cache.lengths, tail, sampling, vocab)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling"))
-def _first_token(graphdef, params, last_hidden, key, sampling):
+def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths):
   logits = nnx.merge(graphdef, params).logits(last_hidden)
-  return sample(logits, key, sampling), ~jnp.all(jnp.isfinite(logits), axis=-1)
+  seen = None
+  if sampling.penalized:  # the prompt's last tokens
+    tail = jnp.full((history.shape[0], 1, 1), -1, jnp.int32)
+    seen = recent_tokens(history, lengths - 1, tail, sampling, logits.shape[-1])[:, 0]
+  return sample(logits, key, sampling, seen), ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
 def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
@@ -227,8 +242,6 @@ def generate(
   `time_phases` adds the draft / verify / other split of the decode time to the stats."""
   check_capacity(model.config, prompts, max_new_tokens)
   rounds_per_chunk = rounds_per_chunk or -(-TOKENS_PER_CHUNK // proposer.tree_size)
-  if proposer.tree_size > 1 and not sampling.greedy:
-    raise UserError(f"method {method} supports only --temperature 0 for now.")
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
   max_len = -(-(longest + max_new_tokens + proposer.tree_size) // 128) * 128
@@ -237,9 +250,10 @@ def generate(
 
   t0 = time.perf_counter()
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl)
-  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling)
-  first = np.asarray(root)
   history = _left_aligned(prompts, max_len)
+  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling, jnp.asarray(history),
+                                 jnp.asarray([len(p) for p in prompts], jnp.int32))
+  first = np.asarray(root)
   history[np.arange(len(prompts)), [len(p) for p in prompts]] = first  # the root follows its prompt
   history = jnp.asarray(history)
   proposal = _start_proposer(graphdef, params, proposer, proposer_params, cache, history, impl)

@@ -215,3 +215,44 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   result = generate(target.model, prompts, 128, proposer=oracle, method="oracle")
   assert result.token_ids == reference
   assert result.stats["mean_accepted_length"] > 5.5  # depth 5 + bonus, less the last round
+
+
+def speculative_methods(target):
+  return {"pld": dict(proposer=PromptLookup(num_tokens=4), method="pld"),
+          "longspec": longspec(target, widths=(2, 2), window=8)}
+
+
+def test_sampling_near_zero_temperature_is_greedy(tiny):
+  rng = np.random.default_rng(11)
+  pattern = rng.integers(3, 211, size=7).tolist()
+  prompts = [pattern * 3, rng.integers(3, 211, size=17).tolist()]
+  greedy = generate(tiny, prompts, 12).token_ids
+  cold = SamplingConfig(temperature=1e-4)
+  for name, kwargs in {"ar": {}, **speculative_methods(tiny)}.items():
+    assert generate(tiny, prompts, 12, sampling=cold, seed=5, **kwargs).token_ids == greedy, name
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(temperature=1.0),
+                                    SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, penalty=1.5, penalty_window=6)],
+                         ids=["t1", "processors"])
+def test_sampled_speculation_matches_ar_statistically(tiny, config):
+  """1,500 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's:
+  a chi-square test of homogeneity per position (rare tokens pooled) must not reject."""
+  from scipy.stats import chi2_contingency
+
+  pattern = np.random.default_rng(12).integers(3, 211, size=5).tolist()
+  prompts = [pattern * 4] * 1500
+
+  def samples(seed, **kwargs):
+    return np.asarray(generate(tiny, prompts, 4, sampling=config, seed=seed, **kwargs).token_ids)[:, 1:]
+
+  reference = samples(0)
+  for name, kwargs in speculative_methods(tiny).items():
+    got = samples(1, **kwargs)
+    for position in range(3):
+      tokens = np.union1d(reference[:, position], got[:, position])
+      table = np.array([[np.sum(x[:, position] == t) for t in tokens] for x in (reference, got)])
+      common = table.sum(0) >= 10
+      table = np.concatenate([table[:, common], table[:, ~common].sum(1, keepdims=True)], axis=1)
+      table = table[:, table.sum(0) > 0]
+      assert chi2_contingency(table)[1] > 0.01, (name, position)

@@ -56,7 +56,8 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--target", "/no/such/dir"], "neither"),
         (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft"),
         (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
-        (["--prompt", "x", "--method", "pld", "--temperature", "0.7"], "supports only --temperature 0"),
+        (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--prompt", "x", "--penalty", "0.5"], "--penalty must be >= 1"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
@@ -65,6 +66,16 @@ def test_errors_are_one_line_with_exit_2(argv, message, capsys):
   last = err.strip().splitlines()[-1]  # earlier lines, if any, are progress
   assert last.startswith(f"{PROG}: error: ") and message in last
   assert "Traceback" not in err
+
+
+def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
+  common = ["--target", str(tiny_with_tokenizer), "--prompt", "def f(x): return x\n" * 4, "--max-new-tokens", "6",
+            "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.01", "--penalty", "1.2",
+            "--penalty-window", "16", "--seed", "3", "--json"]
+  for method in ("pld", "longspec"):
+    code, out, err = run(common + ["--method", method] + (["--draft", "random"] if method == "longspec" else []), capsys)
+    assert code == 0, err
+    assert len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 6
 
 
 def test_context_overflow(tiny_with_tokenizer, capsys):

@@ -1,0 +1,23 @@
+"""`python -m infer.benchmark` end to end on a tiny target with the real tokenizer."""
+
+import json
+
+from conftest import run_cli
+from infer.benchmark import main
+
+PROG = "python -m infer.benchmark"
+
+
+def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, capsys):
+  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "longspec", "--draft", "random",
+            "--sets", "code", "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32",
+            "--tree-widths", "2,2", "1,1,1"]
+  assert run_cli(main, common + ["--out", str(tmp_path / "greedy.json")], PROG) == 0, capsys.readouterr().err
+  rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
+  assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[1,1,1]"]
+  assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
+  assert rows[3]["tree_widths"] == [1, 1, 1]
+  sampled = common + ["--temperature", "1.0", "--top-k", "50", "--out", str(tmp_path / "sampled.json")]
+  assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err
+  result = json.loads((tmp_path / "sampled.json").read_text())
+  assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] is None for r in result["rows"])
