@@ -194,12 +194,12 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
-  """SmolLM2 on 10 real documents (licenses and Python sources) of 1,024 tokens: PLD,
+  """SmolLM2 on 6 real documents (licenses and Python sources) of 1,024 tokens: PLD,
   LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
   time) and an oracle tree with decoys emit exactly the AR tokens for 128 new tokens."""
   target = smollm2_float32
   texts = real_texts()
-  prompts = [target.tokenizer(t).input_ids[:1024] for t in texts[:5] + texts[-5:]]
+  prompts = [target.tokenizer(t).input_ids[:1024] for t in texts[:3] + texts[-3:]]
   assert all(len(p) == 1024 for p in prompts)
   reference = generate(target.model, prompts, 128).token_ids
   assert all(len(r) == 128 for r in reference)
@@ -232,14 +232,12 @@ def test_sampling_near_zero_temperature_is_greedy(tiny):
     assert generate(tiny, prompts, 12, sampling=cold, seed=5, **kwargs).token_ids == greedy, name
 
 
-@pytest.mark.parametrize("config", [SamplingConfig(temperature=1.0),
-                                    SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, penalty=1.5, penalty_window=6)],
-                         ids=["t1", "processors"])
-def test_sampled_speculation_matches_ar_statistically(tiny, config):
+def test_sampled_speculation_matches_ar_statistically(tiny):
   """1,500 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's:
   a chi-square test of homogeneity per position (rare tokens pooled) must not reject."""
   from scipy.stats import chi2_contingency
 
+  config = SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, penalty=1.5, penalty_window=6)
   pattern = np.random.default_rng(12).integers(3, 211, size=5).tolist()
   prompts = [pattern * 4] * 1500
 
