@@ -54,12 +54,15 @@ def sampling_config(args):
 
 def tree_widths(text: str) -> tuple[int, ...]:
   """argparse type for `--tree-widths 4,16,16`: beam widths per depth."""
+  from longspec_jax.config import check_tree_widths
+
   try:
     widths = tuple(int(w) for w in text.split(","))
+    check_tree_widths(widths)
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected comma-separated integers like 4,16,16, got {text!r}") from None
-  if not widths or min(widths) < 1:
-    raise argparse.ArgumentTypeError(f"tree widths must be positive, got {text!r}")
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
   return widths
 
 

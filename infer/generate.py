@@ -73,14 +73,13 @@ class TextStream:
 def main(argv=None) -> None:
   args = parse_args(argv)
   prompt_text = read_prompt(args.prompt, args.prompt_file)
-  import jax.numpy as jnp  # after argument checks: bad flags fail fast
+  import jax  # after argument checks: bad flags fail fast
+  import jax.numpy as jnp
 
   from longspec_jax.engine import generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.weights import load_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft
-
-  import jax
 
   method = args.method or ("longspec" if args.draft != "none" and (args.draft != "default" or (
       has_shipped_draft(args.target) and jax.default_backend() == "gpu")) else "ar")

@@ -105,7 +105,7 @@ def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, dra
     return residual, stay * (1.0 - accept), move + jnp.sum(moved, axis=1)
 
   init = (target_probs, jnp.ones((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32))
-  residual, stay, move = jax.lax.fori_loop(0, n - 1, test_rank, init)
+  residual, stay, move = jax.lax.fori_loop(0, jnp.max(rank) + 1, test_rank, init)  # as many as the most siblings
   below_root = ancestors & (jnp.arange(n) > 0)[None, None, :]
   reach = jnp.prod(jnp.where(below_root, move[:, None, :], 1.0), axis=-1)  # [B, N]
   return jnp.where(valid, reach * stay, 0.0), residual

@@ -2,8 +2,8 @@
 masks, in a deterministic order, split across hosts.
 
 Sources go through `datasets`: local text/code globs (one document per file), JSONL
-files, or hub dataset names, several at once. Plain documents are tokenized, joined with EOS and cut into
-rows of `length` tokens (every token is a target). Chat records (`messages` lists, or
+files, or hub dataset names, several at once. Plain documents are tokenized, joined with
+EOS and cut into rows of `length` tokens (every token is a target). Chat records (`messages` lists, or
 `prompt`/`response` pairs) are rendered with the tokenizer's chat template and only the
 assistant's tokens are targets.
 """

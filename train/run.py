@@ -26,6 +26,7 @@ from pathlib import Path
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from longspec_jax.errors import UserError
+from train.step import LABEL_KINDS, POSITION_KINDS
 
 # stage -> (TrainConfig overrides, sequence length, batch)
 STAGES = {
@@ -56,9 +57,9 @@ def parse_args(argv=None):
   p.add_argument("--learning-rate", type=float)
   p.add_argument("--warmup-steps", type=int, default=100)
   p.add_argument("--max-shift", type=int, default=4, help="flash noisy training delay bound (0: off)")
-  p.add_argument("--labels", choices=("target", "data"), default="target",
+  p.add_argument("--labels", choices=LABEL_KINDS, default="target",
                  help="learn the target's next-token distribution (default) or the data's next token")
-  p.add_argument("--positions", choices=("anchor_offset", "vanilla"), help="default: the stage's")
+  p.add_argument("--positions", choices=POSITION_KINDS, help="default: the stage's")
   p.add_argument("--window", type=int, default=512)
   p.add_argument("--draft-layers", type=int, default=1)
   p.add_argument("--model-parallel", type=int, default=1, help="devices that share each parameter")
