@@ -14,6 +14,7 @@ nothing hoisted), after a warm-up; every implementation of a row runs in the sam
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import statistics
@@ -36,12 +37,15 @@ from pallas_kernels.tuning import KernelParams, params_for
 HEADS = {"llama-3.1-8b": (32, 8, 128), "vicuna-7b": (32, 32, 128)}
 INTERPRET = jax.default_backend() != "gpu"  # off the GPU only to try the script
 SKIP_ABOVE_BYTES = 8 << 30  # implementations that materialize [B, H, T, S] scores skip larger shapes
+MAX_BLOCK_ROWS = 128  # 256-row blocks with head_dim 128 run out of shared memory on the H100
 
 
-def loop_seconds(fn, x, *operands, iters: int = 20, repeats: int = 5) -> float:
+def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:
   """Seconds per call of fn(x, *operands) -> like x, `iters` chained calls in one jit. The
-  operands (caches, masks) enter as arguments, never as constants baked into the program."""
-  run = jax.jit(lambda x, *ops: jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x))
+  operands (caches, masks) enter as arguments, never as constants baked into the program.
+  The loop is unrolled `unroll` times: an XLA while loop syncs with the host at every
+  iteration, which would add ~10 us to each call of a kernel that itself takes tens."""
+  run = jax.jit(lambda x, *ops: jax.lax.fori_loop(0, iters, lambda i, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll))
   jax.block_until_ready(run(x, *operands))
   times = []
   for _ in range(repeats):
@@ -107,7 +111,8 @@ def suite_grid(args) -> list[dict]:
 
   bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-  print("heads        | B | S      | T   | prefix us | prefix TB/s (% copy) | hybrid us | cudnn us | xla us |"
+  print("heads        | B | S      | T   | prefix us | kernel us | same-bytes copy us | prefix TB/s (% copy) | hybrid us |"
+        " cudnn us | xla us |"
         " decode_attn us | reference us | cudnn/hybrid", flush=True)
   rows = []
   for name in args.heads:
@@ -126,16 +131,19 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   kv_bytes = 2 * k.nbytes
   scores_bytes = 4 * batch * heads * steps * (seq_len + steps)
   row = {"heads": name, "batch": batch, "S": seq_len, "T": steps}
-  group = heads // kv_heads
 
-  params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+  row["prefix_us"] = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
+  # The kernel alone, without the query layout, bounds and merge around it.
+  params = params_for("prefix", steps * (heads // kv_heads), head_dim, seq_len, batch * kv_heads)
   rows_q = blocks.to_rows(q, params.block_rows)
-  lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
-  row["prefix_us"] = 1e6 * loop_seconds(
-      lambda r, k, v, lo, hi: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0], rows_q,
-      k, v, lo, hi)
+  lo, hi = (blocks.per_row(x, heads // kv_heads, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
+  row["prefix_kernel_us"] = 1e6 * loop_seconds(
+      lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
   row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)
   row["prefix_fraction_of_copy"] = row["prefix_bytes_per_second"] / bandwidth
+  # A copy of K alone (read + write) moves the pass's K/V bytes in one trivial kernel: what
+  # moving that much costs at this size, launch and tail included.
+  row["same_bytes_copy_us"] = 1e6 * loop_seconds(lambda x: x * 2 + 1, k)
   operands = (k, v, lengths, k_new, v_new, mask, positions)
   row["hybrid_us"] = 1e6 * loop_seconds(hybrid_attention, q, *operands)
 
@@ -170,7 +178,8 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
     row["reference_us"] = 1e6 * loop_seconds(attention.hybrid_attention, q, *operands)
   row["cudnn_over_hybrid"] = row["cudnn_us"] / row["hybrid_us"] if row["cudnn_us"] else None
   fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
-  print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} |"
+  print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} | {row['prefix_kernel_us']:9.1f} |"
+        f" {row['same_bytes_copy_us']:9.1f} |"
         f" {row['prefix_bytes_per_second'] / 1e12:5.2f} ({100 * row['prefix_fraction_of_copy']:3.0f}%)        |"
         f" {row['hybrid_us']:9.1f} | {fmt(row['cudnn_us'])} | {fmt(row['xla_us'])} |"
         f" {fmt(row['decode_attention_us'])} | {fmt(row['reference_us'])} |"
@@ -221,34 +230,41 @@ def suite_verify(args) -> list[dict]:
   return rows
 
 
+SWEEP_BLOCKS = [(64, 4, 3), (128, 4, 3), (128, 4, 4), (64, 8, 3), (128, 8, 3)]  # (block_keys, warps, stages)
+SWEEP_SPLITS = (0.5, 1, 2, 4)  # times the split count the table derives
+
+
 def suite_sweep(args) -> list[dict]:
-  """Times candidate launch parameters of each pass on representative shapes."""
+  """Times the prefix pass under candidate launch parameters around the table's choice:
+  key blocks, warps and stages, the split count, and the next row block size up."""
   rows = []
   for name in args.heads:
     heads, kv_heads, head_dim = HEADS[name]
     group = heads // kv_heads
-    for steps in args.steps:
-      q, k, v, k_new, v_new, lengths, mask = inputs(1, steps, 32768, heads, kv_heads, head_dim, jnp.bfloat16)
-      best = None
-      for block_rows in (16, 32, 64, 128):
-        if block_rows > max(16, pl.next_power_of_2(steps * group)):
-          continue
-        for block_keys, warps, stages in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3)]:
-          base = params_for("prefix", steps * group, head_dim, 32768, kv_heads)
-          params = KernelParams(block_rows, block_keys, warps, stages, base.splits)
-          rows_q = blocks.to_rows(q, block_rows)
-          lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
-          try:
-            us = 1e6 * loop_seconds(
-                lambda r, k, v, lo, hi: blocks.combine(*prefix_partials(r, k, v, lo, hi, params, INTERPRET))[0],
-                rows_q, k, v, lo, hi)
-          except Exception as e:  # e.g. out of shared memory
-            print(f"sweep {name} T={steps} {params}: {type(e).__name__}", flush=True)
-            continue
-          rows.append({"heads": name, "T": steps, "params": params.__dict__, "prefix_us": us})
-          if best is None or us < best[1]:
-            best = (params, us)
-      print(f"sweep {name} T={steps}: best {best[0]} at {best[1]:.1f} us", flush=True)
+    for batch in args.batches:
+      for seq_len in args.lengths:
+        for steps in args.steps:
+          q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
+          base = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+          block_rows = {base.block_rows, min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))}
+          candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
+                        for br in block_rows for bk, warps, stages in SWEEP_BLOCKS for f in SWEEP_SPLITS}
+          timed = []
+          for params in sorted(candidates, key=lambda p: dataclasses.astuple(p)):
+            try:
+              us = 1e6 * loop_seconds(lambda x, k, v, n, p=params: flash_decode(x, k, v, n, params=p)[0], q, k, v,
+                                      lengths)
+            except Exception as e:  # e.g. out of shared memory
+              print(f"sweep {name} B={batch} S={seq_len} T={steps} {params}: {type(e).__name__}", flush=True)
+              continue
+            timed.append((us, params))
+            rows.append({"heads": name, "batch": batch, "S": seq_len, "T": steps, "params": dataclasses.asdict(params),
+                         "table": params == base, "prefix_us": us})
+          save(args, "sweep", rows)
+          table_us = next((us for us, p in timed if p == base), None)
+          best_us, best = min(timed, key=lambda x: x[0])
+          print(f"sweep {name} B={batch} S={seq_len} T={steps}: table {base} {table_us:.1f} us;"
+                f" best {best} {best_us:.1f} us; KV bytes/s at best {2 * k.nbytes / best_us / 1e6:.2f} TB/s", flush=True)
   return rows
 
 

@@ -32,46 +32,63 @@ def from_rows(rows: jax.Array, t: int, g: int) -> jax.Array:
 
 
 def per_row(x: jax.Array, g: int, rows: int) -> jax.Array:
-  """A per-query array [B, T, ...] repeated for its G heads and padded: [B, R_pad, ...]."""
+  """A per-query array [B, T, ...] repeated for its G heads and padded with copies of the
+  last row (so padding rows never narrow a block's common visible range): [B, R_pad, ...]."""
   x = jnp.repeat(x, g, axis=1)
   pad = [(0, 0), (0, rows - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
-  return jnp.pad(x, pad)
+  return jnp.pad(x, pad, mode="edge")
 
 
-def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int, visible, scale: float):
+def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int, visible, scale: float,
+                  full=(0, 0)):
   """Online softmax of q [R, D] over key blocks begin, begin + block_k, ... (num_blocks of
   them) of k_ref/v_ref [S, D]; `visible(slots [block_k], i)` -> [R, block_k] bool.
+  Blocks full[0] <= i < full[1] are known to lie inside the keys and to be visible to
+  every row: they skip the bounds and the mask, which cost as much as the softmax.
   Returns (out f32 [R, D] normalized, lse f32 [R]; rows that saw nothing: 0 and -inf)."""
   rows, dim = q.shape
   exact = q.dtype == jnp.float32  # f32 inputs: full f32 products, not TF32
 
-  def body(i, carry):
-    acc, m, l = carry
-    slots = begin + i * block_k + jnp.arange(block_k)
-    in_range = (slots < seq_len)[:, None]
-    k = plgpu.load(k_ref.at[pl.ds(begin + i * block_k, block_k), :], mask=in_range, other=0.0)
-    s = plgpu.dot(q, k, trans_b=True, allow_tf32=not exact) * scale  # [R, block_k] f32
-    s = jnp.where(visible(slots, i), s, NEG_INF)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with nothing visible yet
-    correction = jnp.exp(m - m_safe)
-    p = jnp.exp(s - m_safe[:, None])
-    v = plgpu.load(v_ref.at[pl.ds(begin + i * block_k, block_k), :], mask=in_range, other=0.0)
-    acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=not exact)
-    return acc, m_new, l * correction + jnp.sum(p, axis=1)
+  def body(masked: bool):
+    def step(i, carry):
+      acc, m, l = carry
+      keys = pl.ds(begin + i * block_k, block_k)
+      slots = begin + i * block_k + jnp.arange(block_k)
+      in_range = (slots < seq_len)[:, None]
+      load = (lambda ref: plgpu.load(ref.at[keys, :], mask=in_range, other=0.0)) if masked else (lambda ref: ref[keys, :])
+      s = plgpu.dot(q, load(k_ref), trans_b=True, allow_tf32=not exact) * scale  # [R, block_k] f32
+      if masked:
+        s = jnp.where(visible(slots, i), s, NEG_INF)
+      m_new = jnp.maximum(m, jnp.max(s, axis=1))
+      m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with nothing visible yet
+      correction = jnp.exp(m - m_safe)
+      p = jnp.exp(s - m_safe[:, None])
+      v = load(v_ref)
+      acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=not exact)
+      return acc, m_new, l * correction + jnp.sum(p, axis=1)
+    return step
 
-  init = (jnp.zeros((rows, dim), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
-          jnp.zeros((rows,), jnp.float32))
-  acc, m, l = jax.lax.fori_loop(0, num_blocks, body, init)
+  first_full = jnp.clip(full[0], 0, num_blocks)
+  end_full = jnp.clip(full[1], first_full, num_blocks) if seq_len >= block_k else first_full  # (no whole block fits)
+  carry = (jnp.zeros((rows, dim), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
+           jnp.zeros((rows,), jnp.float32))
+  carry = jax.lax.fori_loop(0, first_full, body(masked=True), carry)
+  if seq_len >= block_k:
+    carry = jax.lax.fori_loop(first_full, end_full, body(masked=False), carry)
+  acc, m, l = jax.lax.fori_loop(end_full, num_blocks, body(masked=True), carry)
   seen = l > 0
   out = acc / jnp.where(seen, l, 1.0)[:, None]
   return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG_INF)
 
 
-def combine(out_parts: jax.Array, lse_parts: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Exact merge of partial passes over disjoint keys: out_parts [P, ..., D], lse_parts
-  [P, ...] -> (out [..., D], lse [...]); parts that saw nothing (lse -inf) vanish."""
-  lse = jax.nn.logsumexp(lse_parts, axis=0)
+def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
+  """Exact merge of partial passes over disjoint keys. parts: (out [P, B, K, R_pad, D],
+  lse [P, B, K, R_pad]) pairs, e.g. the prefix pass's splits and the tree pass. Returns
+  (out f32 [B, T, K, G, D], lse [B, T, K, G]). Padding rows are dropped before anything is
+  read, and the partial outputs are weighted where they lie, never concatenated; parts
+  that saw nothing (lse -inf) vanish."""
+  parts = [(out[..., : t * g, :], lse[..., : t * g]) for out, lse in parts]
+  lse = jax.nn.logsumexp(jnp.concatenate([lse for _, lse in parts]), axis=0)  # [B, K, T * G]
   safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-  weights = jnp.exp(lse_parts - safe)  # exp(-inf) = 0 for empty parts
-  return jnp.sum(out_parts * weights[..., None], axis=0), lse
+  out = sum(jnp.sum(out * jnp.exp(part_lse - safe)[..., None], axis=0) for out, part_lse in parts)
+  return from_rows(out, t, g), from_rows(lse, t, g)

@@ -3,7 +3,7 @@
 The key axis is split into `splits` contiguous ranges processed by separate programs
 (split-K), so that even one sequence with a few KV heads fills the GPU; each program runs
 an online softmax over its range in blocks and writes a normalized partial (out, lse);
-`blocks.combine` merges the partials exactly. Each query row r sees the cached slots
+`blocks.merge` merges the partials exactly. Each query row r sees the cached slots
 lo[r] <= slot < hi[r]: hi is the committed length (or the draft's delayed limit), lo
 the start of a sliding window.
 
@@ -27,13 +27,16 @@ def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, s
   out_ref, lse_ref = refs[-2:]  # (earlier refs: initial output buffers, when given)
   lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
   start = pl.program_id(2) * split_len
+  split_end = jnp.minimum(start + split_len, seq_len)
   begin = jnp.maximum(start, jnp.min(lo))
-  end = jnp.minimum(start + split_len, jnp.max(hi))
-  num_blocks = pl.cdiv(jnp.maximum(end - begin, 0), block_keys)
-  visible = lambda slots, i: (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None])  # noqa: E731
-  visible_in_split = lambda slots, i: visible(slots, i) & (slots[None, :] < start + split_len)  # noqa: E731
-  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len,
-                                  visible_in_split, scale)
+  num_blocks = pl.cdiv(jnp.maximum(jnp.minimum(split_end, jnp.max(hi)) - begin, 0), block_keys)
+  # Blocks inside every row's range need no mask: all of them but the edges, usually.
+  full_begin = pl.cdiv(jnp.maximum(jnp.max(lo) - begin, 0), block_keys)
+  full_end = jnp.maximum(jnp.minimum(split_end, jnp.min(hi)) - begin, 0) // block_keys
+  visible = lambda slots, i: (  # noqa: E731
+      (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end))
+  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len, visible, scale,
+                                  full=(full_begin, full_end))
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -92,5 +95,4 @@ def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, params: Ker
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
-  out, lse = blocks.combine(*prefix_partials(rows, k, v, lo, hi, params, interpret))
-  return blocks.from_rows(out, t, g), blocks.from_rows(lse, t, g)
+  return blocks.merge([prefix_partials(rows, k, v, lo, hi, params, interpret)], t, g)

@@ -2,8 +2,8 @@
 pass over the tree, merged by log-sum-exp.
 
 The tree pass's (out, lse) joins the prefix pass's split-K partials as one more part, so
-the merge of the two passes costs nothing beyond the split combine the prefix pass needs
-anyway.
+the merge of the two passes costs nothing beyond the merge of splits the prefix pass
+needs anyway.
 
 Reference twin: `longspec_jax.attention.hybrid_attention` with impl="reference".
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, prefix_partials
@@ -33,9 +32,9 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
   block_rows = max(prefix.block_rows, tree.block_rows)  # one row layout for both passes
   rows = blocks.to_rows(q, block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
-  out_p, lse_p = prefix_partials(rows, k_cache, v_cache, lo, hi, dataclasses.replace(prefix, block_rows=block_rows), interpret)
+  prefix_part = prefix_partials(rows, k_cache, v_cache, lo, hi, dataclasses.replace(prefix, block_rows=block_rows),
+                                interpret)
   mask_rows = blocks.per_row(mask, g, rows.shape[2])
-  out_t, lse_t = tree_partial(rows, k_new, v_new, mask_rows, dataclasses.replace(tree, block_rows=block_rows), interpret)
-  out, _ = blocks.combine(jnp.concatenate([out_p, out_t]), jnp.concatenate([lse_p, lse_t]))
-  return blocks.from_rows(out, t, g)
+  tree_part = tree_partial(rows, k_new, v_new, mask_rows, dataclasses.replace(tree, block_rows=block_rows), interpret)
+  return blocks.merge([prefix_part, tree_part], t, g)[0]
 

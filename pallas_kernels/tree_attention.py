@@ -74,5 +74,4 @@ def tree_attention(q, k, v, mask, *, params: KernelParams | None = None, interpr
   params = params or params_for("tree", t * g, d, k.shape[1], b * kv_heads)
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows = blocks.to_rows(q, params.block_rows)
-  out, lse = tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret)
-  return blocks.from_rows(out[0], t, g), blocks.from_rows(lse[0], t, g)
+  return blocks.merge([tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret)], t, g)

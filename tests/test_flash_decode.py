@@ -35,17 +35,24 @@ def test_matches_reference(seed, steps, seq_len, group, head_dim, dtype, splits)
   np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-def test_per_query_limits_and_window():
+@pytest.mark.parametrize("block_keys", [16, None])  # 16: masked edge blocks around unmasked inner ones
+def test_per_query_limits_and_window(block_keys):
   rng = np.random.default_rng(1)
   q, k, v = random_attention_inputs(rng, 2, 3, 97, 2, 4, 64, jnp.float32)
+  params = block_keys and KernelParams(block_rows=16, block_keys=block_keys, num_warps=4, num_stages=2, splits=2)
   limits = jnp.asarray([[5, 60, 97], [1, 0, 33]], jnp.int32)  # the draft's delayed cross-attention
-  out, lse = flash_decode(q, k, v, limits, interpret=True)
+  out, lse = flash_decode(q, k, v, limits, params=params, interpret=True)
   ref_out, ref_lse = prefix_attention_reference(q, k, v, limits)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5)
   np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(np.asarray(ref_lse)))
   lengths, positions = jnp.asarray([90, 40]), jnp.asarray([[90, 91, 92], [40, 41, 42]])
-  out, _ = flash_decode(q, k, v, lengths, positions, window=17, interpret=True)
-  ref_out, _ = prefix_attention_reference(q, k, v, lengths, positions, window=17)
+  for window in (17, 60):
+    out, _ = flash_decode(q, k, v, lengths, positions, window=window, params=params, interpret=True)
+    ref_out, _ = prefix_attention_reference(q, k, v, lengths, positions, window=window)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5)
+  full_lengths = jnp.asarray([97, 64])  # every row sees whole blocks
+  out, _ = flash_decode(q, k, v, full_lengths, params=params, interpret=True)
+  ref_out, _ = prefix_attention_reference(q, k, v, full_lengths)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5)
 
 
