@@ -74,10 +74,44 @@ def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, dra
   """
   batch, n, _ = target_probs.shape
   valid = tree.valid
-  child_of = (tree.parents[:, None, :] == jnp.arange(n)[None, :, None]) & valid[:, None, :]  # [B, parent, child]
   earlier = jnp.arange(n)[None, :, None] > jnp.arange(n)[None, None, :]  # [1, c, c']: c' < c
   same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & valid[:, None, :]
-  rank = jnp.sum(same_parent & earlier, axis=-1)  # [B, N]: place among its siblings
+  if draft_probs is None:
+    move, stay, residual = _deterministic_moves(tree, target_probs, same_parent & earlier)
+  else:
+    move, stay, residual = _sequential_moves(tree, target_probs, same_parent & earlier, draft_probs, sampled)
+  below_root = ancestors & (jnp.arange(n) > 0)[None, None, :]
+  reach = jnp.prod(jnp.where(below_root, move[:, None, :], 1.0), axis=-1)  # [B, N]
+  return jnp.where(valid, reach * stay, 0.0), residual
+
+
+def _deterministic_moves(tree: Tree, target_probs: jax.Array, earlier_sibling: jax.Array):
+  """The walk's steps when every child is deterministic, in closed form: testing children
+  x_1, x_2, ... with removal moves to child x_k with probability p(x_k) (the chance that
+  the target's own draw is x_k) unless an earlier sibling holds the same token, and the
+  bonus is drawn from p without the children's tokens. Returns (move [B, N]: P(parent ->
+  node), stay [B, N]: P(every child rejected), residual [B, N, V])."""
+  batch, n, _ = target_probs.shape
+  rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, n))
+  parent = jnp.maximum(tree.parents, 0)
+  is_child = tree.valid & (jnp.arange(n) > 0)[None, :]
+  repeated = jnp.any(earlier_sibling & (tree.tokens[:, :, None] == tree.tokens[:, None, :]), axis=-1)
+  move = jnp.where(is_child & ~repeated, target_probs[rows, parent, tree.tokens], 0.0)  # p(x) at the parent
+  left = target_probs.at[rows, jnp.where(is_child, parent, n), tree.tokens].set(0.0, mode="drop")  # children removed
+  stay = jnp.sum(left, axis=-1)
+  return move, stay, left / jnp.maximum(stay, 1e-30)[..., None]
+
+
+def _sequential_moves(tree: Tree, target_probs: jax.Array, earlier_sibling: jax.Array, draft_probs: jax.Array,
+                      sampled: jax.Array | None):
+  """The walk's steps with children drawn from the draft among them: each parent tests its
+  children in order, the residual after each test feeding the next (recursive rejection
+  for sampled children, removal for deterministic ones). Returns (move, stay, residual)
+  as `_deterministic_moves`."""
+  batch, n, _ = target_probs.shape
+  valid = tree.valid
+  child_of = (tree.parents[:, None, :] == jnp.arange(n)[None, :, None]) & valid[:, None, :]  # [B, parent, child]
+  rank = jnp.sum(earlier_sibling, axis=-1)  # [B, N]: place among its siblings
   sampled = jnp.zeros((batch, n), bool) if sampled is None else sampled & valid
 
   def test_rank(k, carry):
@@ -88,14 +122,10 @@ def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, dra
     x = jnp.take_along_axis(tree.tokens, child, axis=1)  # [B, N]
     p_x = jnp.take_along_axis(residual, x[..., None], axis=-1)[..., 0]
     is_sampled = jnp.take_along_axis(sampled, child, axis=1)
-    if draft_probs is None:
-      accept = p_x
-      after = residual
-    else:
-      q = jnp.take_along_axis(draft_probs, child[..., None], axis=1)  # [B, N, V]: what the child was drawn from
-      q_x = jnp.take_along_axis(q, x[..., None], axis=-1)[..., 0]
-      accept = jnp.where(is_sampled, jnp.minimum(1.0, p_x / jnp.maximum(q_x, 1e-30)), p_x)
-      after = jnp.where(is_sampled[..., None], jnp.maximum(residual - q, 0.0), residual)
+    q = jnp.take_along_axis(draft_probs, child[..., None], axis=1)  # [B, N, V]: what the child was drawn from
+    q_x = jnp.take_along_axis(q, x[..., None], axis=-1)[..., 0]
+    accept = jnp.where(is_sampled, jnp.minimum(1.0, p_x / jnp.maximum(q_x, 1e-30)), p_x)
+    after = jnp.where(is_sampled[..., None], jnp.maximum(residual - q, 0.0), residual)
     removed = jnp.arange(residual.shape[-1])[None, None, :] == x[..., None]
     after = jnp.where(~is_sampled[..., None] & removed, 0.0, after)
     after = after / jnp.maximum(jnp.sum(after, axis=-1, keepdims=True), 1e-30)
@@ -106,9 +136,7 @@ def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, dra
 
   init = (target_probs, jnp.ones((batch, n), jnp.float32), jnp.zeros((batch, n), jnp.float32))
   residual, stay, move = jax.lax.fori_loop(0, jnp.max(rank) + 1, test_rank, init)  # as many as the most siblings
-  below_root = ancestors & (jnp.arange(n) > 0)[None, None, :]
-  reach = jnp.prod(jnp.where(below_root, move[:, None, :], 1.0), axis=-1)  # [B, N]
-  return jnp.where(valid, reach * stay, 0.0), residual
+  return move, stay, residual
 
 
 def accept_sampled(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, key: jax.Array,

@@ -232,11 +232,27 @@ def test_sampling_near_zero_temperature_is_greedy(tiny):
     assert generate(tiny, prompts, 12, sampling=cold, seed=5, **kwargs).token_ids == greedy, name
 
 
+def assert_same_law(reference: np.ndarray, got: np.ndarray, label) -> None:
+  """Chi-square test of homogeneity of two samples of categories (rows of `reference`,
+  `got`, e.g. tokens or token tuples; categories seen fewer than 10 times in all pooled):
+  must not reject at the 1% level."""
+  from scipy.stats import chi2_contingency
+
+  keys = lambda x: [tuple(np.atleast_1d(r)) for r in x]  # noqa: E731
+  samples = [keys(reference), keys(got)]
+  categories = sorted(set(samples[0]) | set(samples[1]))
+  table = np.array([[sample.count(c) for c in categories] for sample in samples])
+  common = table.sum(0) >= 10
+  table = np.concatenate([table[:, common], table[:, ~common].sum(1, keepdims=True)], axis=1)
+  table = table[:, table.sum(0) > 0]
+  p_value = chi2_contingency(table)[1]
+  print(f"{label}: chi-square p = {p_value:.3f} over {table.shape[1]} categories")
+  assert p_value > 0.01, label
+
+
 def test_sampled_speculation_matches_ar_statistically(tiny):
   """1,500 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's:
   a chi-square test of homogeneity per position (rare tokens pooled) must not reject."""
-  from scipy.stats import chi2_contingency
-
   config = SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, penalty=1.5, penalty_window=6)
   pattern = np.random.default_rng(12).integers(3, 211, size=5).tolist()
   prompts = [pattern * 4] * 1500
@@ -248,9 +264,41 @@ def test_sampled_speculation_matches_ar_statistically(tiny):
   for name, kwargs in speculative_methods(tiny).items():
     got = samples(1, **kwargs)
     for position in range(3):
-      tokens = np.union1d(reference[:, position], got[:, position])
-      table = np.array([[np.sum(x[:, position] == t) for t in tokens] for x in (reference, got)])
-      common = table.sum(0) >= 10
-      table = np.concatenate([table[:, common], table[:, ~common].sum(1, keepdims=True)], axis=1)
-      table = table[:, table.sum(0) > 0]
-      assert chi2_contingency(table)[1] > 0.01, (name, position)
+      assert_same_law(reference[:, position], got[:, position], (name, position))
+
+
+REAL_CONFIGS = {"t1": SamplingConfig(temperature=1.0), "t07-top-k": SamplingConfig(temperature=0.7, top_k=40),
+                "top-p-min-p": SamplingConfig(temperature=1.0, top_p=0.9, min_p=0.05),
+                "penalty": SamplingConfig(temperature=1.0, penalty=1.3, penalty_window=32)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", REAL_CONFIGS.values(), ids=REAL_CONFIGS.keys())
+def test_real_model_sampling_matches_ar(smollm2_float32, config):
+  """SmolLM2 with each processor setting: 2,000 seeded runs of PLD and of LongSpec (the
+  shipped draft) against 2,000 AR runs; the joint law of tokens 2-4 (the first is
+  prefill's) must pass a chi-square test of homogeneity. Opt-in (`pytest -m slow`): sized
+  for a GPU, far too slow for the CPU suite."""
+  import jax
+
+  target = smollm2_float32
+  text = real_texts()[0]
+  head = target.tokenizer(text).input_ids[:64]
+  prompt = head + head[:12]  # a repeat in progress: PLD finds its n-gram, LongSpec its cached context
+  draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
+  methods = {"pld": dict(proposer=PromptLookup(), method="pld"),
+             "longspec": dict(zip(("proposer", "proposer_params"), make_proposer("longspec", draft, (4, 8, 8))),
+                              method="longspec")}
+
+  def samples(first_seed, **kwargs):  # 4 x 500 rows: 2,000 independent runs
+    runs = [generate(target.model, [prompt] * 500, 4, sampling=config, seed=first_seed + i, **kwargs)
+            for i in range(4)]
+    mean_accepted = np.mean([r.stats["mean_accepted_length"] for r in runs])
+    return np.concatenate([np.asarray(r.token_ids)[:, 1:] for r in runs]), mean_accepted
+
+  with jax.default_matmul_precision("highest"):
+    reference, _ = samples(0)
+    for i, (name, kwargs) in enumerate(methods.items()):
+      got, mean_accepted = samples(100 * (i + 1), **kwargs)
+      assert mean_accepted > 1.0, name  # the speculation ran and accepted drafted tokens
+      assert_same_law(reference, got, f"{name}, {mean_accepted:.2f} tokens per round")

@@ -85,9 +85,9 @@ def walk_law(nodes, context, config):
   tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
               parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
               depths=jnp.asarray([[len(path) for path in paths]], jnp.int32), valid=jnp.ones((1, n), bool))
-  stop, residual = _walk(tree, jnp.asarray(target[None], jnp.float32), tree.ancestor_mask(),
-                                 jnp.asarray(draft[None], jnp.float32),
-                                 jnp.asarray([[q is not None for _, _, q in nodes]]))
+  sampled = [q is not None for _, _, q in nodes]
+  draft_args = (jnp.asarray(draft[None], jnp.float32), jnp.asarray([sampled])) if any(sampled) else ()  # as the engine
+  stop, residual = _walk(tree, jnp.asarray(target[None], jnp.float32), tree.ancestor_mask(), *draft_args)
   stop, residual = np.asarray(stop[0], np.float64), np.asarray(residual[0], np.float64)
   return {(paths[i], x): stop[i] * residual[i, x] for i in range(n) for x in range(V) if stop[i] * residual[i, x] > 0}
 
@@ -184,6 +184,31 @@ def test_emitted_tokens_follow_the_target_exactly(trees, config):
   assert abs(sum(got.values()) - 1.0) < 1e-6
   for tokens in set(want) | set(got):
     assert abs(got.get(tokens, 0.0) - want.get(tokens, 0.0)) < 1e-6, tokens
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closed_form_walk_equals_the_sequential_one(seed):
+  """Deterministic children: the closed form (what the engine runs) and the rank-by-rank
+  walk with no sampled child agree, on random trees with repeated siblings and invalid nodes."""
+  rng = np.random.default_rng(seed)
+  batch, n, vocab = 3, 12, 7
+  parents = np.stack([[-1] + [int(rng.integers(0, i)) for i in range(1, n)] for _ in range(batch)])
+  depths = np.zeros((batch, n), int)
+  for i in range(1, n):
+    depths[:, i] = depths[np.arange(batch), parents[:, i]] + 1
+  valid = np.ones((batch, n), bool)
+  valid[:, 1:] = rng.random((batch, n - 1)) < 0.8
+  for i in range(1, n):  # children of invalid nodes are invalid
+    valid[:, i] &= valid[np.arange(batch), parents[:, i]]
+  tree = Tree(tokens=jnp.asarray(rng.integers(0, 3, (batch, n)), jnp.int32), parents=jnp.asarray(parents, jnp.int32),
+              depths=jnp.asarray(depths, jnp.int32), valid=jnp.asarray(valid))
+  target = jnp.asarray(rng.dirichlet(np.ones(vocab), (batch, n)), jnp.float32)
+  draft = jnp.asarray(rng.dirichlet(np.ones(vocab), (batch, n)), jnp.float32)
+  closed = walk_outcomes(tree, target, tree.ancestor_mask())
+  sequential = walk_outcomes(tree, target, tree.ancestor_mask(), draft, jnp.zeros((batch, n), bool))
+  for a, b in zip(closed, sequential):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(closed[0]).sum(-1), 1.0, atol=1e-5)
 
 
 def test_a_draw_follows_the_walks_law():
