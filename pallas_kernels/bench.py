@@ -111,8 +111,7 @@ def suite_grid(args) -> list[dict]:
 
   bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-  print("heads        | B | S      | T   | prefix us | kernel us | same-bytes copy us | prefix TB/s (% copy) | hybrid us |"
-        " cudnn us | xla us |"
+  print("heads        | B | S      | T   | prefix us | kernel us | prefix TB/s (% copy) | hybrid us | cudnn us | xla us |"
         " decode_attn us | reference us | cudnn/hybrid", flush=True)
   rows = []
   for name in args.heads:
@@ -141,9 +140,6 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
       lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
   row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)
   row["prefix_fraction_of_copy"] = row["prefix_bytes_per_second"] / bandwidth
-  # A copy of K alone (read + write) moves the pass's K/V bytes in one trivial kernel: what
-  # moving that much costs at this size, launch and tail included.
-  row["same_bytes_copy_us"] = 1e6 * loop_seconds(lambda x: x * 2 + 1, k)
   operands = (k, v, lengths, k_new, v_new, mask, positions)
   row["hybrid_us"] = 1e6 * loop_seconds(hybrid_attention, q, *operands)
 
@@ -179,7 +175,6 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   row["cudnn_over_hybrid"] = row["cudnn_us"] / row["hybrid_us"] if row["cudnn_us"] else None
   fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
   print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} | {row['prefix_kernel_us']:9.1f} |"
-        f" {row['same_bytes_copy_us']:9.1f} |"
         f" {row['prefix_bytes_per_second'] / 1e12:5.2f} ({100 * row['prefix_fraction_of_copy']:3.0f}%)        |"
         f" {row['hybrid_us']:9.1f} | {fmt(row['cudnn_us'])} | {fmt(row['xla_us'])} |"
         f" {fmt(row['decode_attention_us'])} | {fmt(row['reference_us'])} |"
