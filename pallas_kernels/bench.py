@@ -111,8 +111,8 @@ def suite_grid(args) -> list[dict]:
 
   bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-  print("heads        | B | S      | T   | prefix us | kernel us | prefix TB/s (% copy) | hybrid us | cudnn us | xla us |"
-        " decode_attn us | reference us | cudnn/hybrid", flush=True)
+  print("heads        | B | S      | T   | prefix us | kernel us | prefix TB/s (% copy) | hybrid us | cudnn us |"
+        " xla us | decode_attn us | reference us | cudnn/hybrid", flush=True)
   rows = []
   for name in args.heads:
     heads, kv_heads, head_dim = HEADS[name]
@@ -241,7 +241,8 @@ def suite_sweep(args) -> list[dict]:
         for steps in args.steps:
           q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
           base = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
-          block_rows = {base.block_rows, min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))}
+          larger = min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))
+          block_rows = {base.block_rows, larger}
           candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
                         for br in block_rows for bk, warps, stages in SWEEP_BLOCKS for f in SWEEP_SPLITS}
           timed = []
@@ -259,7 +260,7 @@ def suite_sweep(args) -> list[dict]:
           table_us = next((us for us, p in timed if p == base), None)
           best_us, best = min(timed, key=lambda x: x[0])
           print(f"sweep {name} B={batch} S={seq_len} T={steps}: table {base} {table_us:.1f} us;"
-                f" best {best} {best_us:.1f} us; KV bytes/s at best {2 * k.nbytes / best_us / 1e6:.2f} TB/s", flush=True)
+                f" best {best} {best_us:.1f} us; K/V at {2 * k.nbytes / best_us / 1e6:.2f} TB/s", flush=True)
   return rows
 
 

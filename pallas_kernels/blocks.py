@@ -55,7 +55,10 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
       keys = pl.ds(begin + i * block_k, block_k)
       slots = begin + i * block_k + jnp.arange(block_k)
       in_range = (slots < seq_len)[:, None]
-      load = (lambda ref: plgpu.load(ref.at[keys, :], mask=in_range, other=0.0)) if masked else (lambda ref: ref[keys, :])
+
+      def load(ref):
+        return plgpu.load(ref.at[keys, :], mask=in_range, other=0.0) if masked else ref[keys, :]
+
       s = plgpu.dot(q, load(k_ref), trans_b=True, allow_tf32=not exact) * scale  # [R, block_k] f32
       if masked:
         s = jnp.where(visible(slots, i), s, NEG_INF)

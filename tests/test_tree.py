@@ -44,7 +44,7 @@ def reference_ancestors(parents, valid):
   return mask
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 24))
 def test_ancestors_and_positions_match_python_reference(seed, batch, size):
   rng = np.random.default_rng(seed)
@@ -74,7 +74,7 @@ def test_beam_offsets():
   assert beam_offsets((4, 16, 16, 16, 16)) == (0, 1, 5, 21, 37, 53, 69)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), frontier=st.integers(1, 5), width=st.integers(1, 7))
 def test_best_children_are_the_best_of_all_children(seed, frontier, width):
   rng = np.random.default_rng(seed)
