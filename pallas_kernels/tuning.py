@@ -1,8 +1,8 @@
 """Kernel launch parameters per shape, in one table.
 
 Rows per block, keys per block, warps and pipeline stages come from the measurements of
-`python -m pallas_kernels.bench --sweep` on an H100 (docs/benchmarks.md); the prefix
-pass's split count is derived from the shape so that the grid fills the GPU.
+`python -m pallas_kernels.bench --suites sweep` on an H100 (docs/benchmarks.md); the
+prefix pass's split count is derived from the shape so that the grid is one wave.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ class KernelParams:
 
 # (pass, largest query rows per KV head, head_dim) -> (block_rows, block_keys, warps, stages).
 # Measured on an H100 with bf16 K/V (docs/results/h100_kernel_sweep.json); the first row
-# whose row limit is >= the shape's rows wins. Rows not yet swept hold the defaults the
-# 4k-64k grid ran with.
+# whose row limit is >= the shape's rows wins. The head_dim-128 rows for <= 16 and for
+# 256+ query rows per KV head were swept at 16k-32k (T = 1 and 64 with G = 4); the others
+# hold the defaults the first grid ran with.
 TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
     "prefix": [
         (16, 64, (16, 128, 4, 3)),
-        (16, 128, (16, 64, 4, 3)),
+        (16, 128, (16, 64, 4, 3)),  # T = 1: (16, 128, 4, 3) within 3%
         (64, 64, (64, 64, 4, 3)),
         (64, 128, (64, 64, 4, 3)),
         (1 << 30, 64, (64, 64, 4, 3)),
