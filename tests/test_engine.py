@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 import numpy as np
@@ -279,8 +280,6 @@ def test_real_model_sampling_matches_ar(smollm2_float32, config):
   shipped draft) against 2,000 AR runs; the joint law of tokens 2-4 (the first is
   prefill's) must pass a chi-square test of homogeneity. Opt-in (`pytest -m slow`): sized
   for a GPU, far too slow for the CPU suite."""
-  import jax
-
   target = smollm2_float32
   text = real_texts()[0]
   head = target.tokenizer(text).input_ids[:64]
