@@ -45,7 +45,10 @@ def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: in
   operands (caches, masks) enter as arguments, never as constants baked into the program.
   The loop is unrolled `unroll` times: an XLA while loop syncs with the host at every
   iteration, which would add ~10 us to each call of a kernel that itself takes tens."""
-  run = jax.jit(lambda x, *ops: jax.lax.fori_loop(0, iters, lambda i, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll))
+  @jax.jit
+  def run(x, *ops):
+    return jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll)
+
   jax.block_until_ready(run(x, *operands))
   times = []
   for _ in range(repeats):
@@ -130,12 +133,13 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   kv_bytes = 2 * k.nbytes
   scores_bytes = 4 * batch * heads * steps * (seq_len + steps)
   row = {"heads": name, "batch": batch, "S": seq_len, "T": steps}
+  group = heads // kv_heads
 
   row["prefix_us"] = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
   # The kernel alone, without the query layout, bounds and merge around it.
-  params = params_for("prefix", steps * (heads // kv_heads), head_dim, seq_len, batch * kv_heads)
+  params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
   rows_q = blocks.to_rows(q, params.block_rows)
-  lo, hi = (blocks.per_row(x, heads // kv_heads, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
+  lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
   row["prefix_kernel_us"] = 1e6 * loop_seconds(
       lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
   row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)

@@ -1,6 +1,7 @@
 """The AR engine: exact greedy decoding, batching, EOS, sampling reproducibility."""
 
 import dataclasses
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -239,10 +240,9 @@ def assert_same_law(reference: np.ndarray, got: np.ndarray, label) -> None:
   must not reject at the 1% level."""
   from scipy.stats import chi2_contingency
 
-  keys = lambda x: [tuple(np.atleast_1d(r)) for r in x]  # noqa: E731
-  samples = [keys(reference), keys(got)]
-  categories = sorted(set(samples[0]) | set(samples[1]))
-  table = np.array([[sample.count(c) for c in categories] for sample in samples])
+  counts = [Counter(tuple(np.atleast_1d(r)) for r in x) for x in (reference, got)]
+  categories = sorted(counts[0].keys() | counts[1].keys())
+  table = np.array([[count[c] for c in categories] for count in counts])
   common = table.sum(0) >= 10
   table = np.concatenate([table[:, common], table[:, ~common].sum(1, keepdims=True)], axis=1)
   table = table[:, table.sum(0) > 0]

@@ -1,12 +1,19 @@
-"""Greedy acceptance on random trees against a slow pure-Python walk."""
+"""Greedy acceptance on random trees against a slow pure-Python walk; the sampled walk's
+exact law against AR sampling."""
 
+import functools
+import itertools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.tree import chain
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens
+from longspec_jax.sampling import SamplingConfig, probs
+from longspec_jax.tree import Tree, chain
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, walk_outcomes
 from test_tree import random_tree
 
 
@@ -44,16 +51,6 @@ def test_invalid_nodes_are_never_accepted():
 
 
 # --- Sampled verification: the exact law of the emitted tokens equals AR sampling. ---
-
-import functools  # noqa: E402
-import itertools  # noqa: E402
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
-
-from longspec_jax.sampling import SamplingConfig, probs  # noqa: E402
-from longspec_jax.tree import Tree  # noqa: E402
-from longspec_jax.verify import walk_outcomes  # noqa: E402
 
 V = 5  # vocabulary of the toy models
 EMITTED = 3  # the law of the first 3 emitted tokens is compared

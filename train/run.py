@@ -26,7 +26,7 @@ from pathlib import Path
 
 from infer.cli import ArgumentParser, resolve_dtype, run_main
 from longspec_jax.errors import UserError
-from train.step import LABEL_KINDS, POSITION_KINDS
+from train import LABEL_KINDS, POSITION_KINDS
 
 # stage -> (TrainConfig overrides, sequence length, batch)
 STAGES = {

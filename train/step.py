@@ -24,11 +24,6 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.rope import anchor_offset_positions
 from train.loss import chunked_token_losses
 
-POSITION_KINDS = ("anchor_offset", "vanilla")
-# What the draft learns to predict: the frozen target's next-token distribution (what
-# acceptance is measured against), or the data's next token (the paper's loss).
-LABEL_KINDS = ("target", "data")
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -41,9 +36,9 @@ class TrainConfig:
   loss_chunk: int = 512  # positions per chunk of the cross-entropy
   compute_dtype: str = "bfloat16"  # parameters and optimizer state stay float32
   max_shift: int = 4  # flash noisy training: delay j in [1, max_shift]; 0 turns it off
-  positions: str = "anchor_offset"
+  positions: str = "anchor_offset"  # one of train.POSITION_KINDS
   max_position: int = 8192  # anchor-offset positions reach up to this
-  labels: str = "target"  # one of LABEL_KINDS
+  labels: str = "target"  # one of train.LABEL_KINDS
   target_attention: str = "reference"  # the frozen target's forward: any of attention.IMPLS
 
 
