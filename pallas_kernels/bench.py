@@ -7,6 +7,8 @@
                   the prefix pass's achieved bytes/s against a measured copy bandwidth
   --suite verify  one verification step of an 8B-shaped random target at 32k context
   --suite sweep   block/warp/stage candidates for the tuning table
+  --suite floor   what reading the prefix's K/V costs at the same size, without attention:
+                  an XLA reduction, a Pallas read on the prefix pass's grid, a same-size copy
 
 Timings are medians of on-device loops where each call feeds the next (no host overhead,
 nothing hoisted), after a warm-up; every implementation of a row runs in the same process.
@@ -25,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from infer.cli import ArgumentParser, run_main
 from longspec_jax import attention
@@ -229,7 +232,8 @@ def suite_verify(args) -> list[dict]:
   return rows
 
 
-SWEEP_BLOCKS = [(64, 4, 3), (128, 4, 3), (128, 4, 4), (64, 8, 3), (128, 8, 3)]  # (block_keys, warps, stages)
+SWEEP_BLOCKS = [(64, 4, 3), (128, 4, 3), (128, 4, 4), (64, 8, 3), (128, 8, 3), (256, 4, 2), (256, 8, 2),
+                (64, 2, 4)]  # (block_keys, warps, stages)
 SWEEP_SPLITS = (0.5, 1, 2, 4)  # times the split count the table derives
 
 
@@ -268,7 +272,84 @@ def suite_sweep(args) -> list[dict]:
   return rows
 
 
-SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep}
+def _read_kernel(x_ref, k_ref, v_ref, out_ref, *, block_keys, split_len):
+  start = pl.program_id(1) * split_len
+
+  def step(i, acc):
+    keys = pl.ds(start + i * block_keys, block_keys)
+    return acc + jnp.sum(k_ref[keys, :].astype(jnp.float32) + v_ref[keys, :].astype(jnp.float32), axis=0)
+
+  out_ref[...] = jax.lax.fori_loop(0, split_len // block_keys, step, x_ref[...])
+
+
+def pallas_read(x, k, v, params: KernelParams):
+  """Sums k + v [B, S, K, D] over each split of the prefix pass's grid into x [B * K,
+  splits, D]: the pass's loads and launch without its attention math."""
+  b, seq_len, kv_heads, d = k.shape
+  split_len = seq_len // x.shape[1]
+  head = lambda bh: (bh // kv_heads, bh % kv_heads)  # noqa: E731
+  kv_spec = pl.BlockSpec((None, seq_len, None, d), lambda bh, s: (head(bh)[0], 0, head(bh)[1], 0))
+  return pl.pallas_call(
+      functools.partial(_read_kernel, block_keys=params.block_keys, split_len=split_len),
+      grid=x.shape[:2],
+      in_specs=[pl.BlockSpec((None, None, d), lambda bh, s: (bh, s, 0)), kv_spec, kv_spec],
+      out_specs=pl.BlockSpec((None, None, d), lambda bh, s: (bh, s, 0)),
+      out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+      interpret=INTERPRET,
+      name="prefix_read",
+  )(x, k, v)
+
+
+def suite_floor(args) -> list[dict]:
+  """The prefix pass next to what merely reading its K/V costs at the same size, in the
+  same timing loop: where a shape's distance from the copy bandwidth comes from."""
+  from infer.bench_target import measure_bandwidth
+
+  bandwidth = measure_bandwidth()
+  print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
+  print("heads        | B | S      | T   | K/V MB | pass us | kernel us | pallas read us | xla read us |"
+        " same-size copy us | copy-bandwidth us", flush=True)
+  rows = []
+  for name in args.heads:
+    heads, kv_heads, head_dim = HEADS[name]
+    group = heads // kv_heads
+    for batch in args.batches:
+      for seq_len in args.lengths:
+        for steps in args.steps:
+          q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
+          kv_bytes = 2 * k.nbytes
+          params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+          split_len = pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
+          rows_q = blocks.to_rows(q, params.block_rows)
+          lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
+          row = {"heads": name, "batch": batch, "S": seq_len, "T": steps, "kv_bytes": kv_bytes,
+                 "params": dataclasses.asdict(params)}
+          row["pass_us"] = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
+          row["kernel_us"] = 1e6 * loop_seconds(
+              lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
+          row["pallas_read_us"] = None
+          if seq_len % split_len == 0:
+            sums = jnp.zeros((batch * kv_heads, seq_len // split_len, head_dim), jnp.float32)
+            row["pallas_read_us"] = 1e6 * loop_seconds(lambda x, k, v: pallas_read(x, k, v, params), sums, k, v)
+          row["xla_read_us"] = 1e6 * loop_seconds(
+              lambda x, k, v: jnp.tanh(jnp.sum(k * x, dtype=jnp.float32) + jnp.sum(v * x, dtype=jnp.float32)),
+              jnp.float32(0.5), k, v)
+          # A copy of the same bytes, each call fenced so that XLA cannot fuse the chain.
+          row["same_size_copy_us"] = 1e6 * loop_seconds(
+              lambda x: jax.lax.optimization_barrier(x * 2 + 1), jnp.ones((kv_bytes // 2,), jnp.bfloat16))
+          row["copy_bandwidth_us"] = 1e6 * kv_bytes / bandwidth
+          rows.append(row)
+          save(args, "floor", rows)
+          fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
+          print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {kv_bytes / 1e6:6.0f} | {row['pass_us']:7.1f} |"
+                f" {row['kernel_us']:9.1f} | {fmt(row['pallas_read_us'])}      | {row['xla_read_us']:11.1f} |"
+                f" {row['same_size_copy_us']:17.1f} | {row['copy_bandwidth_us']:9.1f}", flush=True)
+  return rows
+
+
+SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep,
+          "floor": suite_floor}
 
 
 def main(argv=None):
