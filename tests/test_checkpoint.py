@@ -1,5 +1,7 @@
 """Training checkpoints: a run interrupted and resumed ends where an uninterrupted one does."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,18 +18,25 @@ TARGET = TargetConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_
 BATCHES = jnp.asarray(np.random.default_rng(0).integers(0, 128, (6, 2, 16)), jnp.int32)  # the data, in order
 
 
-def run(steps, checkpoints=None, start=None):
-  """Trains on BATCHES[start:steps] from fresh params or a checkpoint; saves every 2 steps."""
+@functools.cache
+def setup():
+  """The models, optimizer and compiled step, built once for every run of this module."""
   target_graphdef, target_params = nnx.split(random_model(TARGET, jnp.float32))
   draft_graphdef, params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=8), jnp.float32))
   config = TrainConfig(compute_dtype="float32", loss_chunk=8, warmup_steps=1, max_position=2048)
   optimizer = make_optimizer(config)
+  return target_params, params, optimizer, make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+
+
+def run(steps, checkpoints=None, start=None):
+  """Trains on BATCHES[start:steps] from fresh params or a checkpoint; saves every 2 steps."""
+  target_params, initial, optimizer, step_fn = setup()
+  params = jax.tree.map(jnp.copy, initial)  # the step donates its params
   opt_state = optimizer.init(params)
   first = 0
   if start == "resume":
     params, opt_state, loop = checkpoints.restore_latest(params, opt_state)
     first = loop["step"]
-  step_fn = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
   for step in range(first, steps):
     tokens = BATCHES[step]
     params, opt_state, _ = step_fn(params, opt_state, jax.random.fold_in(jax.random.key(0), step), tokens,

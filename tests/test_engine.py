@@ -196,25 +196,25 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
-  """SmolLM2 on 4 real documents (licenses and Python sources) of 1,024 tokens: PLD,
+  """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD,
   LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
-  time) and an oracle tree with decoys emit exactly the AR tokens for 96 new tokens."""
+  time) and an oracle tree with decoys emit exactly the AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
-  prompts = [target.tokenizer(t).input_ids[:1024] for t in texts[:2] + texts[-2:]]
+  prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
   assert all(len(p) == 1024 for p in prompts)
-  reference = generate(target.model, prompts, 96).token_ids
-  assert all(len(r) == 96 for r in reference)
-  pld = generate(target.model, prompts, 96, proposer=PromptLookup(), method="pld")
+  reference = generate(target.model, prompts, 80).token_ids
+  assert all(len(r) == 80 for r in reference)
+  pld = generate(target.model, prompts, 80, proposer=PromptLookup(), method="pld")
   assert pld.token_ids == reference
   proposer, params = make_proposer("longspec", load_draft("default", target.config, jnp.float32, "smollm2-135m"),
                                    tree_widths=(2, 2, 2))
-  longspec_run = generate(target.model, prompts, 96, proposer=proposer, proposer_params=params, method="longspec")
+  longspec_run = generate(target.model, prompts, 80, proposer=proposer, proposer_params=params, method="longspec")
   assert longspec_run.token_ids == reference
   assert longspec_run.stats["mean_accepted_length"] > 1.5  # a trained draft: several tokens per round
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
-  result = generate(target.model, prompts, 96, proposer=oracle, method="oracle")
+  result = generate(target.model, prompts, 80, proposer=oracle, method="oracle")
   assert result.token_ids == reference
   assert result.stats["mean_accepted_length"] > 5.5  # depth 5 + bonus, less the last round
 

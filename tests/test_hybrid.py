@@ -11,7 +11,7 @@ from longspec_jax.attention import hybrid_attention
 from pallas_kernels.bench import random_tree_mask
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     nodes=st.integers(1, 24),

@@ -29,19 +29,24 @@ def models(tmp_path_factory):
   return target, draft
 
 
-def reference_log_probs(target, draft, cache, b, tokens):
+def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
   """Draft log-probs after the last of `tokens` (sequence b's committed tokens, its root,
   then a tree path), recomputed over the whole sequence. A committed token at p sees
-  target slots < p; the root and path tokens see the committed cache."""
-  length = int(cache.lengths[b])
-  positions = jnp.arange(len(tokens))[None]
-  mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
+  target slots < p; the root and path tokens see the committed cache. The sequence is
+  padded to `padded` tokens (after it, so causally invisible) to compile once."""
+  assert len(tokens) <= padded
   layer = draft.config.cross_layer
-  hidden, _ = draft(
-      target, jnp.asarray([tokens]), positions, mask, None, None,
-      cache.k[layer, b : b + 1], cache.v[layer, b : b + 1], jnp.minimum(positions, length),
-  )
-  return np.asarray(jax.nn.log_softmax(target.logits(hidden[0, -1])))
+  return np.asarray(_reference_log_probs(
+      target, draft, jnp.asarray([tokens + [0] * (padded - len(tokens))]), len(tokens) - 1,
+      cache.k[layer, b : b + 1], cache.v[layer, b : b + 1], cache.lengths[b]))
+
+
+@nnx.jit
+def _reference_log_probs(target, draft, tokens, last, k, v, length):
+  positions = jnp.arange(tokens.shape[1])[None]
+  mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
+  hidden, _ = draft(target, tokens, positions, mask, None, None, k, v, jnp.minimum(positions, length))
+  return jax.nn.log_softmax(target.logits(hidden[0, last]))
 
 
 def reference_beam(target, draft, cache, b, context):

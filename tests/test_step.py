@@ -96,8 +96,9 @@ def test_the_targets_pallas_forward_gives_the_same_step():
 
   def loss_and_grads(impl):
     cfg = dataclasses.replace(config, target_attention=impl)
-    return jax.value_and_grad(draft_loss, has_aux=True)(draft_params, draft_graphdef, target, tokens,
-                                                         jnp.ones_like(tokens), positions, limits, cfg)
+    grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
+    return nnx.jit(grad_fn, static_argnums=(1, 7))(draft_params, draft_graphdef, target, tokens,
+                                                   jnp.ones_like(tokens), positions, limits, cfg)
 
   (want, _), want_grads = loss_and_grads("reference")
   (got, _), got_grads = loss_and_grads("pallas")
