@@ -141,43 +141,47 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
 
   def body(carry):
     state, out, written = carry
-    tree, proposal = _propose(model, proposer, proposer_params, state, impl)
-    logits, ancestors, cache = verify(model, tree, state.cache, impl)  # logits [B, N, V]
-    key, step_key = jax.random.split(state.key)
-    seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
-    if sampling.greedy:
-      acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
-    else:
-      acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
-    new = emitted_tokens(tree, acceptance)  # [B, N]
+    # (Named scopes: `python -m infer.profile` charges device time to them.)
+    with jax.named_scope("propose"):
+      tree, proposal = _propose(model, proposer, proposer_params, state, impl)
+    with jax.named_scope("verify"):
+      logits, ancestors, cache = verify(model, tree, state.cache, impl)  # logits [B, N, V]
+    with jax.named_scope("accept"):
+      key, step_key = jax.random.split(state.key)
+      seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
+      if sampling.greedy:
+        acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
+      else:
+        acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
+      new = emitted_tokens(tree, acceptance)  # [B, N]
+    with jax.named_scope("commit"):
+      # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
+      index = jnp.arange(tree.size)[None, :]
+      is_eos = jnp.isin(new, eos_ids) & (index < acceptance.count[:, None])
+      first_eos = jnp.min(jnp.where(is_eos, index, tree.size), axis=1)
+      count = jnp.minimum(jnp.minimum(acceptance.count, first_eos + 1), limit - state.emitted)
+      count = jnp.where(state.done, 0, count)
+      keep = index < count[:, None]
 
-    # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
-    index = jnp.arange(tree.size)[None, :]
-    is_eos = jnp.isin(new, eos_ids) & (index < acceptance.count[:, None])
-    first_eos = jnp.min(jnp.where(is_eos, index, tree.size), axis=1)
-    count = jnp.minimum(jnp.minimum(acceptance.count, first_eos + 1), limit - state.emitted)
-    count = jnp.where(state.done, 0, count)
-    keep = index < count[:, None]
-
-    lengths = cache.lengths
-    cache = cache.commit_path(acceptance.path, count)
-    slots = jnp.where(keep, lengths[:, None] + 1 + index, state.history.shape[1])  # past the end: dropped
-    history = state.history.at[rows, slots].set(new, mode="drop")
-    out = out.at[rows, jnp.where(keep, written[:, None] + index, width)].set(new, mode="drop")
-    last = jnp.take_along_axis(new, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
-    emitted = state.emitted + count
-    new_state = DecodeState(
-        cache=cache,
-        history=history,
-        root=jnp.where(count > 0, last, state.root),
-        done=state.done | (first_eos < count) | (emitted >= limit),
-        emitted=emitted,
-        rounds=state.rounds + 1,
-        active_rounds=state.active_rounds + ~state.done,
-        key=key,
-        nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=(1, 2))),
-        proposal=proposal,
-    )
+      lengths = cache.lengths
+      cache = cache.commit_path(acceptance.path, count)
+      slots = jnp.where(keep, lengths[:, None] + 1 + index, state.history.shape[1])  # past the end: dropped
+      history = state.history.at[rows, slots].set(new, mode="drop")
+      out = out.at[rows, jnp.where(keep, written[:, None] + index, width)].set(new, mode="drop")
+      last = jnp.take_along_axis(new, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
+      emitted = state.emitted + count
+      new_state = DecodeState(
+          cache=cache,
+          history=history,
+          root=jnp.where(count > 0, last, state.root),
+          done=state.done | (first_eos < count) | (emitted >= limit),
+          emitted=emitted,
+          rounds=state.rounds + 1,
+          active_rounds=state.active_rounds + ~state.done,
+          key=key,
+          nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=(1, 2))),
+          proposal=proposal,
+      )
     return new_state, out, written + count
 
   out = jnp.full((batch, width), PAD_ID, jnp.int32)

@@ -1,0 +1,173 @@
+"""`python -m infer.profile`: where a decoding method's device time goes, kernel by kernel.
+
+Runs one method on one prompt under the JAX profiler, then adds up the device time of
+every operation of the decode loop (`engine._decode_chunk`) and charges it to the
+engine's named scopes: `propose` (the draft), `verify` (the target over the tree),
+`accept` (the walk over the tree) and `commit` (cache, history and output updates).
+Ops are named from XLA's own HLO dump of the loop, written beside the trace; ops XLA
+emits without a source (e.g. its GPU top-k) are "unattributed". Also reports how much of
+the loop's span the device sat idle (launch gaps, host syncs). On a GPU, run with
+`XLA_FLAGS=--xla_gpu_enable_command_buffer=` for per-kernel names: inside CUDA graphs the
+profiler sees only the graph (and the idle share is then the graph's, not the kernels').
+Writes `profile.json` and the raw trace under --out.
+
+  python -m infer.profile --method longspec --draft default --set code --length 4096 --out prof/
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from infer.cli import ArgumentParser, add_sampling_flags, resolve_dtype, run_main, sampling_config, tree_widths
+from longspec_jax.errors import UserError
+
+SCOPES = ("propose", "verify", "accept", "commit")
+LOOP = "decode_chunk"  # the jitted decode loop's module name contains this
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]+)"')
+
+
+def op_names(dump_dir: Path) -> dict[str, str]:
+  """HLO instruction name -> the JAX op path it came from (e.g. `.../while/body/verify/
+  dot_general`), from the optimized HLO of the decode loop."""
+  names = {}
+  for path in glob.glob(str(dump_dir / f"*{LOOP}*after_optimizations.txt")):
+    for line in Path(path).read_text().splitlines():
+      if match := _INSTRUCTION.match(line):
+        names.setdefault(match.group(1), match.group(2))
+  return names
+
+
+def scope_of(op_name: str | None) -> str:
+  parts = (op_name or "").split("/")
+  return next((part for part in parts if part in SCOPES), "unattributed")
+
+
+def device_events(xspace: Path):
+  """(start ns, duration ns, hlo op) of every device event of the decode loop. Device
+  planes on an accelerator; the host's XLA thunks on a CPU-only machine."""
+  from jax.profiler import ProfileData
+
+  data = ProfileData.from_file(str(xspace))
+  planes = [p for p in data.planes if p.name.startswith("/device:")] or \
+           [p for p in data.planes if p.name == "/host:CPU"]
+  for plane in planes:
+    for line in plane.lines:
+      for event in line.events:
+        stats = dict(event.stats)
+        if LOOP in str(stats.get("hlo_module", "")) and "hlo_op" in stats:
+          yield event.start_ns, event.duration_ns, str(stats["hlo_op"])
+
+
+def busy_ns(events) -> float:
+  """Length of the union of the events' intervals (concurrent kernels count once)."""
+  total, end = 0.0, float("-inf")
+  for start, duration, _ in sorted(events):
+    total += max(0.0, start + duration - max(start, end))
+    end = max(end, start + duration)
+  return total
+
+
+def summarize(events: list, names: dict[str, str], top: int) -> dict:
+  by_op = collections.defaultdict(lambda: [0.0, 0])
+  for _, duration, op in events:
+    by_op[op][0] += duration
+    by_op[op][1] += 1
+  total = sum(d for d, _ in by_op.values()) or 1.0
+  by_scope = collections.Counter()
+  for op, (duration, _) in by_op.items():
+    by_scope[scope_of(names.get(op))] += duration
+  span = (max(s + d for s, d, _ in events) - min(s for s, _, _ in events)) if events else 0.0
+  ranked = sorted(by_op.items(), key=lambda item: -item[1][0])[:top]
+  return {
+      "kernel_ms": total / 1e6,
+      "span_ms": span / 1e6,
+      "idle_share_of_span": 1 - busy_ns(events) / span if span else 0.0,
+      "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
+      "top_ops": [{"hlo_op": op, "ms": ns / 1e6, "share": ns / total, "calls": calls,
+                   "scope": scope_of(names.get(op)), "op_name": names.get(op)} for op, (ns, calls) in ranked],
+  }
+
+
+def main(argv=None):
+  p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
+  p.add_argument("--method", default="longspec", help="ar, pld or longspec")
+  p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
+  p.add_argument("--tree-widths", type=tree_widths, help="beam widths per depth like 4,16,16 (default: the draft's)")
+  p.add_argument("--set", default="code", help="prompt set: code or docs")
+  p.add_argument("--length", type=int, default=4096, help="prefill tokens")
+  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"))
+  p.add_argument("--attention", choices=("reference", "pallas"), help="default: pallas on GPU, else reference")
+  p.add_argument("--top", type=int, default=25, help="how many ops to list")
+  add_sampling_flags(p)
+  p.add_argument("--out", type=Path, required=True)
+  args = p.parse_args(argv)
+  if args.length < 1 or args.new_tokens < 2:
+    raise UserError("--length must be at least 1 and --new-tokens at least 2.")
+  dump_dir = args.out / "hlo"
+  if "jax" in sys.modules:
+    raise UserError("run `python -m infer.profile` as its own process: it sets XLA's dump flags before JAX starts.")
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
+                             f" --xla_dump_hlo_module_re=.*{LOOP}.*").strip()
+
+  import jax
+
+  from infer.prompts import PROMPT_SETS
+  from longspec_jax.attention import default_impl
+  from longspec_jax.engine import generate
+  from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
+  from longspec_jax.weights import default, load_target
+  from longspec_jax.weights.drafts import load_draft
+
+  if args.method not in PROPOSERS:
+    raise UserError(f"--method must be one of {sorted(PROPOSERS)}, got {args.method!r}.")
+  if args.set not in PROMPT_SETS:
+    raise UserError(f"--set must be one of {sorted(PROMPT_SETS)}, got {args.set!r}.")
+  impl = args.attention or default_impl()
+  target_name = args.target or default.NAME
+  dtype = resolve_dtype(args.dtype)
+  target = load_target(target_name, dtype)
+  draft = load_draft(args.draft, target.config, dtype, target_name) if args.method in DRAFT_METHODS else None
+  proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
+  prompt = PROMPT_SETS[args.set](target.tokenizer, args.length, 1)[0]
+  run = lambda: generate(target.model, [prompt], args.new_tokens, proposer=proposer,  # noqa: E731
+                         proposer_params=proposer_params, method=args.method, impl=impl,
+                         sampling=sampling_config(args), seed=args.seed)
+  run()  # compiles
+  trace_dir = args.out / "trace"
+  with jax.profiler.trace(str(trace_dir)):
+    result = run()
+  xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
+  if not xspace:
+    raise UserError(f"the profiler wrote no trace under {trace_dir}.")
+  summary = summarize(list(device_events(Path(xspace[-1]))), op_names(dump_dir), args.top)
+  stats = result.stats
+  report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
+            "set": args.set, "prefill_tokens": len(prompt), "new_tokens": stats["num_new_tokens"],
+            "rounds": stats["steps"], "tau": stats["mean_accepted_length"], "decode_ms": 1e3 * stats["decode_seconds"],
+            **summary}
+  (args.out / "profile.json").write_text(json.dumps(report, indent=1))
+
+  rounds = max(stats["steps"], 1)
+  print(f"{args.method} on {report['device']}: {len(prompt)} prefill tokens, {stats['num_new_tokens']} new in {rounds}"
+        f" rounds (tau {stats['mean_accepted_length']:.2f}); decode {report['decode_ms']:.1f} ms, device kernels"
+        f" {summary['kernel_ms']:.1f} ms, idle {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
+  print("scope    | ms per round | share")
+  for scope, row in summary["by_scope"].items():
+    print(f"{scope:8} | {row['ms'] / rounds:12.3f} | {100 * row['share']:4.1f}%")
+  print("op                                  | scope    | us per round | calls/round | share | from")
+  for row in summary["top_ops"]:
+    origin = (row["op_name"] or "").split("/")[-3:]
+    print(f"{row['hlo_op'][:35]:35} | {row['scope']:8} | {1e3 * row['ms'] / rounds:12.1f} |"
+          f" {row['calls'] / rounds:11.1f} | {100 * row['share']:4.1f}% | {'/'.join(origin)}")
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m infer.profile")

@@ -1,0 +1,34 @@
+"""`python -m infer.profile` end to end on a tiny target (its own process: it sets XLA's
+dump flags before JAX starts)."""
+
+import json
+import subprocess
+import sys
+
+from infer.profile import busy_ns, scope_of
+
+
+def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_path):
+  out = tmp_path / "prof"
+  proc = subprocess.run([sys.executable, "-m", "infer.profile", "--target", str(tiny_with_tokenizer), "--method",
+                         "longspec", "--draft", "random", "--tree-widths", "2,2", "--length", "48", "--new-tokens", "6",
+                         "--dtype", "float32", "--top", "5", "--out", str(out)],
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads((out / "profile.json").read_text())
+  assert report["kernel_ms"] > 0 and 0 <= report["idle_share_of_span"] < 1
+  assert {"propose", "verify", "accept", "commit"} <= set(report["by_scope"])
+  assert abs(sum(s["share"] for s in report["by_scope"].values()) - 1) < 1e-6
+  assert len(report["top_ops"]) == 5 and "verify" in proc.stdout
+
+
+def test_bad_input_is_one_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "infer.profile", "--new-tokens", "1", "--out", str(tmp_path)],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--new-tokens" in proc.stderr
+
+
+def test_scopes_and_busy_time():
+  assert scope_of("jit(_decode_chunk)/while/body/verify/dot_general") == "verify"
+  assert scope_of(None) == "unattributed"
+  assert busy_ns([(0, 10, "a"), (5, 10, "b"), (30, 5, "c")]) == 20
