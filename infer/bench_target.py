@@ -1,11 +1,13 @@
 """`python -m infer.bench_target`: AR speed of the target, ours vs transformers, and the
-decode step of a model shape (Llama-3.1-8B by default) against the memory-bandwidth floor.
+decode step of a model shape (Llama-3.1-8B by default) against the memory-bandwidth floor,
+and the vocabulary top-k of the draft's beam search (`jax.lax.top_k` vs two-stage chunks).
 
 Every timing is a median after warm-up; ratios are taken between rows of one run.
 Prints tables and writes JSON (`--out`).
 
   python -m infer.bench_target --suite smollm2 --prompt-lengths 512 2048 7900 --out smollm2.json
   python -m infer.bench_target --suite floor --shape llama-3.1-8b --contexts 4096 32768 --out llama8b.json
+  python -m infer.bench_target --suite topk --out topk.json
 """
 
 from __future__ import annotations
@@ -211,9 +213,29 @@ def suite_floor(args) -> dict:
           "steps_per_measure": steps, "rows": rows}
 
 
+def suite_topk(args) -> dict:
+  """Microseconds per top-16 over rows of a vocabulary, in a chained on-device loop."""
+  from longspec_jax.topk import top_k
+  from pallas_kernels.bench import loop_seconds
+
+  chunks = (512, 1024, 2048, 4096)
+  rows = []
+  for vocab in (SMOLLM2_135M.vocab_size, LLAMA_31_8B.vocab_size):
+    for batch in (1, 4, 16, 64):
+      x = jax.random.normal(jax.random.key(batch), (batch, vocab), jnp.float32)
+      row = {"rows": batch, "vocab": vocab, "k": 16}
+      for name, fn in [("lax", lambda x: jax.lax.top_k(x, 16))] + [
+          (f"chunk_{c}", functools.partial(top_k, k=16, chunk=c)) for c in chunks]:
+        row[f"{name}_us"] = 1e6 * loop_seconds(lambda y, fn=fn: y + 1e-30 * fn(y)[0][:, :1], x)
+      rows.append(row)
+      print(f"{vocab:>7} x {batch:>3} | " + " | ".join(f"{row[f'{n}_us']:7.1f}" for n in
+            ["lax"] + [f"chunk_{c}" for c in chunks]), flush=True)
+  return {"chunks": list(chunks), "rows": rows}
+
+
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
-  p.add_argument("--suite", choices=("smollm2", "floor"), required=True)
+  p.add_argument("--suite", choices=("smollm2", "floor", "topk"), required=True)
   p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="model shape for --suite floor")
   p.add_argument("--prompt-lengths", type=int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
@@ -228,12 +250,13 @@ def main(argv=None):
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
       "floor": "context | decode step | bandwidth floor | floor/step",
+      "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
   print(header, flush=True)
   result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
-  result.update(suite_smollm2(args) if args.suite == "smollm2" else suite_floor(args))
+  result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from longspec_jax.errors import UserError
+from longspec_jax.topk import top_k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ def log_probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig)
   temperature > 0."""
   scores = jax.nn.log_softmax(penalize(logits.astype(jnp.float32), seen, config) / config.temperature, axis=-1)
   if config.top_k:
-    kth = jax.lax.top_k(scores, min(config.top_k, scores.shape[-1]))[0][..., -1:]
+    kth = top_k(scores, min(config.top_k, scores.shape[-1]))[0][..., -1:]
     scores = jax.nn.log_softmax(jnp.where(scores >= kth, scores, -jnp.inf), axis=-1)
   if config.top_p < 1.0:
     ordered = jnp.sort(scores, axis=-1)[..., ::-1]

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longspec_jax.topk import top_k
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +101,7 @@ def best_children(log_probs: jax.Array, scores: jax.Array, width: int) -> tuple[
   """
   batch, frontier, vocab = log_probs.shape
   per_node = min(width, vocab)  # no node can contribute more than `width` children
-  top_lp, top_tokens = jax.lax.top_k(log_probs, per_node)  # [B, F, k]
+  top_lp, top_tokens = top_k(log_probs, per_node)  # [B, F, k]
   total = (scores[:, :, None] + top_lp).reshape(batch, frontier * per_node)
   best, flat = jax.lax.top_k(total, width)  # [B, width]
   tokens = jnp.take_along_axis(top_tokens.reshape(batch, frontier * per_node), flat, axis=1)

@@ -1,0 +1,41 @@
+"""Exact top-k over a vocabulary-sized last axis, in two stages.
+
+XLA's GPU top-k of a few rows of 49k logits (the beam search's frontier) takes ~170 us on
+an H100, for one row as for sixteen (`python -m infer.profile`). Taking the top k of each
+chunk first, then of the chunks' winners, spreads a row over many small problems. The
+result is `jax.lax.top_k`'s, order and ties included: the global top k lie among the
+chunks' top k, and the candidates stay in index order among equals. On the CPU, and for
+many rows on the GPU, XLA's one pass is the faster (`python -m infer.bench_target --suite
+topk`), so the chunks are for a GPU and a few rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+# H100, top-16 of 49k-128k entries (`--suite topk`, docs/results/h100_topk.json): chunks of
+# 512 took 60-170 us against lax.top_k's 165-285 us for up to 16 rows, and lost at 64.
+CHUNK = 512
+MAX_ROWS = 16
+
+
+def top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(values, indices) of the k largest entries along the last axis of float x, largest
+  first, lower index first among equals: `jax.lax.top_k`'s result. `chunk`: entries per
+  first-stage chunk (default: CHUNK for up to MAX_ROWS rows on a GPU, else one pass)."""
+  n = x.shape[-1]
+  few_rows = math.prod(x.shape[:-1]) <= MAX_ROWS
+  chunk = chunk or (CHUNK if jax.default_backend() == "gpu" and few_rows else n)
+  if n <= 2 * chunk or k > chunk:
+    return jax.lax.top_k(x, k)
+  chunks = -(-n // chunk)
+  lead = x.shape[:-1]
+  # -inf padding sorts after every real entry (after real -inf ones too: it comes last).
+  padded = jnp.pad(x, [(0, 0)] * len(lead) + [(0, chunks * chunk - n)], constant_values=-jnp.inf)
+  values, index = jax.lax.top_k(padded.reshape(*lead, chunks, chunk), k)  # [..., chunks, k]
+  index = index + (jnp.arange(chunks) * chunk)[:, None]
+  best, pick = jax.lax.top_k(values.reshape(*lead, chunks * k), k)  # [..., k]
+  return best, jnp.take_along_axis(index.reshape(*lead, chunks * k), pick, axis=-1)
