@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import statistics
 import time
@@ -32,7 +33,7 @@ from jax.experimental.pallas import triton as plgpu
 from infer.cli import ArgumentParser, run_main
 from longspec_jax import attention
 from pallas_kernels import blocks
-from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
+from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
 from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tuning import KernelParams, params_for
@@ -120,31 +121,43 @@ def suite_grid(args) -> list[dict]:
   print("heads        | B | S      | T   | prefix us | kernel us | prefix TB/s (% copy) | hybrid us | cudnn us |"
         " xla us | decode_attn us | reference us | cudnn/hybrid", flush=True)
   rows = []
-  for name in args.heads:
-    heads, kv_heads, head_dim = HEADS[name]
-    for batch in args.batches:
-      for seq_len in args.lengths:
-        for steps in args.steps:
-          rows.append(_grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth))
-          save(args, "grid", rows)  # a run cut short keeps the rows it finished
+  for shape in shapes(args):
+    rows.append(_grid_row(*shape, bandwidth))
+    save(args, "grid", rows)  # a run cut short keeps the rows it finished
   return rows
 
 
-def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth) -> dict:
+def shapes(args):
+  """(heads name, heads, kv_heads, head_dim, batch, S, T) for every shape the flags name."""
+  for name, batch, seq_len, steps in itertools.product(args.heads, args.batches, args.lengths, args.steps):
+    yield (name, *HEADS[name], batch, seq_len, steps)
+
+
+def prefix_timings(q, k, v, lengths) -> tuple[KernelParams, float, float]:
+  """The table's launch parameters for this shape, and microseconds per call of the
+  prefix pass as the engine calls it (query layout, bounds, kernel, merge) and of the
+  kernel alone (chained through its first split's output, so approximate)."""
+  b, t, kv_heads, group, head_dim = q.shape
+  params = params_for("prefix", t * group, head_dim, k.shape[1], b * kv_heads)
+  rows_q = blocks.to_rows(q, params.block_rows)
+  lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, t))
+  pass_us = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
+  kernel_us = 1e6 * loop_seconds(
+      lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
+  return params, pass_us, kernel_us
+
+
+def _fmt(x) -> str:
+  return "     -" if x is None else f"{x:9.1f}"
+
+
+def _grid_row(name, heads, kv_heads, head_dim, batch, seq_len, steps, bandwidth) -> dict:
   q, k, v, k_new, v_new, lengths, mask = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
   positions = lengths[:, None] + jnp.arange(steps)
   kv_bytes = 2 * k.nbytes
   scores_bytes = 4 * batch * heads * steps * (seq_len + steps)
   row = {"heads": name, "batch": batch, "S": seq_len, "T": steps}
-  group = heads // kv_heads
-
-  row["prefix_us"] = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
-  # The kernel alone, without the query layout, bounds and merge around it.
-  params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
-  rows_q = blocks.to_rows(q, params.block_rows)
-  lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
-  row["prefix_kernel_us"] = 1e6 * loop_seconds(
-      lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
+  _, row["prefix_us"], row["prefix_kernel_us"] = prefix_timings(q, k, v, lengths)
   row["prefix_bytes_per_second"] = kv_bytes / (row["prefix_us"] * 1e-6)
   row["prefix_fraction_of_copy"] = row["prefix_bytes_per_second"] / bandwidth
   operands = (k, v, lengths, k_new, v_new, mask, positions)
@@ -180,12 +193,11 @@ def _grid_row(name, batch, seq_len, steps, heads, kv_heads, head_dim, bandwidth)
   if scores_bytes <= SKIP_ABOVE_BYTES:
     row["reference_us"] = 1e6 * loop_seconds(attention.hybrid_attention, q, *operands)
   row["cudnn_over_hybrid"] = row["cudnn_us"] / row["hybrid_us"] if row["cudnn_us"] else None
-  fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
   print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {row['prefix_us']:9.1f} | {row['prefix_kernel_us']:9.1f} |"
         f" {row['prefix_bytes_per_second'] / 1e12:5.2f} ({100 * row['prefix_fraction_of_copy']:3.0f}%)        |"
-        f" {row['hybrid_us']:9.1f} | {fmt(row['cudnn_us'])} | {fmt(row['xla_us'])} |"
-        f" {fmt(row['decode_attention_us'])} | {fmt(row['reference_us'])} |"
-        f" {fmt(row['cudnn_over_hybrid'])}", flush=True)
+        f" {row['hybrid_us']:9.1f} | {_fmt(row['cudnn_us'])} | {_fmt(row['xla_us'])} |"
+        f" {_fmt(row['decode_attention_us'])} | {_fmt(row['reference_us'])} |"
+        f" {_fmt(row['cudnn_over_hybrid'])}", flush=True)
   return row
 
 
@@ -241,34 +253,30 @@ def suite_sweep(args) -> list[dict]:
   """Times the prefix pass under candidate launch parameters around the table's choice:
   key blocks, warps and stages, the split count, and the next row block size up."""
   rows = []
-  for name in args.heads:
-    heads, kv_heads, head_dim = HEADS[name]
+  for name, heads, kv_heads, head_dim, batch, seq_len, steps in shapes(args):
     group = heads // kv_heads
-    for batch in args.batches:
-      for seq_len in args.lengths:
-        for steps in args.steps:
-          q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
-          base = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
-          larger = min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))
-          block_rows = {base.block_rows, larger}
-          candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
-                        for br in block_rows for bk, warps, stages in SWEEP_BLOCKS for f in SWEEP_SPLITS}
-          timed = []
-          for params in sorted(candidates, key=lambda p: dataclasses.astuple(p)):
-            try:
-              us = 1e6 * loop_seconds(lambda x, k, v, n, p=params: flash_decode(x, k, v, n, params=p)[0], q, k, v,
-                                      lengths)
-            except Exception as e:  # e.g. out of shared memory
-              print(f"sweep {name} B={batch} S={seq_len} T={steps} {params}: {type(e).__name__}", flush=True)
-              continue
-            timed.append((us, params))
-            rows.append({"heads": name, "batch": batch, "S": seq_len, "T": steps, "params": dataclasses.asdict(params),
-                         "table": params == base, "prefix_us": us})
-          save(args, "sweep", rows)
-          table_us = next((us for us, p in timed if p == base), None)
-          best_us, best = min(timed, key=lambda x: x[0])
-          print(f"sweep {name} B={batch} S={seq_len} T={steps}: table {base} {table_us:.1f} us;"
-                f" best {best} {best_us:.1f} us; K/V at {2 * k.nbytes / best_us / 1e6:.2f} TB/s", flush=True)
+    q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
+    base = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+    larger = min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))
+    block_rows = {base.block_rows, larger}
+    candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
+                  for br in block_rows for bk, warps, stages in SWEEP_BLOCKS for f in SWEEP_SPLITS}
+    timed = []
+    for params in sorted(candidates, key=lambda p: dataclasses.astuple(p)):
+      try:
+        us = 1e6 * loop_seconds(lambda x, k, v, n, p=params: flash_decode(x, k, v, n, params=p)[0], q, k, v,
+                                lengths)
+      except Exception as e:  # e.g. out of shared memory
+        print(f"sweep {name} B={batch} S={seq_len} T={steps} {params}: {type(e).__name__}", flush=True)
+        continue
+      timed.append((us, params))
+      rows.append({"heads": name, "batch": batch, "S": seq_len, "T": steps, "params": dataclasses.asdict(params),
+                   "table": params == base, "prefix_us": us})
+    save(args, "sweep", rows)
+    table_us = next((us for us, p in timed if p == base), None)
+    best_us, best = min(timed, key=lambda x: x[0])
+    print(f"sweep {name} B={batch} S={seq_len} T={steps}: table {base} {table_us:.1f} us;"
+          f" best {best} {best_us:.1f} us; K/V at {2 * k.nbytes / best_us / 1e6:.2f} TB/s", flush=True)
   return rows
 
 
@@ -311,40 +319,29 @@ def suite_floor(args) -> list[dict]:
   print("heads        | B | S      | T   | K/V MB | pass us | kernel us | pallas read us | xla read us |"
         " same-size copy us | copy-bandwidth us", flush=True)
   rows = []
-  for name in args.heads:
-    heads, kv_heads, head_dim = HEADS[name]
-    group = heads // kv_heads
-    for batch in args.batches:
-      for seq_len in args.lengths:
-        for steps in args.steps:
-          q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
-          kv_bytes = 2 * k.nbytes
-          params = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
-          split_len = pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
-          rows_q = blocks.to_rows(q, params.block_rows)
-          lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, steps))
-          row = {"heads": name, "batch": batch, "S": seq_len, "T": steps, "kv_bytes": kv_bytes,
-                 "params": dataclasses.asdict(params)}
-          row["pass_us"] = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
-          row["kernel_us"] = 1e6 * loop_seconds(
-              lambda r, k, v, lo, hi: prefix_partials(r, k, v, lo, hi, params, INTERPRET)[0][0], rows_q, k, v, lo, hi)
-          row["pallas_read_us"] = None
-          if seq_len % split_len == 0:
-            sums = jnp.zeros((batch * kv_heads, seq_len // split_len, head_dim), jnp.float32)
-            row["pallas_read_us"] = 1e6 * loop_seconds(lambda x, k, v: pallas_read(x, k, v, params), sums, k, v)
-          row["xla_read_us"] = 1e6 * loop_seconds(
-              lambda x, k, v: jnp.tanh(jnp.sum(k * x, dtype=jnp.float32) + jnp.sum(v * x, dtype=jnp.float32)),
-              jnp.float32(0.5), k, v)
-          # A copy of the same bytes, each call fenced so that XLA cannot fuse the chain.
-          row["same_size_copy_us"] = 1e6 * loop_seconds(
-              lambda x: jax.lax.optimization_barrier(x * 2 + 1), jnp.ones((kv_bytes // 2,), jnp.bfloat16))
-          row["copy_bandwidth_us"] = 1e6 * kv_bytes / bandwidth
-          rows.append(row)
-          save(args, "floor", rows)
-          fmt = lambda x: "     -" if x is None else f"{x:9.1f}"  # noqa: E731
-          print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {kv_bytes / 1e6:6.0f} | {row['pass_us']:7.1f} |"
-                f" {row['kernel_us']:9.1f} | {fmt(row['pallas_read_us'])}      | {row['xla_read_us']:11.1f} |"
-                f" {row['same_size_copy_us']:17.1f} | {row['copy_bandwidth_us']:9.1f}", flush=True)
+  for name, heads, kv_heads, head_dim, batch, seq_len, steps in shapes(args):
+    q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
+    kv_bytes = 2 * k.nbytes
+    params, pass_us, kernel_us = prefix_timings(q, k, v, lengths)
+    split_len = split_length(seq_len, params)
+    row = {"heads": name, "batch": batch, "S": seq_len, "T": steps, "kv_bytes": kv_bytes,
+           "params": dataclasses.asdict(params), "pass_us": pass_us, "kernel_us": kernel_us}
+    row["pallas_read_us"] = None
+    if seq_len % split_len == 0:
+      sums = jnp.zeros((batch * kv_heads, seq_len // split_len, head_dim), jnp.float32)
+      row["pallas_read_us"] = 1e6 * loop_seconds(lambda x, k, v: pallas_read(x, k, v, params), sums, k, v)
+    row["xla_read_us"] = 1e6 * loop_seconds(
+        lambda x, k, v: jnp.tanh(jnp.sum(k * x, dtype=jnp.float32) + jnp.sum(v * x, dtype=jnp.float32)),
+        jnp.float32(0.5), k, v)
+    # A copy of the same bytes, each call fenced so that XLA cannot fuse the chain.
+    row["same_size_copy_us"] = 1e6 * loop_seconds(
+        lambda x: jax.lax.optimization_barrier(x * 2 + 1), jnp.ones((kv_bytes // 2,), jnp.bfloat16))
+    row["copy_bandwidth_us"] = 1e6 * kv_bytes / bandwidth
+    rows.append(row)
+    save(args, "floor", rows)
+    print(f"{name:12} | {batch} | {seq_len:6} | {steps:3} | {kv_bytes / 1e6:6.0f} | {row['pass_us']:7.1f} |"
+          f" {row['kernel_us']:9.1f} | {_fmt(row['pallas_read_us'])}      | {row['xla_read_us']:11.1f} |"
+          f" {row['same_size_copy_us']:17.1f} | {row['copy_bandwidth_us']:9.1f}", flush=True)
   return rows
 
 

@@ -47,7 +47,7 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
   `initial`: buffers the outputs are written into (tests poison them with NaN)."""
   b, kv_heads, r, d = rows.shape
   seq_len = k.shape[1]
-  split_len = pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
+  split_len = split_length(seq_len, params)
   splits = pl.cdiv(seq_len, split_len)
   kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
                              scale=d**-0.5)
@@ -76,6 +76,11 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
       interpret=interpret,
       name="flash_decode",
   )(rows, k, v, lo, hi, *(initial or ()))
+
+
+def split_length(seq_len: int, params: KernelParams) -> int:
+  """Keys per split-K program: `params.splits` ranges rounded up to whole key blocks."""
+  return pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
 
 
 def bounds(lengths, q_positions, window, t: int):
