@@ -24,52 +24,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from infer.cli import ArgumentParser, resolve_dtype, run_main
+from infer.cli import ArgumentParser, output_path, positive_int, resolve_dtype, run_main
+from infer.plots import plot
+from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
 from infer.prompts import code_prompts
 from longspec_jax.attention import IMPLS, default_impl
 from longspec_jax.cache import KVCache
-from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.engine import DecodeState, _decode_chunk, generate
 from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig
-
-SMOLLM2_135M = TargetConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-    head_dim=64, rope=RopeConfig(theta=100000.0), max_position_embeddings=8192, tie_word_embeddings=True,
-)
-LLAMA_31_8B = TargetConfig(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
-    rope=RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0,
-                    high_freq_factor=4.0, original_max_position_embeddings=8192),
-)
-
-
-SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "smollm2-135m": SMOLLM2_135M}
-
-
-def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
-  for _ in range(warmup):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(iters):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
-
-
-def measure_bandwidth() -> float:
-  """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
-  over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""
-  step = jax.jit(lambda x: x * 2 + 1)
-  best = 0.0
-  for nbytes in (1 << 30, 1 << 32):
-    for dtype in (jnp.float32, jnp.bfloat16):
-      data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype)
-      best = max(best, 2 * nbytes / median_seconds(functools.partial(step, data), iters=20))
-  return best
-
 
 def bench_ours(target, prompt: list[int], new_tokens: int, impl: str, repeats: int) -> dict:
   runs = []
@@ -199,7 +162,8 @@ def suite_floor(args) -> dict:
 
     def decode():  # continues from the last state: the context grows by `steps` per call
       state[0], tokens, _ = _decode_chunk(
-          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), None, args.attention, SamplingConfig(), steps
+          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), None, args.attention, SamplingConfig(),
+          jnp.int32(steps), steps
       )
       return tokens
 
@@ -216,7 +180,6 @@ def suite_floor(args) -> dict:
 def suite_topk(args) -> dict:
   """Microseconds per top-16 over rows of a vocabulary, in a chained on-device loop."""
   from longspec_jax.topk import top_k
-  from pallas_kernels.bench import loop_seconds
 
   chunks = (512, 1024, 2048, 4096)
   rows = []
@@ -237,16 +200,25 @@ def main(argv=None):
   p = ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
   p.add_argument("--suite", choices=("smollm2", "floor", "topk"), required=True)
   p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="model shape for --suite floor")
-  p.add_argument("--prompt-lengths", type=int, nargs="+", default=[512, 2048, 7900])
-  p.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
-  p.add_argument("--new-tokens", type=int, default=256)
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--prompt-lengths", type=positive_int, nargs="+", default=[512, 2048, 7900])
+  p.add_argument("--contexts", type=positive_int, nargs="+", default=[4096, 32768])
+  p.add_argument("--new-tokens", type=positive_int, default=256)
+  p.add_argument("--repeats", type=positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
-  p.add_argument("--out", type=Path)
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   args.attention = args.attention or default_impl()
+  if args.out:
+    output_path(args.out)
+  if args.suite == "smollm2":
+    context = SMOLLM2_135M.max_position_embeddings
+    if max(args.prompt_lengths) + args.new_tokens > context:
+      p.error(f"--prompt-lengths up to {max(args.prompt_lengths)} plus --new-tokens {args.new_tokens} exceed"
+              f" SmolLM2's context of {context} tokens")
+  if args.suite == "floor" and max(args.contexts) >= SHAPES[args.shape].max_position_embeddings:
+    p.error(f"--contexts must stay below {args.shape}'s context of {SHAPES[args.shape].max_position_embeddings}")
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
       "floor": "context | decode step | bandwidth floor | floor/step",
@@ -259,6 +231,7 @@ def main(argv=None):
   result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,17 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import ArgumentParser, add_sampling_flags, resolve_dtype, run_main, sampling_config, tree_widths
+from infer.cli import (ArgumentParser, add_sampling_flags, output_path, positive_int, resolve_dtype, run_main,
+                       sampling_config, tree_widths)
+from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from longspec_jax.attention import IMPLS, default_impl
-
-from longspec_jax.engine import generate, prefill
+from longspec_jax.config import check_tree_widths
+from longspec_jax.engine import check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
-from longspec_jax.weights import default, load_target
-from longspec_jax.weights.drafts import load_draft
+from longspec_jax.tree import node_budget
+from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
+from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
@@ -45,11 +48,17 @@ def run_config(target, method: str, draft, widths, prompts: list[list[int]], new
   tokens = sum(r.stats["num_new_tokens"] - 1 for r in runs)
   rounds = sum(r.stats["steps"] for r in runs)
   decode = sum(r.stats["decode_seconds"] for r in runs)
+  # The phases are timed apart from the run (engine._time_phases), so their sum can exceed
+  # the run's decode time by timing noise; shares are of the larger of the two, so each
+  # lies in [0, 1] and they sum to 1.
+  phases = {phase: sum(r.stats[phase] for r in runs) for phase in PHASES[:2]}
+  whole = max(decode, sum(phases.values()))
+  phases[PHASES[2]] = whole - sum(phases.values())
   return {
       "tau": tokens / rounds,
       "tokens_per_second": statistics.median(r.stats["tokens_per_second"] for r in runs),
       "prefill_seconds": statistics.median(r.stats["prefill_seconds"] for r in runs),
-      **{f"{phase}_share": sum(r.stats[phase] for r in runs) / decode for phase in PHASES},
+      **{f"{phase}_share": seconds / whole for phase, seconds in phases.items()},
       "kv_cache_mib": max(r.stats["kv_cache_bytes"] for r in runs) / 2**20,
       "draft_state_mib": max(r.stats["proposer_state_bytes"] for r in runs) / 2**20,
       "token_ids": [r.token_ids[0] for r in runs],
@@ -82,20 +91,26 @@ def same_tokens(row: dict) -> str:
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
-  p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
+  p.add_argument("--draft", help="draft for longspec: 'default' (the default), 'random' or a checkpoint dir")
   p.add_argument("--tree-widths", type=tree_widths, nargs="+",
                  help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
-  p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 7680])
-  p.add_argument("--num-prompts", type=int, default=3)
-  p.add_argument("--new-tokens", type=int, default=256)
+  p.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
+  p.add_argument("--num-prompts", type=positive_int, default=3)
+  p.add_argument("--new-tokens", type=positive_int, default=256)
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
   add_sampling_flags(p)
-  p.add_argument("--out", type=Path)
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   args.attention = args.attention or default_impl()
+  if not set(args.methods) & set(DRAFT_METHODS):
+    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
+      if value is not None:
+        p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
+  if args.out:
+    output_path(args.out)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
   variants = []  # (label, method, tree widths): a draft method once per tree
   for m in methods:
@@ -105,13 +120,36 @@ def main(argv=None):
       variants.append((m, m, None))
   sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
-  target = load_target(args.target, dtype)
-  draft = load_draft(args.draft, target.config, dtype, args.target) if set(methods) & set(DRAFT_METHODS) else None
+  path = resolve_target(args.target)  # every input is checked before the weights load
+  config = read_target_config(path)
+  check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
+  draft_spec = args.draft or "default"
+  uses_draft = bool(set(methods) & set(DRAFT_METHODS))
+  if uses_draft:
+    resolve_draft(draft_spec, args.target)
+  for widths in args.tree_widths or ():
+    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size))
+  target = load_target(path, dtype, load_tokenizer(path))
+  draft = load_draft(draft_spec, target.config, dtype, args.target) if uses_draft else None
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
   print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
         " | same tokens as AR", flush=True)
   rows = []
+  def save() -> None:  # after every row: a crash loses nothing measured
+    if not args.out:
+      return
+    result = {
+        "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
+        "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
+        "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
+        "draft": draft_spec if draft is not None else None,
+        "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
+        "seed": args.seed, "rows": rows,
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+
   for set_name in args.sets:
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
@@ -137,19 +175,11 @@ def main(argv=None):
               for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"]) if ref != got
           ]
         rows.append(row)
+        save()
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
         print(f"{set_name:4} | {length:7} | {label:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
               f" {row['draft_state_mib']:5.2f} | {same_tokens(row)}", flush=True)
-  if args.out:
-    args.out.write_text(json.dumps({
-        "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
-        "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
-        "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "draft": args.draft if draft is not None else None,
-        "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
-        "seed": args.seed, "rows": rows,
-    }, indent=1))
 
 
 if __name__ == "__main__":

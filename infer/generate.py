@@ -10,16 +10,10 @@ import json
 import sys
 import time
 
-from infer.cli import (ArgumentParser, add_sampling_flags, encode_prompt, read_prompt, resolve_dtype, run_main,
-                       sampling_config, tree_widths)
-from longspec_jax.errors import UserError
+from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, encode_prompt, positive_int, read_prompt, resolve_dtype,
+                       run_main, sampling_config, tree_widths)
 from longspec_jax.weights import default
 
-# `proposers.PROPOSERS` by name, listed here so that flags are checked before JAX is
-# imported. Without --method: longspec when a draft is given, or shipped and on GPU (on
-# CPU its rounds cost more than they save, docs/benchmarks.md); else AR (PLD needs no
-# draft but is slower than AR at low n-gram overlap).
-METHODS = ("ar", "pld", "longspec")
 
 
 def parse_args(argv=None):
@@ -30,13 +24,15 @@ def parse_args(argv=None):
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
-      "--draft", default="default",
+      "--draft",
       help="draft for --method longspec: 'default' (shipped for the target), 'random', 'none', or a checkpoint dir",
   )
+  # (Without --method: longspec when a draft is given, or shipped and on GPU: on a CPU its
+  # rounds cost more than they save, docs/benchmarks.md; else AR.)
   p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
   p.add_argument("--tree-widths", type=tree_widths,
                  help="longspec: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
-  p.add_argument("--max-new-tokens", type=int, default=256)
+  p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   from longspec_jax.attention import IMPLS, default_impl
@@ -45,8 +41,14 @@ def parse_args(argv=None):
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
   args.attention = args.attention or default_impl()
-  if args.max_new_tokens < 1:
-    p.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+  if args.method in ("ar", "pld"):
+    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
+      if value is not None and value != "none":
+        p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
+  if args.draft == "none" and args.method == "longspec":
+    p.error("--method longspec needs a draft, but --draft none was given")
+  if args.draft == "none" and args.tree_widths:
+    p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args
 
 
@@ -70,45 +72,80 @@ class TextStream:
     self.written = text
 
 
+def plural(n: int, noun: str) -> str:
+  return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+class PrefillBar:
+  """A tqdm bar on stderr for prefill, shown only when prefill runs in more than one chunk
+  (an `on_prefill` callback for `engine.generate`)."""
+
+  def __init__(self):
+    self.bar = None
+
+  def __enter__(self):
+    return self
+
+  def __call__(self, done: int, total: int) -> None:
+    from tqdm import tqdm
+
+    if self.bar is None:
+      if done >= total:
+        return
+      self.bar = tqdm(total=total, desc="prefill", unit="tok", file=sys.stderr, leave=False)
+    self.bar.update(done - self.bar.n)
+
+  def __exit__(self, *exc):
+    if self.bar is not None:
+      self.bar.close()
+
+
 def main(argv=None) -> None:
   args = parse_args(argv)
   prompt_text = read_prompt(args.prompt, args.prompt_file)
   import jax  # after argument checks: bad flags fail fast
   import jax.numpy as jnp
 
-  from longspec_jax.engine import generate
+  from longspec_jax.config import check_tree_widths
+  from longspec_jax.engine import check_capacity, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
-  from longspec_jax.weights import load_target
-  from longspec_jax.weights.drafts import has_shipped_draft, load_draft
+  from longspec_jax.tree import node_budget
+  from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
+  from longspec_jax.weights.drafts import has_shipped_draft, load_draft, resolve_draft
 
-  method = args.method or ("longspec" if args.draft != "none" and (args.draft != "default" or (
+  draft_spec = args.draft or "default"
+  method = args.method or ("longspec" if draft_spec != "none" and (draft_spec != "default" or (
       has_shipped_draft(args.target) and jax.default_backend() == "gpu")) else "ar")
-  if method not in DRAFT_METHODS and args.draft not in ("default", "none"):
-    raise UserError(f"--method {method} uses no draft, but --draft {args.draft} was given.")
-  if method in DRAFT_METHODS and args.draft == "none":
-    raise UserError(f"--method {method} needs a draft, but --draft none was given.")
   sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
+  # Everything the prompt and flags can get wrong is checked before the weights load.
+  path = resolve_target(args.target)
+  config = read_target_config(path)
+  tokenizer = load_tokenizer(path)
+  prompt = encode_prompt(tokenizer, prompt_text, args.chat)
+  check_capacity(config, [prompt], args.max_new_tokens)
+  if method in DRAFT_METHODS:
+    resolve_draft(draft_spec, args.target)
+  if args.tree_widths:
+    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size))
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
-  target = load_target(args.target, dtype)
-  prompt = encode_prompt(target.tokenizer, prompt_text, args.chat)
-  print(
-      f"loaded in {time.perf_counter() - t0:.1f} s; prompt {len(prompt)} tokens; method {method}",
-      file=sys.stderr, flush=True,
-  )
+  target = load_target(path, dtype, tokenizer)
+  draft = load_draft(draft_spec, target.config, dtype, args.target) if method in DRAFT_METHODS else None
+  print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
+        file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  draft = load_draft(args.draft, target.config, dtype, args.target) if method in DRAFT_METHODS else None
   proposer, draft_params = make_proposer(method, draft, args.tree_widths)
-  result = generate(
-      target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
-      eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,
-      on_tokens=stream,
-  )
+  with PrefillBar() as on_prefill:
+    result = generate(
+        target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
+        eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,
+        on_tokens=stream, on_prefill=on_prefill,
+    )
   stats = result.stats
   print(file=sys.stdout)
   print(
-      f"[{method}] {stats['num_new_tokens']} tokens, {stats['tokens_per_second']:.1f} tokens/s decode,"
+      f"[{method}] {plural(stats['num_new_tokens'], 'token')}, {stats['tokens_per_second']:.1f} tokens/s decode,"
       f" prefill {stats['prefill_seconds']:.2f} s, tau {stats['mean_accepted_length']:.2f}",
       file=sys.stderr,
   )
@@ -119,7 +156,7 @@ def main(argv=None) -> None:
         "target": args.target,
         "dtype": jnp.dtype(dtype).name,
         "attention": args.attention,
-        "draft": args.draft if method in DRAFT_METHODS else None,
+        "draft": draft_spec if method in DRAFT_METHODS else None,
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
         "token_ids": token_ids,

@@ -9,7 +9,7 @@ emits without a source (e.g. its GPU top-k) are "unattributed". Also reports how
 the loop's span the device sat idle (launch gaps, host syncs). On a GPU, run with
 `XLA_FLAGS=--xla_gpu_enable_command_buffer=` for per-kernel names: inside CUDA graphs the
 profiler sees only the graph (and the idle share is then the graph's, not the kernels').
-Writes `profile.json` and the raw trace under --out.
+Writes `profile.json`, `profile.png` and the raw trace under --out.
 
   python -m infer.profile --method longspec --draft default --set code --length 4096 --out prof/
 """
@@ -24,8 +24,13 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import ArgumentParser, add_sampling_flags, resolve_dtype, run_main, sampling_config, tree_widths
+from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, number_type, output_path, positive_int,
+                       resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.plots import plot
+from infer.prompts import PROMPT_SETS
 from longspec_jax.errors import UserError
+
+SETS = tuple(PROMPT_SETS)
 
 SCOPES = ("propose", "verify", "accept", "commit")
 LOOP = "decode_chunk"  # the jitted decode loop's module name contains this
@@ -96,21 +101,20 @@ def summarize(events: list, names: dict[str, str], top: int) -> dict:
 
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
-  p.add_argument("--method", default="longspec", help="ar, pld or longspec")
+  p.add_argument("--method", default="longspec", choices=METHODS)
   p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
   p.add_argument("--tree-widths", type=tree_widths, help="beam widths per depth like 4,16,16 (default: the draft's)")
-  p.add_argument("--set", default="code", help="prompt set: code or docs")
-  p.add_argument("--length", type=int, default=4096, help="prefill tokens")
-  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--set", default="code", choices=SETS, help="prompt set")
+  p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
+  p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
   p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--attention", choices=("reference", "pallas"), help="default: pallas on GPU, else reference")
-  p.add_argument("--top", type=int, default=25, help="how many ops to list")
+  p.add_argument("--top", type=positive_int, default=25, help="how many ops to list")
   add_sampling_flags(p)
-  p.add_argument("--out", type=Path, required=True)
+  p.add_argument("--out", type=Path, required=True, help="a directory: profile.json, profile.png, the trace, HLO")
   args = p.parse_args(argv)
-  if args.length < 1 or args.new_tokens < 2:
-    raise UserError("--length must be at least 1 and --new-tokens at least 2.")
+  output_path(args.out, "directory")
   dump_dir = args.out / "hlo"
   if "jax" in sys.modules:
     raise UserError("run `python -m infer.profile` as its own process: it sets XLA's dump flags before JAX starts.")
@@ -119,17 +123,12 @@ def main(argv=None):
 
   import jax
 
-  from infer.prompts import PROMPT_SETS
   from longspec_jax.attention import default_impl
   from longspec_jax.engine import generate
-  from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
+  from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.weights import default, load_target
   from longspec_jax.weights.drafts import load_draft
 
-  if args.method not in PROPOSERS:
-    raise UserError(f"--method must be one of {sorted(PROPOSERS)}, got {args.method!r}.")
-  if args.set not in PROMPT_SETS:
-    raise UserError(f"--set must be one of {sorted(PROMPT_SETS)}, got {args.set!r}.")
   impl = args.attention or default_impl()
   target_name = args.target or default.NAME
   dtype = resolve_dtype(args.dtype)
@@ -154,6 +153,7 @@ def main(argv=None):
             "rounds": stats["steps"], "tau": stats["mean_accepted_length"], "decode_ms": 1e3 * stats["decode_seconds"],
             **summary}
   (args.out / "profile.json").write_text(json.dumps(report, indent=1))
+  plot(report, args.out / "profile.png")
 
   rounds = max(stats["steps"], 1)
   print(f"{args.method} on {report['device']}: {len(prompt)} prefill tokens, {stats['num_new_tokens']} new in {rounds}"

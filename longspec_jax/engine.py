@@ -8,7 +8,10 @@ Plain autoregressive decoding (AR) is the one-node tree.
 The model enters jit as (graphdef, params): graphdef is static, params a pytree. Prefill
 runs the prompt in fixed-size chunks (bounded activation memory, one compilation). Rounds
 run on device in `lax.while_loop` chunks; the host dispatches the next chunk before it
-reads the previous chunk's tokens, so streaming costs no device time.
+reads the previous chunk's tokens, so streaming costs no device time. A chunk runs as
+many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
+that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
+host (Ctrl-C included) gets control back as often.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from longspec_jax.target import Transformer
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify
 
 PAD_ID = -1  # fills token slots after a sequence has finished
-# Tree nodes verified per device chunk: the host streams text once per chunk, and each
-# chunk costs a dispatch and a transfer (at 128, 0.2 s of AR decoding on an H100).
-TOKENS_PER_CHUNK = 128
+# Device time per chunk of rounds: the host streams text once per chunk (a chunk costs one
+# dispatch and one transfer, ~0.1 ms, hidden behind the next chunk).
+CHUNK_SECONDS = 0.2
+# Rounds one chunk may run (its token buffer is [B, MAX_ROUNDS_PER_CHUNK * tree size]).
+MAX_ROUNDS_PER_CHUNK = 128
 
 
 @jax.tree_util.register_dataclass
@@ -93,8 +98,11 @@ def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengt
   return cache.advance(jnp.sum(valid, axis=1, dtype=jnp.int32)), last_hidden
 
 
-def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, chunk: int, impl: str):
-  """Fills a new cache with the prompts; returns (cache, hidden [B, E] at each last prompt token)."""
+def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, chunk: int, impl: str,
+            on_progress: Callable[[int, int], None] | None = None):
+  """Fills a new cache with the prompts; returns (cache, hidden [B, E] at each last prompt
+  token). `on_progress(done, total)` is called after each chunk has run (which then waits
+  for the device chunk by chunk, instead of queueing them all)."""
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
@@ -106,6 +114,9 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
     cache, last_hidden = _prefill_chunk(
         graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden, impl
     )
+    if on_progress:
+      jax.block_until_ready(last_hidden)
+      on_progress(min(start + chunk, longest), longest)
   return cache, last_hidden
 
 
@@ -122,16 +133,17 @@ def _propose(model, proposer, proposer_params, state: DecodeState, impl):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "proposer", "impl", "sampling", "rounds"), donate_argnames=("state",)
+    jax.jit, static_argnames=("graphdef", "proposer", "impl", "sampling", "max_rounds"), donate_argnames=("state",)
 )
 def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer, proposer_params, impl, sampling,
-                  rounds):
-  """Up to `rounds` propose -> verify -> accept -> commit rounds on device, until every
-  sequence is done. Returns the new state, this chunk's tokens [B, rounds * N] (each
+                  rounds, max_rounds):
+  """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
+  compilation) propose -> verify -> accept -> commit rounds on device, until every
+  sequence is done. Returns the new state, this chunk's tokens [B, max_rounds * N] (each
   row's tokens first, PAD_ID after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
   batch = state.root.shape[0]
-  width = rounds * proposer.tree_size
+  width = max_rounds * proposer.tree_size
   rows = jnp.arange(batch)[:, None]
   first_round = state.rounds
 
@@ -213,12 +225,12 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
   if not prompts or any(len(p) == 0 for p in prompts):
     raise UserError("the prompt is empty; give at least one token of text.")
   if max_new_tokens < 1:
-    raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    raise UserError(f"at least 1 new token must be asked for, got {max_new_tokens}.")
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > config.max_position_embeddings:
     raise UserError(
-        f"the prompt ({longest} tokens) plus --max-new-tokens ({max_new_tokens}) exceeds the model's"
-        f" context of {config.max_position_embeddings} tokens."
+        f"the prompt ({longest} tokens) plus {max_new_tokens} new tokens exceeds the model's context of"
+        f" {config.max_position_embeddings} tokens."
     )
 
 
@@ -237,15 +249,18 @@ def generate(
     prefill_chunk: int = 512,
     rounds_per_chunk: int | None = None,
     on_tokens: Callable[[np.ndarray], None] | None = None,
+    on_prefill: Callable[[int, int], None] | None = None,
     time_phases: bool = False,
 ) -> GenerationResult:
   """Decodes a batch of prompts with `proposer`'s trees (its arrays: `proposer_params`)
   verified by the target; the AR baseline is the one-node tree. `on_tokens` receives each
-  chunk of new tokens [B, n] (PAD_ID marks no token) as soon as it is on the host. A chunk
-  is `rounds_per_chunk` rounds, by default enough for about `TOKENS_PER_CHUNK` tree nodes.
-  `time_phases` adds the draft / verify / other split of the decode time to the stats."""
+  chunk of new tokens [B, n] (PAD_ID marks no token) as soon as it is on the host; a chunk
+  is `rounds_per_chunk` rounds, by default as many as run in about `CHUNK_SECONDS`.
+  `on_prefill(done, total)` reports prefill progress in prompt tokens. `time_phases` adds
+  the draft / verify / other split of the decode time to the stats."""
   check_capacity(model.config, prompts, max_new_tokens)
-  rounds_per_chunk = rounds_per_chunk or -(-TOKENS_PER_CHUNK // proposer.tree_size)
+  if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
+    raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
   max_len = -(-(longest + max_new_tokens + proposer.tree_size) // 128) * 128
@@ -253,7 +268,7 @@ def generate(
   key, first_key = jax.random.split(jax.random.key(seed))
 
   t0 = time.perf_counter()
-  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl)
+  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl, on_prefill)
   history = _left_aligned(prompts, max_len)
   root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling, jnp.asarray(history),
                                  jnp.asarray([len(p) for p in prompts], jnp.int32))
@@ -269,29 +284,38 @@ def generate(
   batch = len(prompts)
   done = jnp.isin(root, eos) | (max_new_tokens == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
-  args = lambda state: (  # noqa: E731
+  args = lambda state, rounds: (  # noqa: E731
       graphdef, params, state, jnp.int32(max_new_tokens), eos, proposer, proposer_params, impl, sampling,
-      rounds_per_chunk,
+      jnp.int32(rounds), MAX_ROUNDS_PER_CHUNK,
   )
   tc = time.perf_counter()  # compile outside the timed region
-  _decode_chunk.lower(*args(state)).compile()
+  _decode_chunk.lower(*args(state, 1)).compile()
   compile_seconds = time.perf_counter() - tc
 
   t1 = time.perf_counter()
-  chunks, pending = [first[:, None]], None
-  for _ in range(-(-max_new_tokens // rounds_per_chunk) + 1):  # each round emits >= 1 token
-    state, out, finished = _decode_chunk(*args(state))
-    if pending is not None:
-      chunks.append(np.asarray(pending[0]))
+  chunks = [first[:, None]]
+  rounds, dispatched, pending, ready_at = rounds_per_chunk or 1, 0, None, t1
+  while True:
+    launched = None
+    if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
+      state, out, finished = _decode_chunk(*args(state, rounds))
+      dispatched += rounds
+      launched = (out, finished, rounds)
+    if pending is not None:  # read the previous chunk while the device runs this one
+      out, finished, pending_rounds = pending
+      chunks.append(np.asarray(out))
+      now = time.perf_counter()
+      if rounds_per_chunk is None:  # size the next chunks from this one's pace
+        per_round = max(now - ready_at, 1e-6) / pending_rounds
+        rounds = int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
+      ready_at = now
       if on_tokens:
         on_tokens(chunks[-1])
-      if bool(pending[1]):
+      if bool(finished):
         break
-    pending = (out, finished)
-  else:
-    chunks.append(np.asarray(pending[0]))
-    if on_tokens:
-      on_tokens(chunks[-1])
+    if launched is None:
+      break
+    pending = launched
   active_rounds = np.asarray(state.active_rounds)
   if bool(np.any(np.asarray(state.nonfinite))):
     raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")

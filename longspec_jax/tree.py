@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from longspec_jax.config import MAX_TREE_NODES
 from longspec_jax.topk import top_k
+
+
+def node_budget(vocab_size: int, batch: int = 1) -> int:
+  """Most tree nodes one verification may hold on this machine: `MAX_TREE_NODES`, or
+  fewer where the tree's float32 logits with the copies acceptance makes of them (about
+  8 x [B, N, V]) would take more than a quarter of the device's memory."""
+  stats = jax.devices()[0].memory_stats() or {}
+  memory = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return max(1, min(MAX_TREE_NODES, memory // 4 // (8 * batch * vocab_size * 4)))
 
 
 @jax.tree_util.register_dataclass
@@ -107,3 +118,14 @@ def best_children(log_probs: jax.Array, scores: jax.Array, width: int) -> tuple[
   tokens = jnp.take_along_axis(top_tokens.reshape(batch, frontier * per_node), flat, axis=1)
   return (flat // per_node).astype(jnp.int32), tokens.astype(jnp.int32), best
 
+
+def random_ancestor_mask(rng: np.random.Generator, batch: int, nodes: int) -> jax.Array:
+  """[B, N, N] bool ancestor masks of random trees (each node's parent drawn uniformly
+  among the earlier nodes): test and benchmark input for the tree attention kernels."""
+  parents = [rng.integers(0, max(i, 1), size=batch) for i in range(nodes)]
+  mask = np.zeros((batch, nodes, nodes), bool)
+  for i in range(nodes):
+    mask[:, i, i] = True
+    if i:
+      mask[np.arange(batch), i] |= mask[np.arange(batch), parents[i]]
+  return jnp.asarray(mask)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longspec_jax import attention
-from pallas_kernels.bench import random_tree_mask
+from longspec_jax.tree import random_ancestor_mask
 
 
 def dense_attention(q, k, v, visible):
@@ -36,7 +36,7 @@ def test_hybrid_equals_dense(seed, batch, steps, cache_len, kv_heads, group, hea
   k_cache, v_cache = (rng.standard_normal((batch, cache_len, kv_heads, head_dim)).astype(np.float32) for _ in "kv")
   k_new, v_new = (rng.standard_normal((batch, steps, kv_heads, head_dim)).astype(np.float32) for _ in "kv")
   lengths = rng.integers(0, cache_len + 1, size=batch)  # includes empty prefixes
-  mask = random_tree_mask(rng, batch, steps)
+  mask = random_ancestor_mask(rng, batch, steps)
   positions = lengths[:, None] + np.arange(steps)
   out = attention.hybrid_attention(
       jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(lengths, jnp.int32),

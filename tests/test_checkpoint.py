@@ -5,10 +5,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
+from longspec_jax.errors import UserError
 from longspec_jax.target import random_model
 from train.checkpoint import Checkpoints
 from train.step import TrainConfig, make_optimizer, make_train_step
@@ -57,3 +59,38 @@ def test_resume_equals_uninterrupted(tmp_path):
   checkpoints.close()
   for a, b in zip(jax.tree.leaves(uninterrupted), jax.tree.leaves(resumed)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _damage(step_dir, how: str) -> None:
+  if how == "loop":  # the loop state's JSON
+    for f in (step_dir / "loop").rglob("*"):
+      if f.is_file():
+        f.write_text("{not json")
+  else:  # every parameter data file cut to nothing
+    for f in (step_dir / "params").rglob("*"):
+      if f.is_file() and "d" in f.parent.name:
+        f.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["loop", "params"])
+def test_damaged_newest_checkpoint_falls_back(tmp_path, capsys, how):
+  """A damaged newest checkpoint: one warning line, the previous intact one is restored
+  (and the damaged one deleted so its step can be saved again); none intact: one error."""
+  checkpoints = Checkpoints(tmp_path / "ckpt", every=2)
+  run(4, checkpoints)
+  checkpoints.close()
+  _damage(tmp_path / "ckpt" / "4", how)
+  checkpoints = Checkpoints(tmp_path / "ckpt", every=2)
+  target_params, initial, optimizer, _ = setup()
+  _, _, loop = checkpoints.restore_latest(initial, optimizer.init(initial))
+  assert loop == {"step": 2}
+  warning = capsys.readouterr().err.strip().splitlines()
+  assert len(warning) == 1 and "step 4" in warning[0] and "resuming from step 2" in warning[0]
+  assert checkpoints.all_steps() == [2]
+  checkpoints.close()
+
+  _damage(tmp_path / "ckpt" / "2", how)
+  checkpoints = Checkpoints(tmp_path / "ckpt", every=2)
+  with pytest.raises(UserError, match="no intact checkpoint .*step 2, is damaged"):
+    checkpoints.restore_latest(initial, optimizer.init(initial))
+  checkpoints.close()

@@ -46,18 +46,33 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
     "argv, message",
     [
         (["--prompt", "   "], "the prompt is empty"),
-        (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-        (["--prompt", "x", "--temperature", "-1"], "--temperature must be >= 0"),
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1, got '0'"),
+        (["--prompt", "x", "--temperature", "-1"], "--temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--temperature", "inf"], "--temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--temperature", "nan"], "--temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--top-k", "-1"], "--top-k: expected an integer >= 0"),
+        (["--prompt", "x", "--min-p", "1"], "--min-p: expected a number in [0, 1)"),
+        (["--prompt", "x", "--penalty-window", "0"], "--penalty-window: expected an integer >= 1"),
         (["--prompt", "x", "--dtype", "float16"], "invalid choice"),
         (["--prompt", "x", "--method", "magic"], "invalid choice"),
         (["--prompt-file", "/no/such/prompt.txt"], "does not exist"),
+        (["--prompt-file", "/"], "is not readable text"),
         ([], "one of the arguments --prompt --prompt-file is required"),
         (["--prompt", "x", "--target", "/no/such/model.gguf"], "does not exist"),
-        (["--prompt", "x", "--target", "/no/such/dir"], "neither"),
-        (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft"),
+        (["--prompt", "x", "--target", "/no/such/dir"], "does not exist"),
+        (["--prompt", "x", "--target", "/etc/hostname"], "neither a Hugging Face model directory nor a .gguf file"),
+        (["--prompt", "x", "--target", "/"], "has no config.json"),
+        (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft tree, but --draft"),
+        (["--prompt", "x", "--method", "pld", "--draft", "default"], "--method pld uses no draft tree, but --draft"),
+        (["--prompt", "x", "--method", "ar", "--tree-widths", "2,2"], "--method ar uses no draft tree, but --tree-w"),
         (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
-        (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"], "--top-p must be in (0, 1]"),
-        (["--prompt", "x", "--penalty", "0.5"], "--penalty must be >= 1"),
+        (["--prompt", "x", "--tree-widths", "0,4"], "tree widths must be one or more positive integers, got [0, 4]"
+                                                    " (see --help)."),
+        (["--prompt", "x", "--tree-widths", "a"], "expected comma-separated integers"),
+        (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"],
+         "--top-p: expected a number in (0, 1]"),
+        (["--prompt", "x", "--penalty", "0.5"], "--penalty: expected a finite number >= 1"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
@@ -78,10 +93,19 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
     assert len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 6
 
 
-def test_context_overflow(tiny_with_tokenizer, capsys):
-  code, _, err = run(["--target", str(tiny_with_tokenizer), "--prompt", "hello " * 300, "--max-new-tokens", "400"],
-                     capsys)
-  assert code == 2 and "exceeds the model's context of 512 tokens" in err.strip().splitlines()[-1]
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "hello " * 300, "--max-new-tokens", "400"], "exceeds the model's context of 512 tokens"),
+    (["--prompt", "x", "--tree-widths", "100000"], "100001 nodes, over the limit of 1024 on this machine"),
+    (["--prompt", "x", "--tree-widths", "49152"], "49153 nodes, over the limit of 1024 on this machine"),
+    (["--prompt", "x", "--tree-widths", "2000,2000"], "4001 nodes, over the limit of 1024 on this machine"),
+    (["--prompt", "x", "--draft", "/no/such/draft"], "the draft '/no/such/draft' does not exist"),
+])
+def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, capsys):
+  """Errors that need the target's config (context, vocabulary) or a path come before the
+  weights load: stderr has no loading line."""
+  code, _, err = run(["--target", str(tiny_with_tokenizer)] + argv, capsys)
+  assert code == 2 and message in err.strip().splitlines()[-1], err
+  assert "loading target" not in err
 
 
 def test_corrupt_weights_through_the_real_entry_point(tmp_path):
@@ -133,7 +157,7 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
 
 
 def test_cli_methods_are_the_engine_methods():
-  from infer.generate import METHODS
+  from infer.cli import METHODS
   from longspec_jax.proposers import PROPOSERS
 
   assert set(METHODS) == set(PROPOSERS)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kernel_inputs import TOLERANCE, random_attention_inputs
 from longspec_jax.attention import hybrid_attention
-from pallas_kernels.bench import random_tree_mask
+from longspec_jax.tree import random_ancestor_mask
 
 
 @settings(max_examples=4, deadline=None)
@@ -24,7 +24,7 @@ def test_pallas_hybrid_matches_reference(seed, nodes, cache_len, group, dtype):
   q, k_cache, v_cache = random_attention_inputs(rng, 2, nodes, cache_len, 2, group, 64, dtype)
   _, k_new, v_new = random_attention_inputs(rng, 2, 1, nodes, 2, 1, 64, dtype)
   lengths = jnp.asarray(rng.integers(0, cache_len + 1, size=2), jnp.int32)
-  mask = random_tree_mask(rng, 2, nodes)
+  mask = random_ancestor_mask(rng, 2, nodes)
   positions = lengths[:, None] + jnp.arange(nodes)[None]
   args = (q, k_cache, v_cache, lengths, k_new, v_new, mask, positions)
   out = hybrid_attention(*args, impl="pallas")

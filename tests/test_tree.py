@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +88,17 @@ def test_best_children_are_the_best_of_all_children(seed, frontier, width):
     every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)), reverse=True)
     assert [(f, t) for _, f, t in every[:width]] == list(zip(parent[b], token[b]))
     np.testing.assert_allclose(best[b], [s for s, _, _ in every[:width]], rtol=1e-6)
+
+
+def test_tree_width_limits():
+  from longspec_jax.config import MAX_TREE_NODES, check_tree_widths
+  from longspec_jax.errors import UserError
+  from longspec_jax.tree import node_budget
+
+  check_tree_widths((4, 16, 16, 16, 16), vocab_size=49152)
+  with pytest.raises(UserError, match="a tree width of 300 exceeds the vocabulary of 211 tokens"):
+    check_tree_widths((300,), vocab_size=211)
+  with pytest.raises(UserError, match="make 65 nodes, over the limit of 64"):
+    check_tree_widths((32, 32), max_nodes=64)
+  assert 1 <= node_budget(128256, batch=8) <= node_budget(49152) == MAX_TREE_NODES  # this machine holds 1024
+  assert node_budget(10**12) == 1  # a vocabulary no machine holds logits of

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kernel_inputs import TOLERANCE, random_attention_inputs
 from longspec_jax.attention import masked_attention_reference
 from pallas_kernels import blocks
-from pallas_kernels.bench import random_tree_mask
+from longspec_jax.tree import random_ancestor_mask
 from pallas_kernels.tree_attention import tree_attention, tree_partial
 from pallas_kernels.tuning import KernelParams
 
@@ -24,7 +24,7 @@ from pallas_kernels.tuning import KernelParams
 def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
   rng = np.random.default_rng(seed)
   q, k, v = random_attention_inputs(rng, 2, nodes, nodes, 2, group, head_dim, dtype)
-  mask = random_tree_mask(rng, 2, nodes)
+  mask = random_ancestor_mask(rng, 2, nodes)
   params = KernelParams(block_rows=16, block_keys=16, num_warps=4, num_stages=2)
   out, lse = tree_attention(q, k, v, mask, params=params, interpret=True)
   ref_out, ref_lse = masked_attention_reference(q, k, v, mask)
@@ -35,7 +35,7 @@ def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
 def test_every_output_element_is_written():
   rng = np.random.default_rng(3)
   q, k, v = random_attention_inputs(rng, 1, 21, 21, 2, 4, 64, jnp.float32)
-  mask = random_tree_mask(rng, 1, 21).at[0, 20].set(False)  # a row with nothing visible
+  mask = random_ancestor_mask(rng, 1, 21).at[0, 20].set(False)  # a row with nothing visible
   params = KernelParams(block_rows=32, block_keys=16, num_warps=4, num_stages=2)
   rows = blocks.to_rows(q, params.block_rows)
   poison = (jnp.full((1, 2, rows.shape[2], 64), jnp.nan), jnp.full((1, 2, rows.shape[2]), jnp.nan))

@@ -2,11 +2,14 @@
 and the loop's own state (step, data position, PRNG seed) as JSON, saved periodically and
 at the end. Orbax writes each step to a temporary directory and renames it when complete,
 so a killed run never leaves a half-written checkpoint behind; `restore_latest` resumes
-from the newest complete one.
+from the newest one that reads back whole, setting aside damaged newer ones (a disk
+fault, a copy cut short).
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -22,6 +25,7 @@ class Checkpoints:
 
   def __init__(self, directory: Path, every: int, keep: int = 3):
     self.every = every
+    self.directory = Path(directory).resolve()
     self.manager = ocp.CheckpointManager(
         Path(directory).resolve(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1, create=True),
@@ -40,18 +44,39 @@ class Checkpoints:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
   def restore_latest(self, params, opt_state):
-    """(params, opt_state, loop_state) of the newest checkpoint, laid out like the given
-    params and optimizer state (shapes, dtypes, shardings); None if there is none."""
-    step = self.manager.latest_step()
-    if step is None:
-      return None
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(_abstract(params)),
-        opt_state=ocp.args.StandardRestore(_abstract(opt_state)),
-        loop=ocp.args.JsonRestore(),
-    ))
-    return restored["params"], restored["opt_state"], restored["loop"]
+    """(params, opt_state, loop_state) of the newest intact checkpoint, laid out like the
+    given params and optimizer state (shapes, dtypes, shardings); None if there is none.
+    A damaged newer checkpoint gets one warning line on stderr and is deleted, so that the
+    resumed run can save that step again; if none is intact, a `UserError` names the
+    newest damaged one."""
+    from longspec_jax.errors import UserError
+
+    damaged = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(_abstract(params)),
+            opt_state=ocp.args.StandardRestore(_abstract(opt_state)),
+            loop=ocp.args.JsonRestore(),
+        ))
+      except Exception as e:  # orbax, tensorstore and json raise many types for damaged files
+        damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]))
+        continue
+      if damaged:
+        print(f"warning: checkpoint step {', '.join(str(s) for s, _ in damaged)} in {self.directory} is damaged"
+              f" ({damaged[0][1]}); resuming from step {step} and deleting the damaged one.", file=sys.stderr)
+        for bad, _ in damaged:
+          shutil.rmtree(self.directory / str(bad), ignore_errors=True)
+        self.manager.reload()
+      return restored["params"], restored["opt_state"], restored["loop"]
+    if damaged:
+      step, reason = damaged[0]
+      raise UserError(f"no intact checkpoint in {self.directory}: the newest, step {step}, is damaged ({reason}).")
+    return None
 
   def close(self) -> None:
     self.manager.wait_until_finished()

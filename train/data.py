@@ -27,38 +27,96 @@ class Packed:
   loss_mask: np.ndarray  # [N, length] bool: the token is a prediction target
 
 
-def load_records(sources: str | Sequence[str], split: str = "train"):
-  """A `datasets.Dataset` from globs of text/code files (`text` column, one document per
-  file), JSONL files (`*.jsonl`), or hub dataset names; several sources are concatenated
-  (files and hub datasets of one kind: text or records)."""
-  import datasets
+@dataclasses.dataclass(frozen=True)
+class Sources:
+  """Training data sources, resolved and checked before anything heavy loads."""
+  text_files: tuple[str, ...] = ()
+  json_files: tuple[str, ...] = ()
+  hub_names: tuple[str, ...] = ()
 
+  @property
+  def only_text(self) -> bool:
+    return bool(self.text_files) and not self.json_files and not self.hub_names
+
+
+def _is_binary(path: str) -> bool:
+  """A file whose first 8 KiB hold a NUL byte or are not UTF-8 at all (a build artefact,
+  an image, a compiled object): not text to train on."""
+  with open(path, "rb") as f:
+    head = f.read(8192)
+  if b"\0" in head:
+    return True
+  try:
+    head.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return e.start < len(head) - 4  # (a multi-byte character cut at the end of the window is fine)
+  return False
+
+
+def resolve_sources(sources: str | Sequence[str]) -> Sources:
+  """Globs of text/code files (one document per file), JSONL files (`*.jsonl`) and hub
+  dataset names. A glob that matches nothing, a path that does not exist and binary
+  files are refused: binary bytes would train the draft on noise."""
   sources = [sources] if isinstance(sources, str) else list(sources)
-  text_files, json_files, parts = [], [], []
+  text_files, json_files, hub_names, binary = [], [], [], []
   for source in sources:
     paths = sorted(glob.glob(str(Path(source).expanduser()), recursive=True))
     paths = [p for p in paths if Path(p).is_file()]
     if paths:
       for path in paths:
-        (json_files if path.endswith((".jsonl", ".json")) else text_files).append(path)
-    elif any(ch in source for ch in "*?[") or Path(source).expanduser().exists():
+        if path.endswith((".jsonl", ".json")):
+          json_files.append(path)
+        elif _is_binary(path):
+          binary.append(path)
+        else:
+          text_files.append(path)
+    elif any(ch in source for ch in "*?[") or source.startswith(("/", ".", "~")) or Path(source).expanduser().exists():
       raise UserError(f"no training files match {source!r}.")
     else:
-      try:
-        parts.append(datasets.load_dataset(source, split=split))
-      except Exception as e:  # network, missing dataset, bad split
-        raise UserError(f"could not load dataset {source!r} ({type(e).__name__}: {e}).") from None
-  if json_files:
-    parts.insert(0, datasets.load_dataset("json", data_files=json_files, split="train"))
-  if text_files:  # (undecodable bytes become U+FFFD rather than failing the whole load)
-    parts.insert(0, datasets.load_dataset("text", data_files=text_files, sample_by="document", split="train",
-                                          encoding_errors="replace", num_proc=_workers(len(text_files))))
+      hub_names.append(source)
+  if binary and not (text_files or json_files):
+    raise UserError(f"the data holds only binary files (e.g. {binary[0]}); give text, code or JSONL files.")
+  if binary:
+    raise UserError(f"{len(binary)} of the data files are binary, not text (e.g. {binary[0]}); narrow the globs to"
+                    " text and code.")
+  return Sources(tuple(text_files), tuple(json_files), tuple(hub_names))
+
+
+def load_records(sources: Sources | str | Sequence[str], split: str = "train"):
+  """A `datasets.Dataset` of the sources (`resolve_sources`): a `text` column for files
+  (one document per file), the records of JSONL files and hub datasets; several sources
+  are concatenated (files and hub datasets of one kind: text or records)."""
+  import datasets
+
+  if not isinstance(sources, Sources):
+    sources = resolve_sources(sources)
+  parts = []
+  for name in sources.hub_names:
+    try:
+      parts.append(datasets.load_dataset(name, split=split))
+    except Exception as e:  # network, missing dataset, bad split
+      raise UserError(f"could not load dataset {name!r} ({type(e).__name__}: {e}).") from None
+  if sources.json_files:
+    try:
+      parts.insert(0, datasets.load_dataset("json", data_files=list(sources.json_files), split="train"))
+    except Exception as e:  # malformed JSON lines
+      raise UserError(f"could not read the JSONL data ({type(e).__name__}: {str(e).splitlines()[0]}).") from None
+  if sources.text_files:  # (undecodable bytes become U+FFFD rather than failing the whole load)
+    parts.insert(0, datasets.load_dataset("text", data_files=list(sources.text_files), sample_by="document",
+                                          split="train", encoding_errors="replace",
+                                          num_proc=_workers(len(sources.text_files))))
   if len(parts) == 1:
     return parts[0]
   try:
     return datasets.concatenate_datasets(parts)
   except ValueError as e:
     raise UserError(f"the data sources have different columns and cannot be mixed ({e}).") from None
+
+
+def has_chat_records(records) -> bool:
+  """Whether a dataset holds conversations (`messages`, or `prompt`/`response`)."""
+  columns = set(records.column_names)
+  return "messages" in columns or {"prompt", "response"} <= columns
 
 
 def _workers(files: int) -> int | None:

@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from infer.cli import ArgumentParser, resolve_dtype, run_main
+from infer.cli import (ArgumentParser, any_int, nonnegative_int, number_type, output_path, positive_float,
+                       positive_int, resolve_dtype, run_main)
 from longspec_jax.errors import UserError
 from train import LABEL_KINDS, POSITION_KINDS
 
@@ -36,6 +37,9 @@ STAGES = {
 }
 # Dense bf16 peak FLOP/s per device kind, for MFU.
 PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
+# What a run writes into --out (an --overwrite removes exactly these).
+RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "draft", "eval.json")
+at_least_two = number_type(int, lambda x: x >= 2, "an integer >= 2")
 
 
 def parse_args(argv=None):
@@ -43,43 +47,97 @@ def parse_args(argv=None):
   p.add_argument("--stage", choices=sorted(STAGES), required=True)
   p.add_argument("--data", nargs="+", required=True,
                  help="globs of text/code files, JSONL files, or hub dataset names")
-  p.add_argument("--max-tokens", type=int, help="train on at most this many tokens (a seeded sample of documents)")
+  p.add_argument("--max-tokens", type=positive_int,
+                 help="train on at most this many tokens (a seeded sample of documents)")
   p.add_argument("--eval", nargs="+", help="held-out data, evaluated after training (eval.json)")
-  p.add_argument("--eval-length", type=int, help="tokens per eval sequence (default: the target's context)")
-  p.add_argument("--eval-rows", type=int, default=8, help="eval sequences")
+  p.add_argument("--eval-length", type=at_least_two, help="tokens per eval sequence (default: the target's context)")
+  p.add_argument("--eval-rows", type=positive_int, default=8, help="eval sequences")
   p.add_argument("--out", type=Path, required=True)
+  p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+  p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
-  p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
-  p.add_argument("--length", type=int, help="tokens per sequence (default: the stage's, capped by the context)")
-  p.add_argument("--batch", type=int, help="sequences per micro-batch, all hosts together")
-  p.add_argument("--accumulate", type=int, default=1)
-  p.add_argument("--learning-rate", type=float)
-  p.add_argument("--warmup-steps", type=int, default=100)
-  p.add_argument("--max-shift", type=int, default=4, help="flash noisy training delay bound (0: off)")
+  p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps")
+  p.add_argument("--length", type=at_least_two, help="tokens per sequence (default: the stage's, capped by the context)")
+  p.add_argument("--batch", type=positive_int, help="sequences per micro-batch, all hosts together")
+  p.add_argument("--accumulate", type=positive_int, default=1)
+  p.add_argument("--learning-rate", type=positive_float)
+  p.add_argument("--warmup-steps", type=nonnegative_int, default=100)
+  p.add_argument("--max-shift", type=nonnegative_int, default=4, help="flash noisy training delay bound (0: off)")
   p.add_argument("--labels", choices=LABEL_KINDS, default="target",
                  help="learn the target's next-token distribution (default) or the data's next token")
   p.add_argument("--positions", choices=POSITION_KINDS, help="default: the stage's")
-  p.add_argument("--window", type=int, default=512)
-  p.add_argument("--draft-layers", type=int, default=1)
-  p.add_argument("--model-parallel", type=int, default=1, help="devices that share each parameter")
+  p.add_argument("--window", type=positive_int, default=512)
+  p.add_argument("--draft-layers", type=positive_int, default=1)
+  p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
-  p.add_argument("--save-every", type=int, default=200)
-  p.add_argument("--time-limit", type=float,
+  p.add_argument("--save-every", type=positive_int, default=200)
+  p.add_argument("--time-limit", type=positive_float,
                  help="seconds: stop after the first optimizer step past this (then save, export, evaluate)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--resume", action="store_true")
+  p.add_argument("--seed", type=any_int, default=0)
   p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
   args = p.parse_args(argv)
-  for name in ("steps", "accumulate", "save_every", "window", "draft_layers", "model_parallel", "eval_rows",
-               "max_tokens", "eval_length"):
-    if getattr(args, name) is not None and getattr(args, name) < 1:
-      p.error(f"--{name.replace('_', '-')} must be at least 1")
+  if args.resume and args.overwrite:
+    p.error("--resume continues the run in --out and --overwrite replaces it; give one")
+  if args.warmup_steps >= args.steps and args.warmup_steps:
+    p.error(f"--warmup-steps ({args.warmup_steps}) must be fewer than --steps ({args.steps})")
   return args
+
+
+def check_out_dir(args) -> None:
+  """--out is a directory this run may write: a new one, the run it resumes, or one it
+  replaces with --overwrite; never a first run's folder unasked."""
+  out = output_path(args.out, "directory")
+  held = [name for name in RUN_FILES if (out / name).exists()]
+  if args.resume:
+    if not (out / "checkpoints").is_dir():
+      raise UserError(f"--resume: {out} holds no checkpoints to resume from.")
+  elif held and not args.overwrite:
+    raise UserError(f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or --overwrite to"
+                    " replace it.")
+
+
+def check_inputs(args):
+  """Everything the flags name, checked before the target loads: the data and eval
+  sources, the initial draft, the output folder. Returns the resolved data sources."""
+  from longspec_jax.weights.drafts import resolve_draft
+  from train.data import resolve_sources
+
+  check_out_dir(args)
+  sources = resolve_sources(args.data)
+  if args.stage == "sft" and sources.only_text:
+    raise UserError("--stage sft trains on chat records (JSONL with 'messages' or 'prompt'/'response'), but --data"
+                    " holds only plain text files.")
+  eval_sources = resolve_sources(args.eval) if args.eval else None
+  if args.init_draft:
+    try:
+      resolve_draft(args.init_draft)
+    except UserError as e:
+      raise UserError(f"--init-draft: {e}") from None
+  return sources, eval_sources
+
+
+def prepare_out_dir(args) -> None:
+  import shutil
+
+  if args.overwrite:
+    for name in RUN_FILES:
+      path = args.out / name
+      shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+  args.out.mkdir(parents=True, exist_ok=True)
+
+
+def keep_metrics_until(path: Path, step: int) -> None:
+  """Drops the metric lines after `step` (written after the checkpoint a run resumes
+  from), so that metrics.jsonl holds each step once."""
+  if path.exists():
+    lines = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in lines))
 
 
 def main(argv=None) -> None:
   args = parse_args(argv)
+  sources, eval_sources = check_inputs(args)
   import jax
 
   if args.distributed:
@@ -91,23 +149,37 @@ def main(argv=None) -> None:
   from longspec_jax.attention import default_impl
   from longspec_jax.config import DraftConfig
   from longspec_jax.draft import random_draft
-  from longspec_jax.weights import load_target
+  from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft, save_draft
   from train.checkpoint import Checkpoints
-  from train.data import batches, load_records, pack
+  from train.data import batches, has_chat_records, load_records, pack
   from train.mesh import batch_sharding, make_mesh, param_shardings
   from train.step import TrainConfig, eval_step, make_optimizer, make_train_step
 
   overrides, default_length, default_batch = STAGES[args.stage]
-  compute = jnp.dtype(resolve_dtype(args.dtype))
-  target = load_target(args.target, compute)
-  length = min(args.length or default_length, target.config.max_position_embeddings)
+  target_path = resolve_target(args.target)
+  context = read_target_config(target_path).max_position_embeddings
+  for flag, value in (("--length", args.length), ("--eval-length", args.eval_length)):
+    if value is not None and value > context:
+      raise UserError(f"{flag} {value} exceeds the target's context of {context} tokens.")
+  length = min(args.length or default_length, context)
   batch = args.batch or default_batch
+  mesh = make_mesh(args.model_parallel)
+  if batch % mesh.shape["data"]:
+    raise UserError(f"--batch {batch} does not split over {mesh.shape['data']} data-parallel devices.")
+  records = load_records(sources)
+  if args.stage == "sft" and not has_chat_records(records):
+    raise UserError("--stage sft trains on chat records ('messages' or 'prompt'/'response'), but the data has"
+                    f" only the columns {', '.join(records.column_names)}.")
+  prepare_out_dir(args)
+
+  compute = jnp.dtype(resolve_dtype(args.dtype))
+  target = load_target(target_path, compute)
   config = TrainConfig(**{
       **overrides, "total_steps": args.steps, "warmup_steps": args.warmup_steps, "accumulate": args.accumulate,
-      "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": target.config.max_position_embeddings,
+      "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": context,
       "labels": args.labels, "target_attention": default_impl(),
-      **({"learning_rate": args.learning_rate} if args.learning_rate else {}),
+      **({"learning_rate": args.learning_rate} if args.learning_rate is not None else {}),
       **({"positions": args.positions} if args.positions else {}),
   })
   if args.init_draft:
@@ -115,19 +187,15 @@ def main(argv=None) -> None:
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
                          jnp.float32, seed=args.seed)
-  print(f"data: reading {args.data} ...", file=sys.stderr, flush=True)
+  print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
-  data = pack(load_records(args.data), target.tokenizer, length, eos, args.max_tokens, args.seed)
+  data = pack(records, target.tokenizer, length, eos, args.max_tokens, args.seed)
   print(f"data: {data.tokens.shape[0]} rows of {length} tokens", file=sys.stderr, flush=True)
-  if args.eval:
-    eval_length = min(args.eval_length or target.config.max_position_embeddings,
-                      target.config.max_position_embeddings)
-    held_out = pack(load_records(args.eval), target.tokenizer, eval_length, eos, args.eval_rows * eval_length,
+  if eval_sources:
+    eval_length = args.eval_length or context
+    held_out = pack(load_records(eval_sources), target.tokenizer, eval_length, eos, args.eval_rows * eval_length,
                     args.seed).tokens
 
-  mesh = make_mesh(args.model_parallel)
-  if batch % mesh.shape["data"]:
-    raise UserError(f"--batch {batch} does not split over {mesh.shape['data']} data-parallel devices.")
   draft_graphdef, params = nnx.split(draft)
   target_graphdef, target_params = nnx.split(target.model)
   optimizer = make_optimizer(config)
@@ -138,7 +206,6 @@ def main(argv=None) -> None:
                                       zip((params, opt_state, target_params), (shardings[0], shardings[1], shardings[3])))
   step_fn = make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings)
 
-  args.out.mkdir(parents=True, exist_ok=True)
   checkpoints = Checkpoints(args.out / "checkpoints", every=args.save_every * args.accumulate)
   micro = 0
   if args.resume:
@@ -147,6 +214,9 @@ def main(argv=None) -> None:
       raise UserError(f"--resume: no checkpoint in {args.out / 'checkpoints'}.")
     params, opt_state, loop = restored
     micro = loop["micro_step"]
+    if jax.process_index() == 0:
+      keep_metrics_until(args.out / "metrics.jsonl", micro // args.accumulate)
+    print(f"resumed from step {micro // args.accumulate} ({args.out / 'checkpoints'}).", file=sys.stderr, flush=True)
   hosts, host = jax.process_count(), jax.process_index()
   stream = batches(data, batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
   flops_per_token = model_flops_per_token(target.config, draft.config, length, config.labels)
@@ -195,7 +265,7 @@ def main(argv=None) -> None:
     save_draft(args.out / "draft", nnx.merge(draft_graphdef, jax.device_get(params)))
     plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage)
   print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
-  if args.eval:
+  if eval_sources:
     fn = jax.jit(functools.partial(eval_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
                                    config=config))
     report = evaluate(lambda rows: fn(params, rows, target_params), held_out)
@@ -258,4 +328,4 @@ def plot_loss(metrics: Path, out: Path, title: str) -> None:
 
 
 if __name__ == "__main__":
-  run_main(main, "python -m train.run")
+  run_main(main, "python -m train.run", interruptible=False)

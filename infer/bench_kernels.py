@@ -1,4 +1,4 @@
-"""`python -m pallas_kernels.bench`: the attention kernels on the GPU, checked and timed.
+"""`python -m infer.bench_kernels`: the attention kernels on the GPU, checked and timed.
 
   --suite check   kernels vs the jnp reference on the device (odd lengths, GQA, trees)
   --suite grid    hybrid tree attention over S x T x head shapes x batch, side by side
@@ -30,8 +30,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from infer.cli import ArgumentParser, run_main
+from infer.cli import ArgumentParser, output_path, positive_int, run_main
+from infer.plots import plot
+from infer.timing import LLAMA_31_8B, loop_seconds, measure_bandwidth
 from longspec_jax import attention
+from longspec_jax.tree import random_ancestor_mask
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
@@ -44,34 +47,6 @@ SKIP_ABOVE_BYTES = 8 << 30  # implementations that materialize [B, H, T, S] scor
 MAX_BLOCK_ROWS = 128  # 256-row blocks with head_dim 128 run out of shared memory on the H100
 
 
-def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:
-  """Seconds per call of fn(x, *operands) -> like x, `iters` chained calls in one jit. The
-  operands (caches, masks) enter as arguments, never as constants baked into the program.
-  The loop is unrolled `unroll` times: an XLA while loop syncs with the host at every
-  iteration, which would add ~10 us to each call of a kernel that itself takes tens."""
-  @jax.jit
-  def run(x, *ops):
-    return jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll)
-
-  jax.block_until_ready(run(x, *operands))
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(run(x, *operands))
-    times.append((time.perf_counter() - t) / iters)
-  return statistics.median(times)
-
-
-def random_tree_mask(rng, batch, nodes):
-  parents = [rng.integers(0, max(i, 1), size=batch) for i in range(nodes)]
-  mask = np.zeros((batch, nodes, nodes), bool)
-  for i in range(nodes):
-    mask[:, i, i] = True
-    if i:
-      mask[np.arange(batch), i] |= mask[np.arange(batch), parents[i]]
-  return jnp.asarray(mask)
-
-
 def inputs(batch, steps, seq_len, heads, kv_heads, head_dim, dtype, seed=0):
   rng = np.random.default_rng(seed)
   keys = jax.random.split(jax.random.key(seed), 5)
@@ -80,7 +55,7 @@ def inputs(batch, steps, seq_len, heads, kv_heads, head_dim, dtype, seed=0):
   k, v = (jax.random.normal(key, (batch, seq_len, kv_heads, head_dim), dtype) for key in keys[1:3])
   k_new, v_new = (jax.random.normal(key, (batch, steps, kv_heads, head_dim), dtype) for key in keys[3:5])
   lengths = jnp.full((batch,), seq_len, jnp.int32)
-  return q, k, v, k_new, v_new, lengths, random_tree_mask(rng, batch, steps)
+  return q, k, v, k_new, v_new, lengths, random_ancestor_mask(rng, batch, steps)
 
 
 def suite_check(args) -> list[dict]:
@@ -114,7 +89,6 @@ def _max_error(a, b) -> float:
 
 
 def suite_grid(args) -> list[dict]:
-  from infer.bench_target import measure_bandwidth  # the ceiling the decode-step floors use too
 
   bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
@@ -205,7 +179,6 @@ def suite_verify(args) -> list[dict]:
   """One tree verification (64 nodes) of a random bf16 Llama-3.1-8B-shaped target at 32k."""
   from flax import nnx
 
-  from infer.bench_target import LLAMA_31_8B
   from longspec_jax.cache import KVCache
   from longspec_jax.target import random_model
   from longspec_jax.tree import Tree
@@ -312,7 +285,6 @@ def pallas_read(x, k, v, params: KernelParams):
 def suite_floor(args) -> list[dict]:
   """The prefix pass next to what merely reading its K/V costs at the same size, in the
   same timing loop: where a shape's distance from the copy bandwidth comes from."""
-  from infer.bench_target import measure_bandwidth
 
   bandwidth = measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
@@ -350,15 +322,17 @@ SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "swe
 
 
 def main(argv=None):
-  p = ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__.splitlines()[0])
+  p = ArgumentParser(prog="python -m infer.bench_kernels", description=__doc__.splitlines()[0])
   p.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=["check", "grid", "verify"])
   p.add_argument("--heads", nargs="+", choices=sorted(HEADS), default=sorted(HEADS))
-  p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-  p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536, 131072])
-  p.add_argument("--steps", type=int, nargs="+", default=[1, 16, 64, 128])
-  p.add_argument("--verify-contexts", type=int, nargs="+", default=[32768])
-  p.add_argument("--out", type=Path)
+  p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
+  p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096, 16384, 65536, 131072])
+  p.add_argument("--steps", type=positive_int, nargs="+", default=[1, 16, 64, 128], help="tree tokens T")
+  p.add_argument("--verify-contexts", type=positive_int, nargs="+", default=[32768])
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
+  if args.out:
+    output_path(args.out)
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
   args.result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
   for suite in args.suites:
@@ -371,7 +345,8 @@ def save(args, suite: str, rows: list[dict]) -> None:
   args.result[suite] = rows
   if args.out:
     args.out.write_text(json.dumps(args.result, indent=1))
+    plot(args.result, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":
-  run_main(main, "python -m pallas_kernels.bench")
+  run_main(main, "python -m infer.bench_kernels")

@@ -1,0 +1,255 @@
+"""Plots of benchmark results: every benchmark writes a PNG beside its JSON.
+
+`plot(result_json)` recognises what a JSON holds (a method comparison from
+`infer.benchmark`, a target suite from `infer.bench_target`, a profile from
+`infer.profile`, kernel suites from `infer.bench_kernels`) and draws it;
+`python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
+docs/figures is made from docs/results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def _pyplot():
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def _title(result: dict, what: str) -> str:
+  device = result.get("device", "")
+  extra = ", ".join(str(result[k]) for k in ("dtype", "attention") if result.get(k))
+  return f"{what} ({device}{', ' + extra if extra else ''})"
+
+
+def _log_x(ax, xs) -> None:
+  """A log x axis labelled at the measured points only."""
+  xs = sorted(set(xs))
+  ax.set_xscale("log")
+  ax.set_xticks(xs, [f"{x:,}" for x in xs])
+  ax.minorticks_off()
+
+
+def _methods(result: dict, plt):
+  """Speedup over AR and tau against prefill length, one column per prompt set."""
+  rows = result["rows"]
+  sets = sorted({r["set"] for r in rows})
+  fig, axes = plt.subplots(2, len(sets), figsize=(5 * len(sets), 6.5), squeeze=False)
+  for column, set_name in enumerate(sets):
+    by_method = defaultdict(list)
+    for r in rows:
+      if r["set"] == set_name:
+        by_method[r["method"]].append(r)
+    lengths = sorted({r["prefill_tokens"] for r in rows if r["set"] == set_name})
+    for index, (method, points) in enumerate(by_method.items()):
+      points.sort(key=lambda r: r["prefill_tokens"])
+      for ax, key in zip(axes[:, column], ("speedup_vs_ar", "tau")):
+        if len(lengths) > 1:
+          ax.plot([r["prefill_tokens"] for r in points], [r[key] for r in points], marker="o", label=method)
+        else:  # one prefill length: a bar per method
+          ax.bar(index, points[0][key], label=method, color=f"C{index}")
+    axes[0, column].axhline(1.0, color="grey", lw=0.8, ls="--")
+    axes[0, column].set(title=f"{set_name}: decode speedup vs AR", ylabel="x AR tokens/s")
+    axes[1, column].set(title=f"{set_name}: tau", ylabel="tokens per target forward",
+                        xlabel="prefill tokens" if len(lengths) > 1 else f"method, {lengths[0]:,} prefill tokens")
+    for ax in axes[:, column]:
+      if len(lengths) > 1:
+        _log_x(ax, lengths)
+      else:
+        ax.set_xticks(range(len(by_method)), list(by_method), fontsize=7)
+      ax.grid(alpha=0.3)
+    axes[0, column].legend(fontsize=8)
+  temperature = (result.get("sampling") or {}).get("temperature", 0.0)
+  fig.suptitle(_title(result, f"{result.get('target', '')} methods, T = {temperature}"), fontsize=9)
+  return fig
+
+
+def _smollm2(result: dict, plt):
+  rows = sorted(result["rows"], key=lambda r: r["prompt_tokens"])
+  x = [r["prompt_tokens"] for r in rows]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  series = {"ours": lambda r: r["ours"]}
+  for name in rows[0].get("transformers") or {}:
+    series[f"transformers {name}"] = lambda r, n=name: r["transformers"][n]
+  for label, get in series.items():
+    axes[0].plot(x, [get(r)["decode_tokens_per_second"] for r in rows], marker="o", label=label)
+    axes[1].plot(x, [get(r)["prefill_tokens_per_second"] for r in rows], marker="o", label=label)
+  axes[0].set(title="AR decode", ylabel="tokens/s", xlabel="prompt tokens")
+  axes[1].set(title="prefill", ylabel="tokens/s", xlabel="prompt tokens", yscale="log")
+  for ax in axes:
+    _log_x(ax, x)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(_title(result, "SmolLM2-135M, ours vs transformers"))
+  return fig
+
+
+def _floor(result: dict, plt):
+  rows = result["rows"]
+  labels = [f"{r['context']:,}" for r in rows]
+  fig, ax = plt.subplots(figsize=(6, 3.8))
+  xs = range(len(rows))
+  ax.bar([x - 0.2 for x in xs], [r["step_ms"] for r in rows], 0.4, label="decode step")
+  ax.bar([x + 0.2 for x in xs], [r["floor_ms"] for r in rows], 0.4, label="bytes / bandwidth")
+  for x, r in zip(xs, rows):
+    ax.text(x - 0.2, r["step_ms"], f"{r['fraction_of_floor']:.0%}", ha="center", va="bottom", fontsize=8)
+  ax.set(xticks=list(xs), xticklabels=labels, xlabel="context", ylabel="ms",
+         title=_title(result, f"{result.get('shape', '')} decode step vs its floor"))
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3, axis="y")
+  return fig
+
+
+def _topk(result: dict, plt):
+  rows = result["rows"]
+  fig, ax = plt.subplots(figsize=(6, 3.8))
+  for vocab in sorted({r["vocab"] for r in rows}):
+    points = sorted((r for r in rows if r["vocab"] == vocab), key=lambda r: r["rows"])
+    x = [r["rows"] for r in points]
+    ax.plot(x, [r["lax_us"] for r in points], marker="o", label=f"lax.top_k, V={vocab}")
+    for chunk in result.get("chunks", [])[:1]:
+      ax.plot(x, [r[f"chunk_{chunk}_us"] for r in points], marker="s", ls="--", label=f"two-stage/{chunk}, V={vocab}")
+  ax.set(xscale="log", yscale="log", xlabel="rows", ylabel="us", title=_title(result, "vocabulary top-k"))
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  return fig
+
+
+def _profile(result: dict, plt):
+  rounds = max(result.get("rounds", 1), 1)
+  scopes = list(result["by_scope"].items())
+  fig, ax = plt.subplots(figsize=(6, 3.2))
+  ax.barh([s for s, _ in scopes], [row["ms"] / rounds for _, row in scopes])
+  ax.invert_yaxis()
+  ax.set(xlabel="device ms per round",
+         title=_title(result, f"{result['method']}: tau {result['tau']:.2f}, idle {result['idle_share_of_span']:.0%}"))
+  ax.grid(alpha=0.3, axis="x")
+  return fig
+
+
+def _kernels(result: dict, plt):
+  """The kernel suites: the grid (hybrid over cudnn, prefix pass bandwidth), the floor,
+  the 8B verify step and the sweep."""
+  panels = [k for k in ("grid", "floor", "verify", "sweep") if result.get(k)]
+  count = len(panels) + ("grid" in panels)
+  fig, axes = plt.subplots(1, count, figsize=(5 * count, 3.8), squeeze=False)
+  axes = list(axes[0])
+  if "grid" in panels:
+    groups = defaultdict(list)
+    for r in result["grid"]:
+      groups[(r["heads"], r["batch"], r["T"])].append(r)
+    ax_speed, ax_bw = axes.pop(0), axes.pop(0)
+    for (heads, batch, steps), points in sorted(groups.items()):
+      points.sort(key=lambda r: r["S"])
+      style = dict(marker=".", label=f"{heads} b{batch} T{steps}", ls="-" if heads.startswith("llama") else "--")
+      ax_speed.plot([r["S"] for r in points], [r.get("cudnn_over_hybrid") for r in points], **style)
+      ax_bw.plot([r["S"] for r in points], [r.get("prefix_fraction_of_copy") for r in points], **style)
+    ax_speed.set(xscale="log", xlabel="prefix length S", ylabel="cudnn time / hybrid time", title="hybrid vs cudnn")
+    ax_bw.set(xscale="log", xlabel="prefix length S", ylabel="fraction of copy bandwidth", title="prefix pass")
+    ax_bw.axhline(0.8, color="grey", lw=0.8, ls="--")
+    ax_speed.legend(fontsize=5, ncol=2)
+    for ax in (ax_speed, ax_bw):
+      ax.grid(alpha=0.3)
+  if "floor" in panels:
+    ax = axes.pop(0)
+    rows = result["floor"]
+    for key in ("pass_us", "xla_read_us", "pallas_read_us", "copy_bandwidth_us"):
+      points = [(r["S"], r[key]) for r in rows if r.get(key) is not None and r["T"] == rows[0]["T"]]
+      ax.plot(*zip(*points), marker=".", label=key.removesuffix("_us"))
+    ax.set(xscale="log", yscale="log", xlabel="prefix length S", ylabel="us", title="prefix pass vs reads of its bytes")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  if "verify" in panels:
+    ax = axes.pop(0)
+    rows = result["verify"]
+    labels = [f"{r['context']:,}/{r['nodes']}" for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["pallas_ms"] for r in rows], 0.4, label="pallas")
+    ax.bar([x + 0.2 for x in xs], [r["reference_ms"] for r in rows], 0.4, label="reference")
+    ax.set(xticks=list(xs), xticklabels=labels, xlabel="context / tree nodes", ylabel="ms", title="8B verify step")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+  if "sweep" in panels:  # each shape's timings over the swept settings, the table's marked
+    ax = axes.pop(0)
+    groups = defaultdict(list)
+    for r in result["sweep"]:
+      groups[f"{r['heads'][:6]} b{r['batch']} S{r['S'] // 1024}k T{r['T']}"].append(r)
+    for y, (label, points) in enumerate(sorted(groups.items())):
+      best = min(r["prefix_us"] for r in points)
+      ax.scatter([r["prefix_us"] / best for r in points], [y] * len(points), s=8, color="tab:blue")
+      ax.scatter([r["prefix_us"] / best for r in points if r.get("table")], [y] * sum(bool(r.get("table"))
+                                                                                     for r in points),
+                 s=30, color="tab:red", marker="x")
+    ax.set(yticks=range(len(groups)), yticklabels=sorted(groups), xlabel="time / best setting",
+           title="sweep (x: the tuning table's choice)")
+    ax.tick_params(axis="y", labelsize=6)
+    ax.grid(alpha=0.3)
+  fig.suptitle(_title(result, "attention kernels"))
+  return fig
+
+
+def kind(result: dict) -> str | None:
+  """What a result JSON holds, or None if there is nothing to plot."""
+  if "by_scope" in result:
+    return "profile"
+  if any(result.get(k) for k in ("grid", "floor", "verify", "sweep")) and "suite" not in result:
+    return "kernels"
+  if result.get("suite") in ("smollm2", "floor", "topk", "llama8b"):  # (llama8b: the floor suite's old name)
+    return {"llama8b": "floor"}.get(result["suite"], result["suite"])
+  rows = result.get("rows")
+  if isinstance(rows, list) and rows and "speedup_vs_ar" in rows[0]:
+    return "methods"
+  return None
+
+
+PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
+         "kernels": _kernels}
+
+
+def plot(result: dict | Path, out: Path) -> Path | None:
+  """Draws `result` (a dict, or a JSON file) to the PNG `out`; None if it holds nothing
+  to plot (e.g. only the kernels' correctness check)."""
+  if isinstance(result, Path):
+    result = json.loads(result.read_text())
+  which = kind(result)
+  if which is None:
+    return None
+  plt = _pyplot()
+  fig = PLOTS[which](result, plt)
+  fig.tight_layout()
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
+def main(argv=None) -> None:
+  from infer.cli import ArgumentParser
+  from longspec_jax.errors import UserError
+
+  p = ArgumentParser(prog="python -m infer.plots", description=__doc__.splitlines()[0])
+  p.add_argument("results", nargs="+", type=Path, help="result JSON files")
+  p.add_argument("--out-dir", type=Path, help="where the PNGs go (default: beside each JSON)")
+  args = p.parse_args(argv)
+  for path in args.results:
+    try:
+      result = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+      raise UserError(f"{path} is not a readable result JSON ({type(e).__name__}).") from None
+    out = (args.out_dir or path.parent) / path.with_suffix(".png").name
+    if args.out_dir:
+      args.out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{path} -> {out}" if plot(result, out) else f"{path}: nothing to plot")
+
+
+if __name__ == "__main__":
+  from infer.cli import run_main
+
+  run_main(main, "python -m infer.plots", interruptible=False)
+

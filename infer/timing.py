@@ -1,0 +1,70 @@
+"""Timing helpers and model shapes shared by the benchmarks: medians after warm-up, on-device
+loops that keep host overhead out of kernel timings, the device's measured bandwidth
+(the ceiling every floor is taken against), and the real models' shapes for random-weight
+runs."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from longspec_jax.config import RopeConfig, TargetConfig
+
+SMOLLM2_135M = TargetConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+    head_dim=64, rope=RopeConfig(theta=100000.0), max_position_embeddings=8192, tie_word_embeddings=True,
+)
+LLAMA_31_8B = TargetConfig(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
+    rope=RopeConfig(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=8192),
+)
+
+
+SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "smollm2-135m": SMOLLM2_135M}
+
+
+def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(iters):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def measure_bandwidth() -> float:
+  """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
+  over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""
+  step = jax.jit(lambda x: x * 2 + 1)
+  best = 0.0
+  for nbytes in (1 << 30, 1 << 32):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype)
+      best = max(best, 2 * nbytes / median_seconds(functools.partial(step, data), iters=20))
+  return best
+
+
+def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:
+  """Seconds per call of fn(x, *operands) -> like x, `iters` chained calls in one jit. The
+  operands (caches, masks) enter as arguments, never as constants baked into the program.
+  The loop is unrolled `unroll` times: an XLA while loop syncs with the host at every
+  iteration, which would add ~10 us to each call of a kernel that itself takes tens."""
+  @jax.jit
+  def run(x, *ops):
+    return jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll)
+
+  jax.block_until_ready(run(x, *operands))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(run(x, *operands))
+    times.append((time.perf_counter() - t) / iters)
+  return statistics.median(times)
