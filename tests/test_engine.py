@@ -301,3 +301,20 @@ def test_real_model_sampling_matches_ar(smollm2_float32, config):
       got, mean_accepted = samples(100 * (i + 1), **kwargs)
       assert mean_accepted > 1.0, name  # the speculation ran and accepted drafted tokens
       assert_same_law(reference, got, f"{name}, {mean_accepted:.2f} tokens per round")
+
+
+def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
+  """A chunk runs as many rounds as fit in CHUNK_SECONDS at the measured pace: a tiny
+  budget streams every round, a large one streams in few chunks."""
+  from longspec_jax import engine
+
+  def chunks(seconds):
+    monkeypatch.setattr(engine, "CHUNK_SECONDS", seconds)
+    calls = []
+    result = engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append)
+    assert sum(int((c >= 0).sum()) for c in calls) == 40
+    return len(calls), result.stats["steps"]
+
+  streamed, rounds = chunks(1e-9)
+  assert streamed == rounds + 1  # the first token, then one chunk per round
+  assert chunks(1e3)[0] <= 4  # 1, 1, then all the rest

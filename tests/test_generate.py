@@ -1,6 +1,8 @@
 """`python -m infer.generate`: output contract and one-line errors with exit code 2."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -156,8 +158,27 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
     assert code == 2 and message in err.strip().splitlines()[-1], err
 
 
-def test_cli_methods_are_the_engine_methods():
-  from infer.cli import METHODS
-  from longspec_jax.proposers import PROPOSERS
+def test_main_job_runs_without_torch(smollm2_gguf, tmp_path):
+  """The README's first command's path with torch unimportable and a fresh tokenizer cache:
+  the GGUF tokenizer and chat template are built from the file's metadata."""
+  script = ("import runpy, sys; sys.modules['torch'] = None; sys.argv[0] = 'infer.generate';"
+            " runpy.run_module('infer.generate', run_name='__main__', alter_sys=True)")
+  env = {**os.environ, "LONGSPEC_SMOLLM2_GGUF": str(smollm2_gguf), "LONGSPEC_CACHE": str(tmp_path)}
+  proc = subprocess.run([sys.executable, "-c", script, "--chat", "--prompt", "Name a colour.", "--max-new-tokens", "5",
+                         "--json"], capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert record["num_new_tokens"] == 5 and record["prompt_tokens"] > 20  # the chat template's system turn
+  assert "Traceback" not in proc.stderr and "PyTorch" not in proc.stderr
+  assert any((tmp_path / "tokenizers").iterdir())
 
-  assert set(METHODS) == set(PROPOSERS)
+
+def test_ctrl_c_ends_the_run_at_once(tiny_with_tokenizer):
+  proc = subprocess.Popen([sys.executable, "-m", "infer.generate", "--target", str(tiny_with_tokenizer), "--prompt",
+                           "hello", "--method", "longspec", "--draft", "random", "--max-new-tokens", "500"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  assert proc.stderr.readline().startswith("loading target")  # then it loads and compiles
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130 and err.strip().endswith("interrupted.") and "Traceback" not in err
+

@@ -42,8 +42,58 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
 
 
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
-  assert run(["--stage", "pretrain", "--data", "x", "--out", str(tmp_path), "--steps", "0"]) == 2
-  assert "--steps must be at least 1" in capsys.readouterr().err
-  assert run(["--stage", "sft", "--target", str(tiny_with_tokenizer), "--data", "/no/such/*.jsonl", "--out", str(tmp_path),
-              "--dtype", "float32"]) == 2
-  assert "no training files match" in capsys.readouterr().err
+  """Each bad input is one line and exit code 2, before the target loads."""
+  stdlib = sysconfig.get_paths()["stdlib"]
+  binary = tmp_path / "blob.bin"
+  binary.write_bytes(bytes(range(256)) * 8)
+  (tmp_path / "used").mkdir()
+  (tmp_path / "used" / "metrics.jsonl").write_text("")
+  (tmp_path / "notes.txt").write_text("x")
+  base = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--data", f"{stdlib}/json/*.py", "--dtype",
+          "float32"]
+  out = ["--out", str(tmp_path / "new")]
+  cases = [
+      (base + out + ["--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
+      (base + out + ["--batch", "0"], "--batch: expected an integer >= 1"),
+      (base + out + ["--length", "0"], "--length: expected an integer >= 2"),
+      (base + out + ["--length", "1"], "--length: expected an integer >= 2"),
+      (base + out + ["--learning-rate", "-1"], "--learning-rate: expected a finite number > 0"),
+      (base + out + ["--learning-rate", "0"], "--learning-rate: expected a finite number > 0"),
+      (base + out + ["--time-limit", "0"], "--time-limit: expected a finite number > 0"),
+      (base + out + ["--warmup-steps", "10", "--steps", "5"], "--warmup-steps (10) must be fewer than --steps (5)"),
+      (base + out + ["--length", "100000"], "--length 100000 exceeds the target's context of 512 tokens"),
+      (base + out + ["--resume", "--overwrite"], "give one"),
+      (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
+      (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
+      (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),
+      (base + out + ["--init-draft", "/no/such/draft"], "--init-draft: the draft '/no/such/draft' does not exist"),
+      (["--stage", "pretrain", "--data", str(binary)] + out, "the data holds only binary files"),
+      (["--stage", "pretrain", "--data", f"{stdlib}/json/*.py", str(binary)] + out, "1 of the data files are binary"),
+      (["--stage", "pretrain", "--data", "/no/such/*.py"] + out, "no training files match"),
+      (["--stage", "sft", "--data", f"{stdlib}/json/*.py"] + out, "--stage sft trains on chat records"),
+  ]
+  for argv, message in cases:
+    assert run(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, (argv, err)
+  assert not (tmp_path / "new").exists()  # nothing was written
+
+
+def test_overwrite_replaces_a_run_and_resume_keeps_each_step_once(tiny_with_tokenizer, tmp_path, capsys):
+  out = tmp_path / "run"
+  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "32", "--batch",
+            "2", "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--save-every", "2",
+            "--warmup-steps", "1", "--window", "16", "--max-tokens", "2000"]
+  assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
+  # A crash after step 3's metrics but before its checkpoint: the newest checkpoint is step 2.
+  import shutil
+
+  shutil.rmtree(out / "checkpoints" / "3")
+  capsys.readouterr()
+  assert run(common + ["--steps", "4", "--resume"]) == 0
+  assert "resumed from step 2" in capsys.readouterr().err
+  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert steps == [1, 2, 3, 4]
+  assert run(common + ["--steps", "2", "--overwrite"]) == 0
+  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert steps == [1, 2] and sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]

@@ -1,0 +1,63 @@
+"""The CLIs' shared plumbing: bad input is one sentence and exit code 2, before anything
+heavy loads, in every entry point (generate and train.run have their own tests)."""
+
+import importlib
+import sys
+
+import pytest
+
+from conftest import run_cli
+from infer.cli import METHODS, run_main
+
+
+def run(module: str, argv, capsys) -> tuple[int, str]:
+  main = importlib.import_module(module).main
+  code = run_cli(main, argv, f"python -m {module}")
+  return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("infer.benchmark", ["--num-prompts", "0"], "--num-prompts: expected an integer >= 1, got '0'"),
+    ("infer.benchmark", ["--lengths", "0"], "--lengths: expected an integer >= 1, got '0'"),
+    ("infer.benchmark", ["--new-tokens", "-3"], "--new-tokens: expected an integer >= 1"),
+    ("infer.benchmark", ["--lengths", "100000"], "exceeds the model's context of 8192 tokens"),
+    ("infer.benchmark", ["--methods", "ar", "pld", "--tree-widths", "2,2"], "--tree-widths shapes a draft method"),
+    ("infer.benchmark", ["--methods", "ar", "--draft", "random"], "--draft shapes a draft method"),
+    ("infer.benchmark", ["--methods", "longspec", "--draft", "/no/such"], "the draft '/no/such' does not exist"),
+    ("infer.benchmark", ["--out", "/"], "the output / is a directory"),
+    ("infer.benchmark", ["--temperature", "inf"], "--temperature: expected a finite number >= 0"),
+    ("infer.profile", ["--out", "/etc/hostname"], "the output /etc/hostname is a file; give a directory"),
+    ("infer.profile", ["--out", "x", "--length", "0"], "--length: expected an integer >= 1"),
+    ("infer.profile", ["--out", "x", "--new-tokens", "1"], "--new-tokens: expected an integer >= 2"),
+    ("infer.profile", ["--out", "x", "--method", "magic"], "invalid choice"),
+    ("infer.profile", ["--out", "x", "--set", "poems"], "invalid choice"),
+    ("infer.bench_target", ["--suite", "smollm2", "--out", "/"], "the output / is a directory"),
+    ("infer.bench_target", ["--suite", "floor", "--contexts", "0"], "--contexts: expected an integer >= 1"),
+    ("infer.bench_target", ["--suite", "smollm2", "--prompt-lengths", "9000"], "exceed SmolLM2's context of 8192"),
+    ("infer.bench_target", ["--suite", "floor", "--contexts", "200000"], "--contexts must stay below"),
+    ("infer.bench_kernels", ["--batches", "0"], "--batches: expected an integer >= 1"),
+    ("infer.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
+    ("infer.plots", ["/no/such.json"], "is not a readable result JSON"),
+])
+def test_bad_input_is_one_line_with_exit_2(module, argv, message, capsys):
+  code, err = run(module, argv, capsys)
+  assert code == 2
+  assert err.count("\n") == 1 and err.startswith(f"python -m {module}: error: ") and message in err, err
+
+
+def test_missing_optional_package_is_one_line(monkeypatch, capsys):
+  def main():
+    import optax  # noqa: F401
+
+  monkeypatch.setitem(sys.modules, "optax", None)  # as if it were not installed
+  with pytest.raises(SystemExit) as e:
+    run_main(main, "python -m train.run")
+  assert e.value.code == 2
+  assert capsys.readouterr().err == ("python -m train.run: error: this command needs the package 'optax', which is not"
+                                     " installed (pip install 'longspec-jax[train]').\n")
+
+
+def test_methods_are_the_engine_methods():
+  from longspec_jax.proposers import PROPOSERS
+
+  assert set(METHODS) == set(PROPOSERS)
