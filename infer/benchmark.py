@@ -58,6 +58,7 @@ def run_config(target, method: str, draft, widths, prompts: list[list[int]], new
       "tau": tokens / rounds,
       "tokens_per_second": statistics.median(r.stats["tokens_per_second"] for r in runs),
       "prefill_seconds": statistics.median(r.stats["prefill_seconds"] for r in runs),
+      "max_stream_gap_seconds": max(r.stats["max_stream_gap_seconds"] for r in runs),
       **{f"{phase}_share": seconds / whole for phase, seconds in phases.items()},
       "kv_cache_mib": max(r.stats["kv_cache_bytes"] for r in runs) / 2**20,
       "draft_state_mib": max(r.stats["proposer_state_bytes"] for r in runs) / 2**20,
@@ -134,7 +135,7 @@ def main(argv=None):
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
   print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
-        " | same tokens as AR", flush=True)
+        " | stream gap s | same tokens as AR", flush=True)
   rows = []
   def save() -> None:  # after every row: a crash loses nothing measured
     if not args.out:
@@ -162,7 +163,7 @@ def main(argv=None):
             "set": set_name, "prefill_tokens": length, "method": label,
             **({"tree_widths": list(widths or draft.config.tree_widths)} if method in DRAFT_METHODS else {}),
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
-            "prefill_seconds": result["prefill_seconds"],
+            "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
             "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],
             "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
@@ -179,7 +180,7 @@ def main(argv=None):
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
         print(f"{set_name:4} | {length:7} | {label:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
-              f" {row['draft_state_mib']:5.2f} | {same_tokens(row)}", flush=True)
+              f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}", flush=True)
 
 
 if __name__ == "__main__":

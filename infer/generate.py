@@ -10,10 +10,9 @@ import json
 import sys
 import time
 
-from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, encode_prompt, positive_int, read_prompt, resolve_dtype,
-                       run_main, sampling_config, tree_widths)
+from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, encode_prompt, positive_int, read_prompt,
+                       resolve_dtype, run_main, sampling_config, tree_widths)
 from longspec_jax.weights import default
-
 
 
 def parse_args(argv=None):

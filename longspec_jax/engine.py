@@ -294,7 +294,7 @@ def generate(
 
   t1 = time.perf_counter()
   chunks = [first[:, None]]
-  rounds, dispatched, pending, ready_at = rounds_per_chunk or 1, 0, None, t1
+  rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or 1, 0, None, t1, 0.0
   while True:
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
@@ -305,6 +305,7 @@ def generate(
       out, finished, pending_rounds = pending
       chunks.append(np.asarray(out))
       now = time.perf_counter()
+      max_gap = max(max_gap, now - ready_at)
       if rounds_per_chunk is None:  # size the next chunks from this one's pace
         per_round = max(now - ready_at, 1e-6) / pending_rounds
         rounds = int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
@@ -346,6 +347,8 @@ def generate(
           "kv_cache_bytes": state.cache.nbytes(),  # the target's, allocated for prompt + new tokens
           "proposer_state_bytes": sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
           "tokens_per_second": (new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
+          # the longest wait between two chunks of streamed tokens
+          "max_stream_gap_seconds": max_gap,
       },
   )
 

@@ -17,6 +17,10 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[1,1,1]"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
   assert rows[3]["tree_widths"] == [1, 1, 1]
+  for row in rows:  # the phase split is a partition of the decode time
+    shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
+    assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
+  assert (tmp_path / "greedy.png").stat().st_size > 0  # the plot beside the JSON
   sampled = common[:-1] + ["--methods", "ar", "longspec", "--temperature", "1.0", "--top-k", "50",
                            "--out", str(tmp_path / "sampled.json")]
   assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err

@@ -313,6 +313,7 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
     calls = []
     result = engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append)
     assert sum(int((c >= 0).sum()) for c in calls) == 40
+    assert 0 < result.stats["max_stream_gap_seconds"] <= result.stats["decode_seconds"]
     return len(calls), result.stats["steps"]
 
   streamed, rounds = chunks(1e-9)

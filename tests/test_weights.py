@@ -109,11 +109,32 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_target_specs(tmp_path, monkeypatch):
-  with pytest.raises(UserError, match="neither"):
+  with pytest.raises(UserError, match="does not exist"):
     resolve_target(str(tmp_path / "nothing-here"))
+  (tmp_path / "notes.txt").write_text("x")
+  with pytest.raises(UserError, match="neither a Hugging Face model directory nor a .gguf file"):
+    resolve_target(str(tmp_path / "notes.txt"))
   monkeypatch.setenv("LONGSPEC_SMOLLM2_GGUF", str(tmp_path / "missing.gguf"))
   with pytest.raises(UserError, match="does not exist"):
     load_target("smollm2-135m", jnp.float32)
+  monkeypatch.setenv("LONGSPEC_SMOLLM2_GGUF", str(tmp_path))
+  with pytest.raises(UserError, match="is not a file; point it at SmolLM2-135M-Instruct.Q4_1.gguf"):
+    resolve_target("smollm2-135m")
+
+
+def test_damaged_cached_default_model_is_fetched_again(tmp_path, monkeypatch, capsys):
+  from longspec_jax.weights import default
+
+  monkeypatch.delenv("LONGSPEC_SMOLLM2_GGUF", raising=False)
+  monkeypatch.setenv("LONGSPEC_CACHE", str(tmp_path))
+  monkeypatch.setattr(default, "_installed_package_gguf", lambda: None)
+  fetched = []
+  monkeypatch.setattr(default, "_fetch", lambda path: (fetched.append(path), path.write_bytes(b"\0" * 8)))
+  cached = tmp_path / "models" / default.GGUF_NAME
+  cached.parent.mkdir(parents=True)
+  cached.write_bytes(b"GGUF" * 100)  # an interrupted copy
+  assert default.default_gguf_path() == cached and fetched == [cached]
+  assert "is damaged (400 bytes, expected 98362432); fetching it again" in capsys.readouterr().err
 
 
 def test_draft_checkpoint_round_trip_and_damage(tmp_path):

@@ -58,7 +58,8 @@ def parse_args(argv=None):
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
   p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps")
-  p.add_argument("--length", type=at_least_two, help="tokens per sequence (default: the stage's, capped by the context)")
+  p.add_argument("--length", type=at_least_two,
+                 help="tokens per sequence (default: the stage's, capped by the context)")
   p.add_argument("--batch", type=positive_int, help="sequences per micro-batch, all hosts together")
   p.add_argument("--accumulate", type=positive_int, default=1)
   p.add_argument("--learning-rate", type=positive_float)
