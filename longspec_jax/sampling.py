@@ -17,6 +17,7 @@ never change it), so greedy decoding is exactly reproducible.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +37,12 @@ class SamplingConfig:
 
   def __post_init__(self):
     checks = [
-        (self.temperature >= 0.0, f"--temperature must be >= 0, got {self.temperature}"),
-        (self.top_k >= 0, f"--top-k must be >= 0 (0: off), got {self.top_k}"),
-        (0.0 < self.top_p <= 1.0, f"--top-p must be in (0, 1], got {self.top_p}"),
-        (0.0 <= self.min_p < 1.0, f"--min-p must be in [0, 1), got {self.min_p}"),
-        (self.penalty >= 1.0, f"--penalty must be >= 1 (1: off), got {self.penalty}"),
-        (self.penalty_window >= 1, f"--penalty-window must be >= 1, got {self.penalty_window}"),
+        (0.0 <= self.temperature < math.inf, f"temperature must be finite and >= 0, got {self.temperature}"),
+        (self.top_k >= 0, f"top_k must be >= 0 (0: off), got {self.top_k}"),
+        (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+        (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
+        (1.0 <= self.penalty < math.inf, f"penalty must be finite and >= 1 (1: off), got {self.penalty}"),
+        (self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}"),
     ]
     for ok, message in checks:
       if not ok:
