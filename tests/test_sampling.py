@@ -64,7 +64,9 @@ def test_recent_tokens_window_spans_history_and_path():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("top_p", 0.0, "--top-p"), ("min_p", 1.0, "--min-p"), ("penalty", 0.5, "--penalty"), ("top_k", -1, "--top-k"),
+    ("top_p", 0.0, "top_p must be"), ("min_p", 1.0, "min_p must be"), ("penalty", 0.5, "penalty must be"),
+    ("top_k", -1, "top_k must be"), ("temperature", float("inf"), "temperature must be finite"),
+    ("penalty", float("inf"), "penalty must be finite"),
 ])
 def test_bad_settings_are_refused(field, value, message):
   with pytest.raises(UserError, match=message):
