@@ -24,26 +24,24 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from infer.cli import ArgumentParser, output_path, positive_int, resolve_dtype, run_main
+from infer.cli import (ArgumentParser, add_attention_flag, attention_impl, output_path, positive_int, resolve_dtype,
+                       run_main)
 from infer.plots import plot
 from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
 from infer.prompts import code_prompts
-from longspec_jax.attention import IMPLS, default_impl
 from longspec_jax.cache import KVCache
-from longspec_jax.engine import DecodeState, _decode_chunk, generate
-from longspec_jax.proposers import RootOnly
-from longspec_jax.sampling import SamplingConfig
+from longspec_jax.engine import Decoding, DecodeState, decode_chunk, generate
 
-def bench_ours(target, prompt: list[int], new_tokens: int, impl: str, repeats: int) -> dict:
+def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict:
   runs = []
   for i in range(repeats + 1):  # the first run compiles
-    result = generate(target.model, [prompt], new_tokens, eos_ids=(), impl=impl)
+    result = generate(target.model, [prompt], new_tokens)  # (no EOS: new_tokens tokens)
     if i:
       runs.append(result.stats)
-  prefill = statistics.median(r["prefill_seconds"] for r in runs)
+  prefill = statistics.median(r.prefill_seconds for r in runs)
   return {
       "prefill_tokens_per_second": len(prompt) / prefill,
-      "decode_tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+      "decode_tokens_per_second": statistics.median(r.tokens_per_second for r in runs),
       "token_ids": result.token_ids[0],
   }
 
@@ -97,12 +95,12 @@ def suite_smollm2(args) -> dict:
 
   dtype = resolve_dtype(args.dtype)
   dtype_name = jnp.dtype(dtype).name
-  target = load_target("smollm2-135m", dtype)
+  target = load_target("smollm2-135m", dtype, attention=attention_impl(args.attention))
   hf_model = load_transformers(resolve_target("smollm2-135m"), dtype_name) if args.transformers else None
   rows = []
   for length in args.prompt_lengths:
     prompt = code_prompts(target.tokenizer, length, 1)[0]
-    ours = bench_ours(target, prompt, args.new_tokens, args.attention, args.repeats)
+    ours = bench_ours(target, prompt, args.new_tokens, args.repeats)
     theirs = bench_transformers(hf_model, prompt, args.new_tokens, args.repeats) if hf_model else {}
     best = max(theirs.values(), key=lambda r: r["decode_tokens_per_second"], default=None)
     rows.append({
@@ -138,7 +136,7 @@ def suite_floor(args) -> dict:
   config = SHAPES[args.shape]
   dtype = resolve_dtype(args.dtype)
   bandwidth = measure_bandwidth()
-  model = random_model(config, dtype)
+  model = random_model(config, dtype, attention=attention_impl(args.attention))
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   itemsize = jnp.dtype(dtype).itemsize
@@ -158,13 +156,10 @@ def suite_floor(args) -> dict:
     history = jnp.zeros((1, cache.max_len), jnp.int32)
     state = [DecodeState.start(cache, history, jnp.ones((1,), jnp.int32), jnp.zeros((1,), bool), jax.random.key(0))]
     del cache
-    no_eos = jnp.asarray([-1], jnp.int32)
 
     def decode():  # continues from the last state: the context grows by `steps` per call
-      state[0], tokens, _ = _decode_chunk(
-          graphdef, params, state[0], jnp.int32(1 << 30), no_eos, RootOnly(), None, args.attention, SamplingConfig(),
-          jnp.int32(steps), steps
-      )
+      state[0], tokens, _ = decode_chunk(model, state[0], Decoding(), max_new_tokens=1 << 30, rounds=steps,
+                                         max_rounds=steps)
       return tokens
 
     seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
@@ -205,11 +200,11 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=positive_int, default=256)
   p.add_argument("--repeats", type=positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
+  add_attention_flag(p)
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  args.attention = args.attention or default_impl()
+  args.attention = attention_impl(args.attention).value
   if args.out:
     output_path(args.out)
   if args.suite == "smollm2":

@@ -23,13 +23,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import (ArgumentParser, add_sampling_flags, output_path, positive_int, resolve_dtype, run_main,
-                       sampling_config, tree_widths)
+from infer.cli import (ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, output_path,
+                       positive_int, resolve_dtype, run_main, sampling_config, tree_widths)
 from infer.plots import plot
+from infer.timing import phase_seconds
 from infer.prompts import PROMPT_SETS
-from longspec_jax.attention import IMPLS, default_impl
 from longspec_jax.config import check_tree_widths
-from longspec_jax.engine import check_capacity, generate, prefill
+from longspec_jax.engine import Decoding, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
 from longspec_jax.tree import node_budget
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
@@ -38,35 +38,38 @@ from longspec_jax.weights.drafts import load_draft, resolve_draft
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
 
-def run_config(target, method: str, draft, widths, prompts: list[list[int]], new_tokens: int, impl: str,
-               sampling, seed: int) -> dict:
-  proposer, draft_params = make_proposer(method, draft, widths)
-  kwargs = dict(proposer=proposer, proposer_params=draft_params, method=method, impl=impl, sampling=sampling,
-                seed=seed)
-  generate(target.model, prompts[:1], new_tokens, **kwargs)  # warm-up
-  runs = [generate(target.model, [p], new_tokens, time_phases=True, **kwargs) for p in prompts]
-  tokens = sum(r.stats["num_new_tokens"] - 1 for r in runs)
-  rounds = sum(r.stats["steps"] for r in runs)
-  decode = sum(r.stats["decode_seconds"] for r in runs)
-  # The phases are timed apart from the run (engine._time_phases), so their sum can exceed
-  # the run's decode time by timing noise; shares are of the larger of the two, so each
-  # lies in [0, 1] and they sum to 1.
-  phases = {phase: sum(r.stats[phase] for r in runs) for phase in PHASES[:2]}
+def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
+  """One method on every prompt (after one warm-up run): tau, tokens/s, and the split of
+  decode time into drafting, verification and the rest (the phases are timed apart from
+  the run, on its final state, `infer.timing.phase_seconds`)."""
+  generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed)  # warm-up
+  stats, token_ids, phases = [], [], dict.fromkeys(PHASES[:2], 0.0)
+  for prompt in prompts:
+    result = generate(target.model, [prompt], new_tokens, decoding, draft_params, seed=seed)
+    per_round = phase_seconds(target.model, decoding, draft_params, result.state)
+    for phase, seconds in zip(PHASES[:2], per_round):
+      phases[phase] += seconds * int(result.state.rounds)
+    stats.append(result.stats)
+    token_ids.append(result.token_ids[0])
+    del result  # (its caches)
+  decode = sum(s.decode_seconds for s in stats)
+  # The phases' sum can exceed the run's decode time by timing noise; shares are of the
+  # larger of the two, so each lies in [0, 1] and they sum to 1.
   whole = max(decode, sum(phases.values()))
   phases[PHASES[2]] = whole - sum(phases.values())
   return {
-      "tau": tokens / rounds,
-      "tokens_per_second": statistics.median(r.stats["tokens_per_second"] for r in runs),
-      "prefill_seconds": statistics.median(r.stats["prefill_seconds"] for r in runs),
-      "max_stream_gap_seconds": max(r.stats["max_stream_gap_seconds"] for r in runs),
+      "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
+      "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
+      "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
+      "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
       **{f"{phase}_share": seconds / whole for phase, seconds in phases.items()},
-      "kv_cache_mib": max(r.stats["kv_cache_bytes"] for r in runs) / 2**20,
-      "draft_state_mib": max(r.stats["proposer_state_bytes"] for r in runs) / 2**20,
-      "token_ids": [r.token_ids[0] for r in runs],
+      "kv_cache_mib": max(s.kv_cache_bytes for s in stats) / 2**20,
+      "draft_state_mib": max(s.proposer_state_bytes for s in stats) / 2**20,
+      "token_ids": token_ids,
   }
 
 
-def divergence(target, prompt: list[int], reference: list[int], other: list[int], impl: str) -> dict:
+def divergence(target, prompt: list[int], reference: list[int], other: list[int]) -> dict:
   """Where `other` first leaves the AR output `reference`, and the target's logit margin
   there of the AR token over the other one, from a fresh forward over the AR prefix: a
   margin within rounding of the dtype means the two tokens tie (DESIGN: lossless in bf16
@@ -75,7 +78,7 @@ def divergence(target, prompt: list[int], reference: list[int], other: list[int]
   if index == min(len(reference), len(other)):
     return {"index": index, "logit_margin": None}  # one stopped early (EOS or limit)
   prefix = list(prompt) + reference[:index]
-  _, hidden = prefill(target.model, [prefix], -(-len(prefix) // 128) * 128, 512, impl)
+  _, hidden = prefill(target.model, [prefix], -(-len(prefix) // 128) * 128)
   logits = target.model.logits(hidden)[0]
   return {"index": index, "logit_margin": float(logits[reference[index]] - logits[other[index]])}
 
@@ -101,11 +104,10 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=positive_int, default=256)
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--attention", choices=IMPLS, help="default: pallas on GPU, else reference")
+  add_attention_flag(p)
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  args.attention = args.attention or default_impl()
   if not set(args.methods) & set(DRAFT_METHODS):
     for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
       if value is not None:
@@ -130,8 +132,10 @@ def main(argv=None):
     resolve_draft(draft_spec, args.target)
   for widths in args.tree_widths or ():
     check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size))
-  target = load_target(path, dtype, load_tokenizer(path))
-  draft = load_draft(draft_spec, target.config, dtype, args.target) if uses_draft else None
+  impl = attention_impl(args.attention)
+  args.attention = impl.value
+  target = load_target(path, dtype, load_tokenizer(path), attention=impl)
+  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
   print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
@@ -156,8 +160,9 @@ def main(argv=None):
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for label, method, widths in variants:
-        result = run_config(target, method, draft, widths, prompts, args.new_tokens, args.attention, sampling,
-                            args.seed)
+        proposer, draft_params = make_proposer(method, draft, widths)
+        decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
+        result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
@@ -172,7 +177,7 @@ def main(argv=None):
         }
         if row["same_tokens_as_ar"] is False:
           row["divergences"] = [
-              divergence(target, prompt, ref, got, args.attention)
+              divergence(target, prompt, ref, got)
               for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"]) if ref != got
           ]
         rows.append(row)

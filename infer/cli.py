@@ -16,6 +16,8 @@ from longspec_jax.errors import UserError
 # The decoding methods (`longspec_jax.proposers.PROPOSERS`) by name, listed here, free of
 # JAX, so that flags are checked before JAX is imported.
 METHODS = ("ar", "pld", "longspec")
+# `longspec_jax.attention.Impl` by value, likewise.
+ATTENTION = ("reference", "pallas")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).
@@ -153,6 +155,17 @@ def output_path(path: Path, kind: str = "file") -> Path:
   if not parent.is_dir() or not os.access(parent, os.W_OK):
     raise UserError(f"cannot write {path}: {parent} is not a writable directory.")
   return path
+
+
+def add_attention_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--attention", choices=ATTENTION, help="attention code: pallas (default on GPU) or reference (jnp)")
+
+
+def attention_impl(name: str | None):
+  """The `attention.Impl` a flag names; None: the default for this backend."""
+  from longspec_jax.attention import Impl
+
+  return Impl(name) if name else Impl.default()
 
 
 def resolve_dtype(name: str | None):

@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, encode_prompt, positive_int, read_prompt,
-                       resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.cli import (METHODS, ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, encode_prompt,
+                       positive_int, read_prompt, resolve_dtype, run_main, sampling_config, tree_widths)
 from longspec_jax.weights import default
 
 
@@ -34,12 +34,9 @@ def parse_args(argv=None):
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
-  from longspec_jax.attention import IMPLS, default_impl
-
-  p.add_argument("--attention", choices=IMPLS, help="attention kernels (default: pallas on GPU, else reference)")
+  add_attention_flag(p)
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
-  args.attention = args.attention or default_impl()
   if args.method in ("ar", "pld"):
     for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
       if value is not None and value != "none":
@@ -69,6 +66,15 @@ class TextStream:
     sys.stdout.write(text[len(self.written):])
     sys.stdout.flush()
     self.written = text
+
+
+def json_stats(stats) -> dict:
+  """The engine's stats under the JSON's documented names (rounds are `steps`)."""
+  import dataclasses
+
+  record = dataclasses.asdict(stats)
+  record["steps"] = record.pop("rounds")
+  return record
 
 
 def plural(n: int, noun: str) -> str:
@@ -106,7 +112,7 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
 
   from longspec_jax.config import check_tree_widths
-  from longspec_jax.engine import check_capacity, generate
+  from longspec_jax.engine import Decoding, check_capacity, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.tree import node_budget
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
@@ -129,32 +135,32 @@ def main(argv=None) -> None:
     check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size))
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
-  target = load_target(path, dtype, tokenizer)
-  draft = load_draft(draft_spec, target.config, dtype, args.target) if method in DRAFT_METHODS else None
+  impl = attention_impl(args.attention)
+  target = load_target(path, dtype, tokenizer, attention=impl)
+  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if method in DRAFT_METHODS else None
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
   proposer, draft_params = make_proposer(method, draft, args.tree_widths)
   with PrefillBar() as on_prefill:
-    result = generate(
-        target.model, [prompt], args.max_new_tokens, proposer=proposer, proposer_params=draft_params, method=method,
-        eos_ids=target.config.eos_token_ids, sampling=sampling, seed=args.seed, impl=args.attention,
-        on_tokens=stream, on_prefill=on_prefill,
-    )
+    decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
+    result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
+                      on_tokens=stream, on_prefill=on_prefill)
   stats = result.stats
   print(file=sys.stdout)
   print(
-      f"[{method}] {plural(stats['num_new_tokens'], 'token')}, {stats['tokens_per_second']:.1f} tokens/s decode,"
-      f" prefill {stats['prefill_seconds']:.2f} s, tau {stats['mean_accepted_length']:.2f}",
+      f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
+      f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}",
       file=sys.stderr,
   )
   if args.json:
     token_ids = result.token_ids[0]
     record = {
-        **stats,
+        "method": method,
+        **json_stats(stats),
         "target": args.target,
         "dtype": jnp.dtype(dtype).name,
-        "attention": args.attention,
+        "attention": impl.value,
         "draft": draft_spec if method in DRAFT_METHODS else None,
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),

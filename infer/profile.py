@@ -24,8 +24,8 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import (METHODS, ArgumentParser, add_sampling_flags, number_type, output_path, positive_int,
-                       resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.cli import (METHODS, ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, number_type,
+                       output_path, positive_int, resolve_dtype, run_main, sampling_config, tree_widths)
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from longspec_jax.errors import UserError
@@ -109,7 +109,7 @@ def main(argv=None):
   p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
   p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--attention", choices=("reference", "pallas"), help="default: pallas on GPU, else reference")
+  add_attention_flag(p)
   p.add_argument("--top", type=positive_int, default=25, help="how many ops to list")
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, required=True, help="a directory: profile.json, profile.png, the trace, HLO")
@@ -123,22 +123,24 @@ def main(argv=None):
 
   import jax
 
-  from longspec_jax.attention import default_impl
-  from longspec_jax.engine import generate
+  from longspec_jax.engine import Decoding, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.weights import default, load_target
   from longspec_jax.weights.drafts import load_draft
 
-  impl = args.attention or default_impl()
+  impl = attention_impl(args.attention)
   target_name = args.target or default.NAME
   dtype = resolve_dtype(args.dtype)
-  target = load_target(target_name, dtype)
-  draft = load_draft(args.draft, target.config, dtype, target_name) if args.method in DRAFT_METHODS else None
+  target = load_target(target_name, dtype, attention=impl)
+  draft = (load_draft(args.draft, target.config, dtype, target_name, attention=impl)
+           if args.method in DRAFT_METHODS else None)
   proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
+  decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
   prompt = PROMPT_SETS[args.set](target.tokenizer, args.length, 1)[0]
-  run = lambda: generate(target.model, [prompt], args.new_tokens, proposer=proposer,  # noqa: E731
-                         proposer_params=proposer_params, method=args.method, impl=impl,
-                         sampling=sampling_config(args), seed=args.seed)
+
+  def run():
+    return generate(target.model, [prompt], args.new_tokens, decoding, proposer_params, seed=args.seed)
+
   run()  # compiles
   trace_dir = args.out / "trace"
   with jax.profiler.trace(str(trace_dir)):
@@ -149,15 +151,15 @@ def main(argv=None):
   summary = summarize(list(device_events(Path(xspace[-1]))), op_names(dump_dir), args.top)
   stats = result.stats
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
-            "set": args.set, "prefill_tokens": len(prompt), "new_tokens": stats["num_new_tokens"],
-            "rounds": stats["steps"], "tau": stats["mean_accepted_length"], "decode_ms": 1e3 * stats["decode_seconds"],
+            "set": args.set, "prefill_tokens": len(prompt), "new_tokens": stats.num_new_tokens,
+            "rounds": stats.rounds, "tau": stats.mean_accepted_length, "decode_ms": 1e3 * stats.decode_seconds,
             **summary}
   (args.out / "profile.json").write_text(json.dumps(report, indent=1))
   plot(report, args.out / "profile.png")
 
-  rounds = max(stats["steps"], 1)
-  print(f"{args.method} on {report['device']}: {len(prompt)} prefill tokens, {stats['num_new_tokens']} new in {rounds}"
-        f" rounds (tau {stats['mean_accepted_length']:.2f}); decode {report['decode_ms']:.1f} ms, device kernels"
+  rounds = max(stats.rounds, 1)
+  print(f"{args.method} on {report['device']}: {len(prompt)} prefill tokens, {stats.num_new_tokens} new in {rounds}"
+        f" rounds (tau {stats.mean_accepted_length:.2f}); decode {report['decode_ms']:.1f} ms, device kernels"
         f" {summary['kernel_ms']:.1f} ms, idle {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
   print("scope    | ms per round | share")
   for scope, row in summary["by_scope"].items():

@@ -5,6 +5,7 @@ runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -53,13 +54,18 @@ def measure_bandwidth() -> float:
 
 
 def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:
-  """Seconds per call of fn(x, *operands) -> like x, `iters` chained calls in one jit. The
-  operands (caches, masks) enter as arguments, never as constants baked into the program.
-  The loop is unrolled `unroll` times: an XLA while loop syncs with the host at every
-  iteration, which would add ~10 us to each call of a kernel that itself takes tens."""
+  """Seconds per call of fn(x, *operands) -> like x (an array or a pytree of them),
+  `iters` chained calls in one jit: each call feeds the next, so nothing is hoisted out
+  of the loop. The operands (caches, masks, parameters) enter as arguments, never as
+  constants baked into the program. The loop is unrolled `unroll` times: an XLA while
+  loop syncs with the host at every iteration, which would add ~10 us to each call of a
+  kernel that itself takes tens."""
+  def chained(_, y, ops):
+    return jax.tree.map(lambda new, old: new.astype(old.dtype), fn(y, *ops), y)
+
   @jax.jit
   def run(x, *ops):
-    return jax.lax.fori_loop(0, iters, lambda _, y: fn(y, *ops).astype(y.dtype), x, unroll=unroll)
+    return jax.lax.fori_loop(0, iters, lambda i, y: chained(i, y, ops), x, unroll=unroll)
 
   jax.block_until_ready(run(x, *operands))
   times = []
@@ -68,3 +74,35 @@ def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: in
     jax.block_until_ready(run(x, *operands))
     times.append((time.perf_counter() - t) / iters)
   return statistics.median(times)
+
+
+def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> tuple[float, float]:
+  """Seconds per round of drafting and of verification, each timed alone on a decode
+  state (e.g. `GenerationResult.state`): the rounds run fused on device, so the split of
+  a run's time into phases is measured apart from it. Drafting is fed its own proposer
+  state, verification its own cache; each keeps its output live so that it is computed."""
+  from flax import nnx
+
+  from longspec_jax.engine import propose
+  from longspec_jax.verify import verify
+
+  graphdef, params = nnx.split(model)
+  proposer = decoding.proposer
+
+  def draft_pass(carry, params, proposer_params, state):
+    proposal, total = carry
+    tree, proposal = propose(nnx.merge(graphdef, params), proposer, proposer_params,
+                             dataclasses.replace(state, proposal=proposal))
+    return proposal, total + tree.tokens.sum()
+
+  def verify_pass(carry, params, tree):
+    cache, total = carry
+    logits, _, cache = verify(nnx.merge(graphdef, params), tree, cache)
+    return cache, total + logits[:, :, 0].sum()
+
+  tree = jax.jit(lambda params, proposer_params, state: propose(
+      nnx.merge(graphdef, params), proposer, proposer_params, state)[0])(params, proposer_params, state)
+  draft = loop_seconds(draft_pass, (state.proposal, jnp.int32(0)), params, proposer_params, state, iters=iters,
+                       unroll=1, repeats=1)
+  check = loop_seconds(verify_pass, (state.cache, jnp.float32(0)), params, tree, iters=iters, unroll=1, repeats=1)
+  return draft, check

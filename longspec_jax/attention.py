@@ -12,12 +12,30 @@ kv head), keys/values are [B, S, K, D]. `lse` is the natural-log normalizer [B, 
 
 from __future__ import annotations
 
+import enum
+
+import jax
 import jax.numpy as jnp
 
 _NEG_INF = -jnp.inf
-# Implementations selectable with `impl=` (and `--attention` on the command line):
-# "pallas" is the default on GPU (`default_impl`), and runs interpreted elsewhere.
-IMPLS = ("reference", "pallas")
+
+
+class Impl(enum.Enum):
+  """Which code computes attention. The one choice point: each model holds its `Impl`
+  (`Transformer.attention`, `Draft.attention`, set when it is built or loaded) and every
+  attention it runs goes through the entry points below with it.
+
+  REFERENCE: the pure-jnp functions of this module; any backend, differentiable, the
+  ground truth in tests. PALLAS: the kernels of `pallas_kernels/` (GPU; interpreted
+  elsewhere, slowly); not differentiable, so a draft in training uses REFERENCE."""
+
+  REFERENCE = "reference"
+  PALLAS = "pallas"
+
+  @classmethod
+  def default(cls) -> "Impl":
+    """PALLAS on a GPU, REFERENCE elsewhere."""
+    return cls.PALLAS if jax.default_backend() == "gpu" else cls.REFERENCE
 
 
 def _softmax_pass(scores: jnp.ndarray, visible: jnp.ndarray, v: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -71,32 +89,29 @@ def masked_attention_reference(
   return _softmax_pass(_scores(q, k), mask[:, None, None, :, :], v)
 
 
-def default_impl() -> str:
-  import jax
+def with_impl(module, impl: Impl):
+  """A copy of a model (a `Transformer` or a `Draft`) whose attention runs `impl`; the two
+  share their arrays."""
+  from flax import nnx
 
-  return "pallas" if jax.default_backend() == "gpu" else "reference"
+  copy = nnx.merge(*nnx.split(module))
+  copy.attention = impl
+  return copy
 
 
-def _check(impl: str) -> None:
-  if impl not in IMPLS:
-    raise ValueError(f"attention impl {impl!r} is not one of {IMPLS}.")
-
-
-def prefix_attention(q, k, v, lengths, q_positions=None, window=None, impl: str = "reference"):
+def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, impl: Impl):
   """The prefix pass with the chosen implementation; see `prefix_attention_reference`."""
-  _check(impl)
-  if impl == "pallas":
+  if impl is Impl.PALLAS:
     from pallas_kernels.flash_decode import flash_decode
 
     return flash_decode(q, k, v, lengths, q_positions, window)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
 
-def masked_attention(q, k, v, mask, impl: str = "reference"):
+def masked_attention(q, k, v, mask, *, impl: Impl):
   """The masked pass with the chosen implementation; see `masked_attention_reference`
   (mask [B, T, S] here)."""
-  _check(impl)
-  if impl == "pallas":
+  if impl is Impl.PALLAS:
     from pallas_kernels.tree_attention import tree_attention
 
     return tree_attention(q, k, v, mask)
@@ -122,12 +137,12 @@ def hybrid_attention(
     mask: jnp.ndarray,
     q_positions: jnp.ndarray,
     window: int | None = None,
-    impl: str = "reference",
+    *,
+    impl: Impl,
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix plus the new block; returns
   out [B, T, K, G, D] in float32."""
-  _check(impl)
-  if impl == "pallas":
+  if impl is Impl.PALLAS:
     from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
 
     return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window)

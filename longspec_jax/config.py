@@ -46,14 +46,11 @@ class RopeConfig:
       )
 
 
-def _check_head_groups(num_heads: int, num_kv_heads: int) -> None:
-  if num_heads % num_kv_heads:
-    raise UserError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}).")
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetConfig:
-  """Shape and numerics of a Llama-family decoder-only target model."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockConfig:
+  """The shape of a decoder block, which the target's layers and the draft's share (the
+  draft cross-attends to the target's K/V as they are, so its heads and RoPE are the
+  target's)."""
 
   vocab_size: int
   hidden_size: int
@@ -64,22 +61,29 @@ class TargetConfig:
   head_dim: int
   rope: RopeConfig = RopeConfig()
   rms_norm_eps: float = 1e-5
-  max_position_embeddings: int = 4096
-  tie_word_embeddings: bool = False
   qkv_bias: bool = False
-  # Keys further back than this many positions are invisible (Mistral v0.1); None = full attention.
-  sliding_window: int | None = None
-  model_type: str = "llama"
-  bos_token_id: int | None = None
-  eos_token_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
-    _check_head_groups(self.num_heads, self.num_kv_heads)
+    if self.num_heads % self.num_kv_heads:
+      raise UserError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}).")
 
   @property
   def group_size(self) -> int:
     """Query heads per key/value head (GQA group size)."""
     return self.num_heads // self.num_kv_heads
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetConfig(BlockConfig):
+  """Shape and numerics of a Llama-family decoder-only target model."""
+
+  max_position_embeddings: int = 4096
+  tie_word_embeddings: bool = False
+  # Keys further back than this many positions are invisible (Mistral v0.1); None = full attention.
+  sliding_window: int | None = None
+  model_type: str = "llama"
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
 
   @classmethod
   def from_hf(cls, hf: Mapping[str, Any]) -> "TargetConfig":
@@ -137,37 +141,23 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
   return RopeConfig(theta=theta, kind=kind, **extra)
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftConfig:
-  """A LongSpec draft for one target. Its heads and RoPE are the target's, because its
-  cross-attention reads the target's cached K/V as they are; its embedding and LM head
-  are the target's own arrays, shared, so they appear here only as `vocab_size`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftConfig(BlockConfig):
+  """A LongSpec draft for one target: blocks of the target's shape (its embedding and LM
+  head are the target's own arrays, shared, so they appear here only as `vocab_size`)."""
 
-  vocab_size: int
-  hidden_size: int
-  intermediate_size: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  rope: RopeConfig = RopeConfig()
-  rms_norm_eps: float = 1e-5
   num_layers: int = 1
   window: int = 512  # sliding window of the self-attention (and size of its ring buffer)
   cross_layer: int = -1  # the target layer whose cached K/V the cross-attention reads
-  qkv_bias: bool = False
   # Beam widths per tree depth that inference uses by default: LongSpec's (paper,
   # Appendix D) unless measurement found a better tree for this draft's target.
   tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
 
   def __post_init__(self):
-    _check_head_groups(self.num_heads, self.num_kv_heads)
+    super().__post_init__()
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
     check_tree_widths(self.tree_widths)
-
-  @property
-  def group_size(self) -> int:
-    return self.num_heads // self.num_kv_heads
 
   @classmethod
   def for_target(cls, target: TargetConfig, **overrides) -> "DraftConfig":

@@ -14,15 +14,42 @@ training simulates.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from longspec_jax import attention
+from longspec_jax.attention import Impl
 from longspec_jax.cache import RingCache
 from longspec_jax.config import DraftConfig
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
-from longspec_jax.target import DecoderLayer, Transformer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.target import Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfAttend:
+  """What the draft's self-attention sees: the ring's positions below `ring_limit` within
+  the window (no ring: nothing before this call), and the block's keys under `mask`. The block is this call's own tokens (N = T), or, with `buffer = (k, v
+  [L, B, N, K, D], slots [B, T])`, a buffer of earlier tree nodes into which this call's
+  K/V are first written at `slots`."""
+
+  mask: jax.Array  # [B, T, N] bool
+  ring: RingCache | None = None
+  ring_limit: jax.Array | None = None  # [B] int32
+  buffer: tuple[jax.Array, jax.Array, jax.Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossAttend:
+  """The target's cached keys/values of the cross-attended layer and, per query, how many
+  slots it may see (the committed length, delayed as flash noisy training simulates)."""
+
+  k: jax.Array  # [B, S, K, D]
+  v: jax.Array  # [B, S, K, D]
+  limits: jax.Array  # [B, T] int32
 
 
 class DraftLayer(DecoderLayer):
@@ -36,58 +63,45 @@ class DraftLayer(DecoderLayer):
     self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
     self.cross_o = nnx.Param(init_weight(rngs.params(), (h, d, e), dtype))
 
-  def add_cross_attention(self, x, cos, sin, target_k, target_v, limits, impl):
-    """x [B, T, E] attends to the target's cached keys/values [B, S, K, D] at slots
-    below limits [B, T]; queries get RoPE at their own positions (cos/sin)."""
+  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, impl: attention.Impl):
+    """x [B, T, E] attends to the target's cached keys/values at the slots `cross`
+    allows; queries get RoPE at their own positions (cos/sin)."""
     c = self.config
     b, t = x.shape[:2]
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
-    out, _ = attention.prefix_attention(q, target_k, target_v, limits, impl=impl)
+    out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, impl=impl)
     return self.add_attention(x, out, self.cross_o[...])
 
 
 class Draft(nnx.Module):
-  """The draft's own parameters; the target supplies embedding, LM head and K/V."""
+  """The draft's own parameters; the target supplies embedding, LM head and K/V.
+  `attention` picks the code of all its attention, self and cross (`attention.Impl`; a
+  draft being trained needs REFERENCE, which is differentiable)."""
 
-  def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs):
+  def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs,
+               attention: attention.Impl | None = None):
     self.config = config
+    self.attention = attention or Impl.default()
 
     self.layers = stacked_layers(DraftLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
 
-  def __call__(
-      self,
-      target: Transformer,
-      tokens: jax.Array,
-      positions: jax.Array,
-      block_mask: jax.Array,
-      ring: RingCache | None,
-      ring_limit: jax.Array | None,
-      target_k: jax.Array,
-      target_v: jax.Array,
-      cross_limits: jax.Array,
-      block: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-      impl: str = "reference",
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V).
-
-    Self-attention sees the ring's positions below `ring_limit [B]` within the window
-    (no ring: nothing before the block), and the block keys under `block_mask [B, T, N]`. The block is this call's own tokens
-    (N = T), or, with `block = (k, v [L, B, N, K, D], slots [B, T])`, a buffer of earlier
-    tree nodes into which this call's K/V are first written at `slots`. Cross-attention
-    sees `target_k/v [B, S, K, D]` below `cross_limits [B, T]`. The returned block K/V
-    [L, B, N, K, D] include this call's.
-    """
+  def __call__(self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend,
+               cross: CrossAttend) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V [L, B, N, K, D],
+    this call's included). The self-attention sees what `own` names, the
+    cross-attention what `cross` names."""
     c = self.config
     x = jnp.take(target.embed[...], tokens, axis=0).astype(self.final_norm.dtype)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
-    ring_visible = None if ring is None else ring.visible(positions, ring_limit)  # [B, T, W]
+    ring = own.ring
+    ring_visible = None if ring is None else ring.visible(positions, own.ring_limit)  # [B, T, W]
     rows = jnp.arange(tokens.shape[0])[:, None]
     layer_def, layer_state = nnx.split(self.layers)
-    block_k, block_v, slots = (None, None, None) if block is None else block
+    block_k, block_v, slots = (None, None, None) if own.buffer is None else own.buffer
 
     def step(x, xs):
       state, ring_k, ring_v, buffer_k, buffer_v = xs
@@ -96,11 +110,12 @@ class Draft(nnx.Module):
       if buffer_k is not None:
         k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
         v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
-      out, lse = attention.masked_attention_reference(q, k, v, block_mask)
+      out, lse = attention.masked_attention(q, k, v, own.mask, impl=self.attention)
       if ring_k is not None:
-        out, _ = attention.merge(*attention.masked_attention_reference(q, ring_k, ring_v, ring_visible), out, lse)
+        ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
+        out, _ = attention.merge(ring_out, ring_lse, out, lse)
       x = layer.add_attention(x, out)
-      x = layer.add_cross_attention(x, cos, sin, target_k, target_v, cross_limits, impl)
+      x = layer.add_cross_attention(x, cos, sin, cross, self.attention)
       return layer.add_mlp(x), (k, v)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)
@@ -108,5 +123,5 @@ class Draft(nnx.Module):
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), block_kv
 
 
-def random_draft(config: DraftConfig, dtype, seed: int = 0) -> Draft:
-  return build_random(lambda rngs: Draft(config, dtype, rngs=rngs), seed)
+def random_draft(config: DraftConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Draft:
+  return build_random(lambda rngs: Draft(config, dtype, rngs=rngs, attention=attention), seed)

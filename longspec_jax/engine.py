@@ -68,10 +68,46 @@ class DecodeState:
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+  """How to decode, fixed for a generation (static under jit): the proposer that drafts
+  each round's tree (AR's one-node tree by default), the logit processors, and the tokens
+  that end a sequence."""
+
+  proposer: Any = RootOnly()  # a proposer of `proposers.py` (start / propose / tree_size)
+  sampling: SamplingConfig = SamplingConfig()
+  eos_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+  num_new_tokens: int  # over the batch, EOS included
+  rounds: int  # target forward passes after prefill, summed over the sequences still running
+  mean_accepted_length: float  # tau: tokens per round after the first token (bonus included)
+  prefill_seconds: float  # prefill, the first token and the proposer's start
+  decode_seconds: float  # the rounds, streaming included
+  compile_seconds: float  # the decode loop's compilation (outside both timings)
+  kv_cache_bytes: int  # the target's cache, allocated for prompt + new tokens
+  proposer_state_bytes: int  # e.g. the draft's ring buffer
+  tokens_per_second: float  # after the first token
+  max_stream_gap_seconds: float  # the longest wait between two streamed chunks
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationResult:
   token_ids: list[list[int]]  # generated ids per sequence, EOS included when emitted
-  stats: dict
+  stats: GenerationStats
+  state: DecodeState  # the final state (its caches stay allocated while it is held)
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+  """What `start` returns: the decode state after prefill, the first token of each
+  sequence [B], and the seconds prefill took."""
+
+  state: DecodeState
+  first: np.ndarray
+  prefill_seconds: float
 
 
 def _left_aligned(prompts: Sequence[Sequence[int]], width: int) -> np.ndarray:
@@ -82,15 +118,15 @@ def _left_aligned(prompts: Sequence[Sequence[int]], width: int) -> np.ndarray:
   return rows
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "impl"), donate_argnames=("cache",))
-def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden, impl):
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden):
   """Runs prompt tokens [B, C] at positions start..start+C; keeps each sequence's hidden
   state at its last prompt token in `last_hidden [B, E]`."""
   model = nnx.merge(graphdef, params)
   chunk = tokens.shape[1]
   positions = start + jnp.broadcast_to(jnp.arange(chunk), tokens.shape)  # [B, C]
   valid = positions < prompt_lengths[:, None]
-  hidden, cache = model(tokens, positions, causal_block_mask(positions, valid), cache, impl)
+  hidden, cache = model(tokens, positions, causal_block_mask(positions, valid), cache)
   last = prompt_lengths - 1 - start  # [B]: index of the last prompt token in this chunk
   here = (last >= 0) & (last < chunk)
   picked = jnp.take_along_axis(hidden, jnp.clip(last, 0, chunk - 1)[:, None, None], axis=1)[:, 0]
@@ -98,7 +134,7 @@ def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengt
   return cache.advance(jnp.sum(valid, axis=1, dtype=jnp.int32)), last_hidden
 
 
-def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, chunk: int, impl: str,
+def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, chunk: int = 512,
             on_progress: Callable[[int, int], None] | None = None):
   """Fills a new cache with the prompts; returns (cache, hidden [B, E] at each last prompt
   token). `on_progress(done, total)` is called after each chunk has run (which then waits
@@ -112,7 +148,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
     cache, last_hidden = _prefill_chunk(
-        graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden, impl
+        graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
     )
     if on_progress:
       jax.block_until_ready(last_hidden)
@@ -120,28 +156,29 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   return cache, last_hidden
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "impl"))
-def _start_proposer(graphdef, params, proposer, proposer_params, cache, history, impl):
+@functools.partial(jax.jit, static_argnames=("graphdef", "proposer"))
+def _start_proposer(graphdef, params, proposer, proposer_params, cache, history):
   model = nnx.merge(graphdef, params)
-  return proposer.start(proposer_params, target=model, cache=cache, history=history, impl=impl)
+  return proposer.start(proposer_params, target=model, cache=cache, history=history)
 
 
-def _propose(model, proposer, proposer_params, state: DecodeState, impl):
+def propose(model: Transformer, proposer, proposer_params, state: DecodeState):
+  """One round's tree [B, N] and the proposer's next state, from the decode state."""
   root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
   return proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
-                          history=state.history, root=root, impl=impl)
+                          history=state.history, root=root)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "proposer", "impl", "sampling", "max_rounds"), donate_argnames=("state",)
-)
-def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer, proposer_params, impl, sampling,
-                  rounds, max_rounds):
+@functools.partial(jax.jit, static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
+def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, proposer_params, limit, rounds,
+                  max_rounds):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
   compilation) propose -> verify -> accept -> commit rounds on device, until every
   sequence is done. Returns the new state, this chunk's tokens [B, max_rounds * N] (each
   row's tokens first, PAD_ID after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
+  proposer, sampling = decoding.proposer, decoding.sampling
+  eos_ids = jnp.asarray(decoding.eos_ids or (PAD_ID,), jnp.int32)
   batch = state.root.shape[0]
   width = max_rounds * proposer.tree_size
   rows = jnp.arange(batch)[:, None]
@@ -155,9 +192,9 @@ def _decode_chunk(graphdef, params, state: DecodeState, limit, eos_ids, proposer
     state, out, written = carry
     # (Named scopes: `python -m infer.profile` charges device time to them.)
     with jax.named_scope("propose"):
-      tree, proposal = _propose(model, proposer, proposer_params, state, impl)
+      tree, proposal = propose(model, proposer, proposer_params, state)
     with jax.named_scope("verify"):
-      logits, ancestors, cache = verify(model, tree, state.cache, impl)  # logits [B, N, V]
+      logits, ancestors, cache = verify(model, tree, state.cache)  # logits [B, N, V]
     with jax.named_scope("accept"):
       key, step_key = jax.random.split(state.key)
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
@@ -234,62 +271,65 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
     )
 
 
-def generate(
-    model: Transformer,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    *,
-    proposer=RootOnly(),
-    proposer_params: Any = None,
-    method: str = "ar",
-    eos_ids: Sequence[int] = (),
-    sampling: SamplingConfig = SamplingConfig(),
-    seed: int = 0,
-    impl: str = "reference",
-    prefill_chunk: int = 512,
-    rounds_per_chunk: int | None = None,
-    on_tokens: Callable[[np.ndarray], None] | None = None,
-    on_prefill: Callable[[int, int], None] | None = None,
-    time_phases: bool = False,
-) -> GenerationResult:
-  """Decodes a batch of prompts with `proposer`'s trees (its arrays: `proposer_params`)
-  verified by the target; the AR baseline is the one-node tree. `on_tokens` receives each
-  chunk of new tokens [B, n] (PAD_ID marks no token) as soon as it is on the host; a chunk
-  is `rounds_per_chunk` rounds, by default as many as run in about `CHUNK_SECONDS`.
-  `on_prefill(done, total)` reports prefill progress in prompt tokens. `time_phases` adds
-  the draft / verify / other split of the decode time to the stats."""
+def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int, decoding: Decoding = Decoding(),
+          proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
+          on_prefill: Callable[[int, int], None] | None = None) -> Started:
+  """Prefill, the first token of each sequence, and the proposer's start: the state that
+  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one tree."""
   check_capacity(model.config, prompts, max_new_tokens)
-  if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
-    raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
-  max_len = -(-(longest + max_new_tokens + proposer.tree_size) // 128) * 128
-  eos = jnp.asarray(list(eos_ids) or [PAD_ID], jnp.int32)
+  max_len = -(-(longest + max_new_tokens + decoding.proposer.tree_size) // 128) * 128
   key, first_key = jax.random.split(jax.random.key(seed))
-
   t0 = time.perf_counter()
-  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, impl, on_prefill)
+  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
   history = _left_aligned(prompts, max_len)
-  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, sampling, jnp.asarray(history),
-                                 jnp.asarray([len(p) for p in prompts], jnp.int32))
+  lengths = [len(p) for p in prompts]
+  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, decoding.sampling, jnp.asarray(history),
+                                 jnp.asarray(lengths, jnp.int32))
   first = np.asarray(root)
-  history[np.arange(len(prompts)), [len(p) for p in prompts]] = first  # the root follows its prompt
+  history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
   history = jnp.asarray(history)
-  proposal = _start_proposer(graphdef, params, proposer, proposer_params, cache, history, impl)
+  proposal = _start_proposer(graphdef, params, decoding.proposer, proposer_params, cache, history)
   jax.block_until_ready(proposal)
-  prefill_seconds = time.perf_counter() - t0
+  done = jnp.isin(root, jnp.asarray(decoding.eos_ids or (PAD_ID,), jnp.int32)) | (max_new_tokens == 1)
+  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
+  return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
+
+
+def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = Decoding(), proposer_params: Any = None,
+                 *, max_new_tokens: int, rounds: int, max_rounds: int = MAX_ROUNDS_PER_CHUNK):
+  """Up to `rounds` rounds from `state` (donated) on device, stopping early when every
+  sequence is done. Returns (state, tokens [B, max_rounds * N] with PAD_ID where there is
+  none, whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
+  compilation."""
+  graphdef, params = nnx.split(model)
+  return _decode_chunk(graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens),
+                       jnp.int32(rounds), max_rounds)
+
+
+def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             decoding: Decoding = Decoding(), proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
+             rounds_per_chunk: int | None = None, on_tokens: Callable[[np.ndarray], None] | None = None,
+             on_prefill: Callable[[int, int], None] | None = None) -> GenerationResult:
+  """Decodes a batch of prompts with `decoding.proposer`'s trees (its arrays:
+  `proposer_params`) verified by the target; the AR baseline is the one-node tree.
+  `on_tokens` receives each chunk of new tokens [B, n] (PAD_ID marks no token) as soon as
+  it is on the host; a chunk is `rounds_per_chunk` rounds, by default as many as run in
+  about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens."""
+  if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
+    raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
+  started = start(model, prompts, max_new_tokens, decoding, proposer_params, seed=seed, prefill_chunk=prefill_chunk,
+                  on_prefill=on_prefill)
+  state, first = started.state, started.first
   if on_tokens:
     on_tokens(first[:, None])
-
-  batch = len(prompts)
-  done = jnp.isin(root, eos) | (max_new_tokens == 1)
-  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
-  args = lambda state, rounds: (  # noqa: E731
-      graphdef, params, state, jnp.int32(max_new_tokens), eos, proposer, proposer_params, impl, sampling,
-      jnp.int32(rounds), MAX_ROUNDS_PER_CHUNK,
-  )
+  graphdef, params = nnx.split(model)
+  chunk_args = lambda state, rounds: (  # noqa: E731
+      graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens), jnp.int32(rounds),
+      MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region
-  _decode_chunk.lower(*args(state, 1)).compile()
+  _decode_chunk.lower(*chunk_args(state, 1)).compile()
   compile_seconds = time.perf_counter() - tc
 
   t1 = time.perf_counter()
@@ -298,7 +338,7 @@ def generate(
   while True:
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
-      state, out, finished = _decode_chunk(*args(state, rounds))
+      state, out, finished = _decode_chunk(*chunk_args(state, rounds))
       dispatched += rounds
       launched = (out, finished, rounds)
     if pending is not None:  # read the previous chunk while the device runs this one
@@ -325,76 +365,18 @@ def generate(
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
   new_tokens = sum(len(r) for r in token_ids)
-  rounds = int(active_rounds.sum())
-  phases = {}
-  if time_phases:
-    draft_round, verify_round = _time_phases(graphdef, params, proposer, proposer_params, state, impl)
-    loop_rounds = int(state.rounds)
-    phases = {"draft_seconds": draft_round * loop_rounds, "verify_seconds": verify_round * loop_rounds}
-    phases["other_seconds"] = decode_seconds - phases["draft_seconds"] - phases["verify_seconds"]
-  return GenerationResult(
-      token_ids=token_ids,
-      stats={
-          **phases,
-          "method": method,
-          "num_new_tokens": new_tokens,
-          "steps": rounds,
-          # tokens per target forward after prefill (bonus included), as in the papers
-          "mean_accepted_length": (new_tokens - batch) / rounds if rounds else 1.0,
-          "prefill_seconds": prefill_seconds,
-          "decode_seconds": decode_seconds,
-          "compile_seconds": compile_seconds,
-          "kv_cache_bytes": state.cache.nbytes(),  # the target's, allocated for prompt + new tokens
-          "proposer_state_bytes": sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
-          "tokens_per_second": (new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
-          # the longest wait between two chunks of streamed tokens
-          "max_stream_gap_seconds": max_gap,
-      },
+  rounds_done = int(active_rounds.sum())
+  batch = len(prompts)
+  stats = GenerationStats(
+      num_new_tokens=new_tokens,
+      rounds=rounds_done,
+      mean_accepted_length=(new_tokens - batch) / rounds_done if rounds_done else 1.0,
+      prefill_seconds=started.prefill_seconds,
+      decode_seconds=decode_seconds,
+      compile_seconds=compile_seconds,
+      kv_cache_bytes=state.cache.nbytes(),
+      proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
+      tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
+      max_stream_gap_seconds=max_gap,
   )
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "impl", "repeats"))
-def _propose_repeated(graphdef, params, proposer, proposer_params, state: DecodeState, impl, repeats):
-  """`repeats` drafting passes on device, each fed the previous one's proposer state."""
-  model = nnx.merge(graphdef, params)
-
-  def body(_, carry):
-    proposal, total = carry
-    tree, proposal = _propose(model, proposer, proposer_params, dataclasses.replace(state, proposal=proposal), impl)
-    return proposal, total + tree.tokens.sum()  # the tree is used, so it is computed
-
-  return jax.lax.fori_loop(0, repeats, body, (state.proposal, jnp.int32(0)))
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "impl", "repeats"))
-def _verify_repeated(graphdef, params, tree, cache, impl, repeats):
-  """`repeats` verification passes on device, each fed the previous one's cache."""
-  model = nnx.merge(graphdef, params)
-
-  def body(_, carry):
-    cache, total = carry
-    logits, _, cache = verify(model, tree, cache, impl)
-    return cache, total + logits[:, :, 0].sum()  # the logits are used, so they are computed
-
-  return jax.lax.fori_loop(0, repeats, body, (cache, jnp.float32(0)))
-
-
-def _time_phases(graphdef, params, proposer, proposer_params, state: DecodeState, impl, repeats: int = 16):
-  """Seconds per round of drafting and of verification on the final state. The rounds run
-  fused on device, so each phase is timed alone, `repeats` times in one on-device loop
-  (dispatch amortized as in the real loop), after a warm-up."""
-  def seconds_per_pass(fn, *args):
-    jax.block_until_ready(fn(*args, repeats=repeats))
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args, repeats=repeats))
-    return (time.perf_counter() - t) / repeats
-
-  tree = _tree_of(graphdef, params, proposer, proposer_params, state, impl)
-  draft = seconds_per_pass(_propose_repeated, graphdef, params, proposer, proposer_params, state, impl)
-  return draft, seconds_per_pass(_verify_repeated, graphdef, params, tree, state.cache, impl)
-
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "impl"))
-def _tree_of(graphdef, params, proposer, proposer_params, state: DecodeState, impl):
-  return _propose(nnx.merge(graphdef, params), proposer, proposer_params, state, impl)[0]
+  return GenerationResult(token_ids=token_ids, stats=stats, state=state)

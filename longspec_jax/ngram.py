@@ -23,10 +23,10 @@ class PromptLookup:
   def tree_size(self) -> int:
     return self.num_tokens + 1
 
-  def start(self, params, *, target, cache, history, impl):
+  def start(self, params, *, target, cache, history):
     return None
 
-  def propose(self, params, state, *, target, cache, history, root, impl) -> tuple[Tree, None]:
+  def propose(self, params, state, *, target, cache, history, root) -> tuple[Tree, None]:
     """A chain: the root, then the tokens that followed the latest earlier match."""
     drafted, valid = self.lookup(history, cache.lengths)
     return chain(root, drafted, valid), state

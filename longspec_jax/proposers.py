@@ -4,8 +4,8 @@ A proposer is a frozen (hashable) dataclass, static under jit. Its arrays, if it
 travel separately: `params` (e.g. draft weights, a pytree) and a per-sequence `state`
 (e.g. the draft's ring buffer) that the engine carries from round to round.
 
-  start(params, *, target, cache, history, impl) -> state      once, after prefill
-  propose(params, state, *, target, cache, history, root, impl) -> (Tree, state)
+  start(params, *, target, cache, history) -> state      once, after prefill
+  propose(params, state, *, target, cache, history, root) -> (Tree, state)
 
 `history [B, S]` holds each sequence's tokens with the root (the newest token, not yet in
 the cache) at index `cache.lengths`. `tree_size` is the static node budget.
@@ -21,7 +21,7 @@ from flax import nnx
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
-from longspec_jax.draft import Draft
+from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, chain
 
@@ -31,10 +31,10 @@ class RootOnly:
 
   tree_size: int = dataclasses.field(default=1, init=False)
 
-  def start(self, params, *, target, cache, history, impl):
+  def start(self, params, *, target, cache, history):
     return None
 
-  def propose(self, params, state, *, target, cache, history, root, impl):
+  def propose(self, params, state, *, target, cache, history, root):
     return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
 
 
@@ -57,7 +57,7 @@ class LongSpecDraft:
   def tree_size(self) -> int:
     return beam_offsets(self.widths)[-1]
 
-  def start(self, params, *, target, cache, history, impl) -> RingCache:
+  def start(self, params, *, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
     at p depend on the l layers below over the window before p, so the pass runs over
     num_layers * window positions to make them exact."""
@@ -67,16 +67,16 @@ class LongSpecDraft:
     positions = cache.lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
     valid = positions >= 0
     keep = valid & (positions >= cache.lengths[:, None] - window)
-    return self._append(draft, target, cache, history, None, positions, valid, impl, keep)[1]
+    return self._append(draft, target, cache, history, None, positions, valid, keep)[1]
 
-  def propose(self, params, ring: RingCache, *, target, cache, history, root, impl):
+  def propose(self, params, ring: RingCache, *, target, cache, history, root):
     draft: Draft = nnx.merge(self.graphdef, params)
     lengths = cache.lengths
     batch = root.shape[0]
     # Catch up: the drafted tokens accepted last round (at most depth of them) and the new root.
     first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
     positions = first[:, None] + jnp.arange(len(self.widths) + 1)[None, :]
-    hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None], impl)
+    hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
     root_hidden = jnp.take_along_axis(hidden, (lengths - first)[:, None, None], axis=1)  # [B, 1, E]
 
     offsets = beam_offsets(self.widths)
@@ -87,7 +87,7 @@ class LongSpecDraft:
     cfg = draft.config
     buffer_shape = (cfg.num_layers, batch, n, cfg.num_kv_heads, cfg.head_dim)
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
-    target_k, target_v = cache.k[cfg.cross_layer], cache.v[cfg.cross_layer]
+    cross_k, cross_v = cache.k[cfg.cross_layer], cache.v[cfg.cross_layer]
     hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
     for depth, width in enumerate(self.widths, start=1):
       log_probs = jax.nn.log_softmax(target.logits(hidden), axis=-1)  # [B, F, V]
@@ -103,17 +103,18 @@ class LongSpecDraft:
       node_positions = jnp.broadcast_to(lengths[:, None] + depth, (batch, width))
       drafted = jnp.arange(n)[None, None, :] > 0  # the root is in the ring, not the buffer
       hidden, buffer = draft(
-          target, new_tokens, node_positions, ancestors[:, nodes] & drafted, ring, lengths + 1,
-          target_k, target_v, jnp.broadcast_to(lengths[:, None], (batch, width)),
-          block=(*buffer, jnp.broadcast_to(nodes, (batch, width))), impl=impl,
+          target, new_tokens, node_positions,
+          SelfAttend(mask=ancestors[:, nodes] & drafted, ring=ring, ring_limit=lengths + 1,
+                     buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width)))),
+          CrossAttend(k=cross_k, v=cross_v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     tree = Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
-                valid=jnp.ones((batch, n), bool))
+                valid=jnp.ones((batch, n), bool), ancestors=ancestors)
     return tree, ring
 
   @staticmethod
-  def _append(draft: Draft, target, cache, history, ring: RingCache | None, positions, valid, impl, keep=None):
+  def _append(draft: Draft, target, cache, history, ring: RingCache | None, positions, valid, keep=None):
     """One draft pass over the tokens at consecutive `positions [B, T]` (where valid),
     which then join the ring (those marked `keep`, by default all valid ones; at most
     `window` of them); with no ring, a new one. Cross-attention: a query at p sees target
@@ -122,8 +123,9 @@ class LongSpecDraft:
     cfg = draft.config
     limits = jnp.minimum(positions, cache.lengths[:, None])
     hidden, (k, v) = draft(
-        target, tokens, positions, causal_block_mask(positions, valid, cfg.window), ring, positions[:, 0],
-        cache.k[cfg.cross_layer], cache.v[cfg.cross_layer], jnp.maximum(limits, 0), impl=impl,
+        target, tokens, positions,
+        SelfAttend(mask=causal_block_mask(positions, valid, cfg.window), ring=ring, ring_limit=positions[:, 0]),
+        CrossAttend(k=cache.k[cfg.cross_layer], v=cache.v[cfg.cross_layer], limits=jnp.maximum(limits, 0)),
     )
     if ring is None:
       ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype)

@@ -37,6 +37,9 @@ class Tree:
   parents: jax.Array  # [B, N] int32: parent index, -1 for the root and for unused nodes
   depths: jax.Array  # [B, N] int32: 0 for the root
   valid: jax.Array  # [B, N] bool: False for unused nodes of the budget
+  # [B, N, N] bool, the ancestor mask when the proposer built it as it grew the tree (a
+  # beam search does), so that verification need not build it again; None: computed.
+  ancestors: jax.Array | None = None
 
   @property
   def size(self) -> int:
@@ -50,8 +53,10 @@ class Tree:
     """[B, N, N] bool: mask[b, i, j] = node j is node i or one of its ancestors (valid i, j).
 
     Transitive closure of the parent relation by repeated squaring: ceil(log2 N) small
-    matrix products instead of a sequential walk.
+    matrix products instead of a sequential walk (unless the proposer supplied it).
     """
+    if self.ancestors is not None:
+      return self.ancestors
     n = self.size
     eye = jnp.eye(n, dtype=bool)[None]
     parent_of = (self.parents[:, :, None] == jnp.arange(n)[None, None, :]) & self.valid[:, :, None]

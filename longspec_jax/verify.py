@@ -27,12 +27,12 @@ from longspec_jax.target import Transformer
 from longspec_jax.tree import Tree
 
 
-def verify(model: Transformer, tree: Tree, cache: KVCache, impl: str) -> tuple[jax.Array, jax.Array, KVCache]:
+def verify(model: Transformer, tree: Tree, cache: KVCache) -> tuple[jax.Array, jax.Array, KVCache]:
   """Runs the target over all tree nodes (node i at slot lengths + i, position lengths +
   depth i). Returns float32 logits [B, N, V], the ancestor mask [B, N, N] and the cache
   with the nodes' K/V written after the prefix (lengths unchanged)."""
   ancestors = tree.ancestor_mask()
-  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, impl)
+  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache)
   return model.logits(hidden), ancestors, cache
 
 

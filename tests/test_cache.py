@@ -28,13 +28,13 @@ def test_chunked_prefill_equals_full_forward(tiny):
   """Prompts of different lengths, chunks smaller than the prompts, per-sequence lengths."""
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 211, size=n).tolist() for n in (45, 17, 32)]
-  cache, last_hidden = prefill(tiny, prompts, max_len=64, chunk=16, impl="reference")
+  cache, last_hidden = prefill(tiny, prompts, max_len=64, chunk=16)
   np.testing.assert_array_equal(np.asarray(cache.lengths), [45, 17, 32])
   for b, prompt in enumerate(prompts):
     expected = full_forward_hidden(tiny, np.asarray([prompt]))[0, -1]
     np.testing.assert_allclose(np.asarray(last_hidden[b]), expected, atol=1e-5)
     # The cache holds the same K/V as a single prefill of this prompt alone.
-    alone, _ = prefill(tiny, [prompt], max_len=64, chunk=64, impl="reference")
+    alone, _ = prefill(tiny, [prompt], max_len=64, chunk=64)
     n = len(prompt)
     np.testing.assert_allclose(np.asarray(cache.k[:, b, :n]), np.asarray(alone.k[:, 0, :n]), atol=1e-5)
 
@@ -42,7 +42,7 @@ def test_chunked_prefill_equals_full_forward(tiny):
 def test_decode_through_cache_equals_full_forward(tiny):
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, 211, size=(1, 30))
-  cache, _ = prefill(tiny, [tokens[0, :21].tolist()], max_len=40, chunk=8, impl="reference")
+  cache, _ = prefill(tiny, [tokens[0, :21].tolist()], max_len=40, chunk=8)
   for t in range(21, 30):
     hidden, cache = tiny(jnp.asarray(tokens[:, t : t + 1]), cache.lengths[:, None], jnp.ones((1, 1, 1), bool), cache)
     cache = cache.advance(1)

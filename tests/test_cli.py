@@ -61,3 +61,10 @@ def test_methods_are_the_engine_methods():
   from longspec_jax.proposers import PROPOSERS
 
   assert set(METHODS) == set(PROPOSERS)
+
+
+def test_attention_choices_are_the_impls():
+  from infer.cli import ATTENTION
+  from longspec_jax.attention import Impl
+
+  assert set(ATTENTION) == {impl.value for impl in Impl}

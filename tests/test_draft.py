@@ -8,7 +8,7 @@ import pytest
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.config import DraftConfig, RopeConfig, TargetConfig
-from longspec_jax.draft import random_draft
+from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.target import random_model
 
@@ -51,8 +51,8 @@ def test_cross_attention_sees_only_slots_below_its_limits():
   limits = jnp.asarray([[20, 20, 21, 23, 23, 26]])
 
   def run(k, v):
-    hidden, _ = draft(target, tokens, positions, causal_block_mask(positions, jnp.ones((1, 6), bool)),
-                      None, None, k, v, limits)
+    hidden, _ = draft(target, tokens, positions, SelfAttend(mask=causal_block_mask(positions, jnp.ones((1, 6), bool))),
+                      CrossAttend(k=k, v=v, limits=limits))
     return np.asarray(hidden[0])
 
   base = run(target_k, target_v)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from conftest import real_texts, save_tiny_hf_model
-from longspec_jax.attention import causal_block_mask
+from longspec_jax.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
-from longspec_jax.engine import generate
+from longspec_jax.engine import Decoding, generate
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.proposers import LongSpecDraft, make_proposer
+from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
 from longspec_jax.tree import Tree, static_topology
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.weights.drafts import load_draft
@@ -44,7 +44,7 @@ def test_greedy_equals_naive_recompute(tiny):
   prompt = np.random.default_rng(0).integers(3, 211, size=19).tolist()
   result = generate(tiny, [prompt], 12, rounds_per_chunk=5)
   assert result.token_ids[0] == naive_greedy(tiny, prompt, 12)
-  assert result.stats["num_new_tokens"] == 12 and result.stats["steps"] == 11
+  assert result.stats.num_new_tokens == 12 and result.stats.rounds == 11
 
 
 def test_batch_equals_each_prompt_alone(tiny):
@@ -58,16 +58,16 @@ def test_eos_stops_exactly_there(tiny):
   prompt = np.random.default_rng(2).integers(3, 211, size=11).tolist()
   free = generate(tiny, [prompt], 10).token_ids[0]
   eos = free[4]
-  stopped = generate(tiny, [prompt], 10, eos_ids=[eos], rounds_per_chunk=3).token_ids[0]
+  stopped = generate(tiny, [prompt], 10, Decoding(eos_ids=(eos,)), rounds_per_chunk=3).token_ids[0]
   assert stopped == free[: free.index(eos) + 1]
 
 
 def test_sampling_is_reproducible_and_seed_dependent(tiny):
   prompt = list(range(3, 30))
   hot = SamplingConfig(temperature=1.5)
-  a = generate(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
-  b = generate(tiny, [prompt], 16, sampling=hot, seed=7).token_ids
-  c = generate(tiny, [prompt], 16, sampling=hot, seed=8).token_ids
+  a = generate(tiny, [prompt], 16, Decoding(sampling=hot), seed=7).token_ids
+  b = generate(tiny, [prompt], 16, Decoding(sampling=hot), seed=7).token_ids
+  c = generate(tiny, [prompt], 16, Decoding(sampling=hot), seed=8).token_ids
   assert a == b and a != c
 
 
@@ -94,7 +94,7 @@ def test_finished_sequences_do_not_disturb_the_others(tiny):
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (9, 14)]
   free = [generate(tiny, [p], 8).token_ids[0] for p in prompts]
   eos = free[0][2]  # the first sequence stops early, the second (most likely) runs on
-  batched = generate(tiny, prompts, 8, eos_ids=[eos], rounds_per_chunk=3).token_ids
+  batched = generate(tiny, prompts, 8, Decoding(eos_ids=(eos,)), rounds_per_chunk=3).token_ids
   for got, alone in zip(batched, free):
     assert got == (alone[: alone.index(eos) + 1] if eos in alone else alone)
 
@@ -113,10 +113,10 @@ class Oracle:
   def tree_size(self) -> int:
     return len(static_topology(self.branching)[0])
 
-  def start(self, params, *, target, cache, history, impl):
+  def start(self, params, *, target, cache, history):
     return None
 
-  def propose(self, params, state, *, target, cache, history, root, impl):
+  def propose(self, params, state, *, target, cache, history, root):
     lengths = cache.lengths
     parents, depths, ranks = static_topology(self.branching)
     on_truth = np.array([all(ranks[j] == 0 for j in self._ancestors(parents, i)) for i in range(len(parents))])
@@ -143,9 +143,9 @@ def test_oracle_tree_is_lossless_with_full_acceptance(tiny):
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (12, 25)]
   reference = generate(tiny, prompts, 20).token_ids
   oracle = Oracle(tuple(map(tuple, reference)), tuple(map(len, prompts)))
-  result = generate(tiny, prompts, 20, proposer=oracle, method="oracle", rounds_per_chunk=2)
+  result = generate(tiny, prompts, 20, Decoding(proposer=oracle), rounds_per_chunk=2)
   assert result.token_ids == reference
-  assert result.stats["mean_accepted_length"] >= 3.5  # depth 3 + bonus, less the final round
+  assert result.stats.mean_accepted_length >= 3.5  # depth 3 + bonus, less the final round
 
 
 def test_prompt_lookup_is_lossless(tiny):
@@ -153,16 +153,17 @@ def test_prompt_lookup_is_lossless(tiny):
   pattern = rng.integers(3, 211, size=9).tolist()
   prompts = [pattern * 4, rng.integers(3, 211, size=30).tolist()]
   reference = generate(tiny, prompts, 24).token_ids
-  result = generate(tiny, prompts, 24, proposer=PromptLookup(num_tokens=5), method="pld", rounds_per_chunk=3)
+  result = generate(tiny, prompts, 24, Decoding(proposer=PromptLookup(num_tokens=5)), rounds_per_chunk=3)
   assert result.token_ids == reference
-  assert result.stats["steps"] < 2 * 23  # rounds, over both sequences
+  assert result.stats.rounds < 2 * 23  # rounds, over both sequences
 
 
-def longspec(target, widths=(2, 3, 3), seed=0, **draft_config):
+def longspec(target, widths=(2, 3, 3), seed=0, attention=None, **draft_config):
   """A LongSpec proposer and its random draft's params."""
-  draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed)
+  draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed,
+                       attention=attention)
   graphdef, params = nnx.split(draft)
-  return dict(proposer=LongSpecDraft(graphdef, widths), proposer_params=params, method="longspec")
+  return LongSpecDraft(graphdef, widths), params
 
 
 def test_longspec_with_a_random_draft_is_lossless(tiny):
@@ -170,10 +171,9 @@ def test_longspec_with_a_random_draft_is_lossless(tiny):
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids
   eos = reference[1][6]
-  result = generate(tiny, prompts, 24, eos_ids=[eos], rounds_per_chunk=5, time_phases=True,
-                    **longspec(tiny, num_layers=2, window=8))
+  proposer, params = longspec(tiny, num_layers=2, window=8)
+  result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
-  assert result.stats["draft_seconds"] > 0 and result.stats["verify_seconds"] > 0
 
 
 def test_pallas_attention_gives_the_same_tokens(tiny):
@@ -182,8 +182,11 @@ def test_pallas_attention_gives_the_same_tokens(tiny):
   rng = np.random.default_rng(10)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (19, 7)]
   reference = generate(tiny, prompts, 10).token_ids
-  assert generate(tiny, prompts, 10, impl="pallas", prefill_chunk=16).token_ids == reference
-  assert generate(tiny, prompts, 10, impl="pallas", **longspec(tiny, window=8)).token_ids == reference
+  pallas = with_impl(tiny, Impl.PALLAS)
+  assert generate(pallas, prompts, 10, prefill_chunk=16).token_ids == reference
+  proposer, params = longspec(tiny, window=8, attention=Impl.PALLAS)
+  assert generate(pallas, prompts, 10, Decoding(proposer=proposer), params).token_ids == reference
+  assert tiny.attention is Impl.REFERENCE  # (the fixture is untouched)
 
 
 def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
@@ -191,7 +194,7 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
   free = generate(tiny, [prompt], 16).token_ids[0]
   eos = free[5]
   oracle = Oracle((tuple(free),), (len(prompt),))
-  stopped = generate(tiny, [prompt], 16, proposer=oracle, eos_ids=[eos]).token_ids[0]
+  stopped = generate(tiny, [prompt], 16, Decoding(proposer=oracle, eos_ids=(eos,))).token_ids[0]
   assert stopped == free[: free.index(eos) + 1]
 
 
@@ -205,23 +208,23 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert all(len(p) == 1024 for p in prompts)
   reference = generate(target.model, prompts, 80).token_ids
   assert all(len(r) == 80 for r in reference)
-  pld = generate(target.model, prompts, 80, proposer=PromptLookup(), method="pld")
+  pld = generate(target.model, prompts, 80, Decoding(proposer=PromptLookup()))
   assert pld.token_ids == reference
   proposer, params = make_proposer("longspec", load_draft("default", target.config, jnp.float32, "smollm2-135m"),
                                    tree_widths=(2, 2, 2))
-  longspec_run = generate(target.model, prompts, 80, proposer=proposer, proposer_params=params, method="longspec")
+  longspec_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
-  assert longspec_run.stats["mean_accepted_length"] > 1.5  # a trained draft: several tokens per round
+  assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
-  result = generate(target.model, prompts, 80, proposer=oracle, method="oracle")
+  result = generate(target.model, prompts, 80, Decoding(proposer=oracle))
   assert result.token_ids == reference
-  assert result.stats["mean_accepted_length"] > 5.5  # depth 5 + bonus, less the last round
+  assert result.stats.mean_accepted_length > 5.5  # depth 5 + bonus, less the last round
 
 
 def speculative_methods(target):
-  return {"pld": dict(proposer=PromptLookup(num_tokens=4), method="pld"),
-          "longspec": longspec(target, widths=(2, 2), window=8)}
+  """name -> (proposer, its params)."""
+  return {"pld": (PromptLookup(num_tokens=4), None), "longspec": longspec(target, widths=(2, 2), window=8)}
 
 
 def test_sampling_near_zero_temperature_is_greedy(tiny):
@@ -230,8 +233,9 @@ def test_sampling_near_zero_temperature_is_greedy(tiny):
   prompts = [pattern * 3, rng.integers(3, 211, size=17).tolist()]
   greedy = generate(tiny, prompts, 12).token_ids
   cold = SamplingConfig(temperature=1e-4)
-  for name, kwargs in {"ar": {}, **speculative_methods(tiny)}.items():
-    assert generate(tiny, prompts, 12, sampling=cold, seed=5, **kwargs).token_ids == greedy, name
+  for name, (proposer, params) in {"ar": (RootOnly(), None), **speculative_methods(tiny)}.items():
+    decoding = Decoding(proposer=proposer, sampling=cold)
+    assert generate(tiny, prompts, 12, decoding, params, seed=5).token_ids == greedy, name
 
 
 def assert_same_law(reference: np.ndarray, got: np.ndarray, label) -> None:
@@ -258,12 +262,13 @@ def test_sampled_speculation_matches_ar_statistically(tiny):
   pattern = np.random.default_rng(12).integers(3, 211, size=5).tolist()
   prompts = [pattern * 4] * 1500
 
-  def samples(seed, **kwargs):
-    return np.asarray(generate(tiny, prompts, 4, sampling=config, seed=seed, **kwargs).token_ids)[:, 1:]
+  def samples(seed, proposer=RootOnly(), params=None):
+    decoding = Decoding(proposer=proposer, sampling=config)
+    return np.asarray(generate(tiny, prompts, 4, decoding, params, seed=seed).token_ids)[:, 1:]
 
   reference = samples(0)
-  for name, kwargs in speculative_methods(tiny).items():
-    got = samples(1, **kwargs)
+  for name, (proposer, params) in speculative_methods(tiny).items():
+    got = samples(1, proposer, params)
     for position in range(3):
       assert_same_law(reference[:, position], got[:, position], (name, position))
 
@@ -285,20 +290,18 @@ def test_real_model_sampling_matches_ar(smollm2_float32, config):
   head = target.tokenizer(text).input_ids[:64]
   prompt = head + head[:12]  # a repeat in progress: PLD finds its n-gram, LongSpec its cached context
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
-  methods = {"pld": dict(proposer=PromptLookup(), method="pld"),
-             "longspec": dict(zip(("proposer", "proposer_params"), make_proposer("longspec", draft, (4, 8, 8))),
-                              method="longspec")}
+  methods = {"pld": (PromptLookup(), None), "longspec": make_proposer("longspec", draft, (4, 8, 8))}
 
-  def samples(first_seed, **kwargs):  # 4 x 500 rows: 2,000 independent runs
-    runs = [generate(target.model, [prompt] * 500, 4, sampling=config, seed=first_seed + i, **kwargs)
-            for i in range(4)]
-    mean_accepted = np.mean([r.stats["mean_accepted_length"] for r in runs])
+  def samples(first_seed, proposer=RootOnly(), params=None):  # 4 x 500 rows: 2,000 independent runs
+    decoding = Decoding(proposer=proposer, sampling=config)
+    runs = [generate(target.model, [prompt] * 500, 4, decoding, params, seed=first_seed + i) for i in range(4)]
+    mean_accepted = np.mean([r.stats.mean_accepted_length for r in runs])
     return np.concatenate([np.asarray(r.token_ids)[:, 1:] for r in runs]), mean_accepted
 
   with jax.default_matmul_precision("highest"):
     reference, _ = samples(0)
-    for i, (name, kwargs) in enumerate(methods.items()):
-      got, mean_accepted = samples(100 * (i + 1), **kwargs)
+    for i, (name, (proposer, params)) in enumerate(methods.items()):
+      got, mean_accepted = samples(100 * (i + 1), proposer, params)
       assert mean_accepted > 1.0, name  # the speculation ran and accepted drafted tokens
       assert_same_law(reference, got, f"{name}, {mean_accepted:.2f} tokens per round")
 
@@ -313,8 +316,8 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
     calls = []
     result = engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append)
     assert sum(int((c >= 0).sum()) for c in calls) == 40
-    assert 0 < result.stats["max_stream_gap_seconds"] <= result.stats["decode_seconds"]
-    return len(calls), result.stats["steps"]
+    assert 0 < result.stats.max_stream_gap_seconds <= result.stats.decode_seconds
+    return len(calls), result.stats.rounds
 
   streamed, rounds = chunks(1e-9)
   assert streamed == rounds + 1  # the first token, then one chunk per round

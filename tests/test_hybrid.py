@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_inputs import TOLERANCE, random_attention_inputs
-from longspec_jax.attention import hybrid_attention
+from longspec_jax.attention import Impl, hybrid_attention
 from longspec_jax.tree import random_ancestor_mask
 
 
@@ -27,6 +27,6 @@ def test_pallas_hybrid_matches_reference(seed, nodes, cache_len, group, dtype):
   mask = random_ancestor_mask(rng, 2, nodes)
   positions = lengths[:, None] + jnp.arange(nodes)[None]
   args = (q, k_cache, v_cache, lengths, k_new, v_new, mask, positions)
-  out = hybrid_attention(*args, impl="pallas")
-  ref = hybrid_attention(*args, impl="reference")
+  out = hybrid_attention(*args, impl=Impl.PALLAS)
+  ref = hybrid_attention(*args, impl=Impl.REFERENCE)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])

@@ -12,7 +12,7 @@ from conftest import save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.config import DraftConfig
-from longspec_jax.draft import random_draft
+from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.engine import prefill
 from longspec_jax.proposers import LongSpecDraft, make_proposer
 from longspec_jax.weights.hf import load_hf_dir
@@ -45,7 +45,7 @@ def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
 def _reference_log_probs(target, draft, tokens, last, k, v, length):
   positions = jnp.arange(tokens.shape[1])[None]
   mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
-  hidden, _ = draft(target, tokens, positions, mask, None, None, k, v, jnp.minimum(positions, length))
+  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=mask), CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length)))
   return jax.nn.log_softmax(target.logits(hidden[0, last]))
 
 
@@ -76,16 +76,16 @@ def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
   texts = [rng.integers(3, 211, size=40).tolist(), rng.integers(3, 211, size=40).tolist()]
   history = jnp.asarray(texts, jnp.int32)
   propose = jax.jit(lambda ring, cache, root: proposer.propose(
-      params, ring, target=target, cache=cache, history=history, root=root, impl="reference"))
+      params, ring, target=target, cache=cache, history=history, root=root))
 
   # Round 1 after prefill; round 2 after the longest possible commit (depth + bonus tokens).
   first = [20, 11]
   ring = None
   for step, lengths in enumerate([first, [n + len(WIDTHS) + 1 for n in first]]):
-    cache, _ = prefill(target, [t[:n] for t, n in zip(texts, lengths)], 64, 16, "reference")
+    cache, _ = prefill(target, [t[:n] for t, n in zip(texts, lengths)], 64, 16)
     root = jnp.asarray([t[n] for t, n in zip(texts, lengths)], jnp.int32)
     if step == 0:
-      ring = proposer.start(params, target=target, cache=cache, history=history, impl="reference")
+      ring = proposer.start(params, target=target, cache=cache, history=history)
     tree, ring = propose(ring, cache, root)
     assert tree.size == 1 + sum(WIDTHS)
     for b, (text, n) in enumerate(zip(texts, lengths)):
@@ -103,10 +103,10 @@ def test_draft_state_does_not_grow_with_context(models):
   def state_bytes(context):
     cache = jax.eval_shape(lambda: KVCache.create(target.config, 1, context, jnp.float32))
     history = jax.ShapeDtypeStruct((1, context), jnp.int32)
-    start = lambda c, h: proposer.start(params, target=target, cache=c, history=h, impl="reference")  # noqa: E731
+    start = lambda c, h: proposer.start(params, target=target, cache=c, history=h)  # noqa: E731
     ring = jax.eval_shape(start, cache, history)
     _, ring = jax.eval_shape(lambda c, h, r: proposer.propose(
-        params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32), impl="reference"),
+        params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32)),
         cache, history, ring)
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ring))
 

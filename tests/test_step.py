@@ -9,10 +9,11 @@ import pytest
 from flax import nnx
 
 from conftest import real_texts
-from longspec_jax.attention import prefix_attention_reference
+from longspec_jax.attention import Impl, prefix_attention_reference, with_impl
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
+from train import Labels, Positions
 from train.step import TrainConfig, make_optimizer, make_train_step, noisy_cross_limits
 
 
@@ -37,7 +38,7 @@ TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_
                       num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
 
 
-@pytest.mark.parametrize("positions,labels", [("anchor_offset", "target"), ("vanilla", "data")])
+@pytest.mark.parametrize("positions,labels", [(Positions.ANCHOR_OFFSET, Labels.TARGET), (Positions.VANILLA, Labels.DATA)])
 def test_a_few_real_steps_reduce_the_loss(positions, labels):
   target = random_model(TARGET, jnp.float32, seed=0)
   draft = random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=1)
@@ -90,18 +91,17 @@ def test_the_targets_pallas_forward_gives_the_same_step():
   target = random_model(TARGET, jnp.float32, seed=0)
   draft_graphdef, draft_params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 37)), jnp.int32)
-  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions="anchor_offset", max_position=4096)
+  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
   positions = training_positions(jax.random.key(0), config, 2, 37)
   limits = noisy_cross_limits(jax.random.key(1), 2, 37, 4)
 
   def loss_and_grads(impl):
-    cfg = dataclasses.replace(config, target_attention=impl)
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
-    return nnx.jit(grad_fn, static_argnums=(1, 7))(draft_params, draft_graphdef, target, tokens,
-                                                   jnp.ones_like(tokens), positions, limits, cfg)
+    return nnx.jit(grad_fn, static_argnums=(1, 7))(draft_params, draft_graphdef, with_impl(target, impl), tokens,
+                                                   jnp.ones_like(tokens), positions, limits, config)
 
-  (want, _), want_grads = loss_and_grads("reference")
-  (got, _), got_grads = loss_and_grads("pallas")
+  (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
+  (got, _), got_grads = loss_and_grads(Impl.PALLAS)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)

@@ -8,8 +8,13 @@ fault, a copy cut short).
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -18,6 +23,32 @@ import orbax.checkpoint as ocp
 
 def _abstract(tree):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+  """Silences what a failed restore leaves behind: orbax's other reads of that step fail
+  too, and tensorstore's threads print their tracebacks (and asyncio logs their futures)
+  as they finish after the first error. The block's stderr goes to /dev/null, and on
+  failure it waits for those reads to settle before stderr comes back, so a fallback
+  costs the one warning line the caller prints."""
+  asyncio_log = logging.getLogger("asyncio")
+  disabled, asyncio_log.disabled = asyncio_log.disabled, True
+  sys.stderr.flush()
+  saved = os.dup(2)
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 2)
+  try:
+    yield
+  except Exception:
+    gc.collect()
+    time.sleep(0.5)
+    raise
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(null)
+    asyncio_log.disabled = disabled
 
 
 class Checkpoints:
@@ -58,11 +89,12 @@ class Checkpoints:
     damaged = []
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(_abstract(params)),
-            opt_state=ocp.args.StandardRestore(_abstract(opt_state)),
-            loop=ocp.args.JsonRestore(),
-        ))
+        with _quiet_failed_reads():
+          restored = self.manager.restore(step, args=ocp.args.Composite(
+              params=ocp.args.StandardRestore(_abstract(params)),
+              opt_state=ocp.args.StandardRestore(_abstract(opt_state)),
+              loop=ocp.args.JsonRestore(),
+          ))
       except Exception as e:  # orbax, tensorstore and json raise many types for damaged files
         damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]))
         continue

@@ -18,22 +18,34 @@ Multi-host: run the same command on every host with JAX's distributed environmen
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from infer.cli import (ArgumentParser, any_int, nonnegative_int, number_type, output_path, positive_float,
                        positive_int, resolve_dtype, run_main)
 from longspec_jax.errors import UserError
-from train import LABEL_KINDS, POSITION_KINDS
+from train import Labels, Positions
 
-# stage -> (TrainConfig overrides, sequence length, batch)
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A stage's defaults (the paper's recipe, Section 4.1); flags override each."""
+
+  positions: Positions
+  learning_rate: float
+  length: int  # tokens per sequence (capped by the target's context)
+  batch: int  # sequences per micro-batch
+
+
 STAGES = {
-    "pretrain": (dict(positions="anchor_offset", learning_rate=5e-4), 1024, 16),
-    "long": (dict(positions="vanilla", learning_rate=5e-6), 8192, 2),
-    "sft": (dict(positions="vanilla", learning_rate=5e-6), 2048, 8),
+    "pretrain": Stage(Positions.ANCHOR_OFFSET, 5e-4, 1024, 16),
+    "long": Stage(Positions.VANILLA, 5e-6, 8192, 2),
+    "sft": Stage(Positions.VANILLA, 5e-6, 2048, 8),
 }
 # Dense bf16 peak FLOP/s per device kind, for MFU.
 PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
@@ -65,9 +77,9 @@ def parse_args(argv=None):
   p.add_argument("--learning-rate", type=positive_float)
   p.add_argument("--warmup-steps", type=nonnegative_int, default=100)
   p.add_argument("--max-shift", type=nonnegative_int, default=4, help="flash noisy training delay bound (0: off)")
-  p.add_argument("--labels", choices=LABEL_KINDS, default="target",
+  p.add_argument("--labels", choices=[k.value for k in Labels], default=Labels.TARGET.value,
                  help="learn the target's next-token distribution (default) or the data's next token")
-  p.add_argument("--positions", choices=POSITION_KINDS, help="default: the stage's")
+  p.add_argument("--positions", choices=[k.value for k in Positions], help="default: the stage's")
   p.add_argument("--window", type=positive_int, default=512)
   p.add_argument("--draft-layers", type=positive_int, default=1)
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
@@ -136,35 +148,50 @@ def keep_metrics_until(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in lines))
 
 
-def main(argv=None) -> None:
-  args = parse_args(argv)
-  sources, eval_sources = check_inputs(args)
-  import jax
+@dataclasses.dataclass
+class Run:
+  """Everything a run trains with, loaded and placed on the mesh."""
 
-  if args.distributed:
-    jax.distributed.initialize()
+  target: Any  # weights.LoadedTarget
+  draft_graphdef: Any
+  target_graphdef: Any
+  params: Any  # the draft's, float32, sharded
+  opt_state: Any
+  target_params: Any
+  config: Any  # step.TrainConfig
+  step_fn: Any
+  batch_sharding: Any
+  data: Any  # data.Packed
+  held_out: Any  # [N, eval_length] tokens, or None
+  length: int
+  batch: int
+  flops_per_token: float
+
+
+def prepare(args, sources, eval_sources) -> Run:
+  """Loads the target, the data and the draft, and builds the sharded, jitted step. The
+  checks that need the target's config come first, before the weights load."""
+  import jax
   import jax.numpy as jnp
   from flax import nnx
-  from tqdm import tqdm
 
-  from longspec_jax.attention import default_impl
+  from longspec_jax.attention import Impl
   from longspec_jax.config import DraftConfig
   from longspec_jax.draft import random_draft
   from longspec_jax.weights import load_target, read_target_config, resolve_target
-  from longspec_jax.weights.drafts import load_draft, save_draft
-  from train.checkpoint import Checkpoints
-  from train.data import batches, has_chat_records, load_records, pack
+  from longspec_jax.weights.drafts import load_draft
+  from train.data import has_chat_records, load_records, pack
   from train.mesh import batch_sharding, make_mesh, param_shardings
-  from train.step import TrainConfig, eval_step, make_optimizer, make_train_step
+  from train.step import TrainConfig, make_optimizer, make_train_step
 
-  overrides, default_length, default_batch = STAGES[args.stage]
+  stage = STAGES[args.stage]
   target_path = resolve_target(args.target)
   context = read_target_config(target_path).max_position_embeddings
   for flag, value in (("--length", args.length), ("--eval-length", args.eval_length)):
     if value is not None and value > context:
       raise UserError(f"{flag} {value} exceeds the target's context of {context} tokens.")
-  length = min(args.length or default_length, context)
-  batch = args.batch or default_batch
+  length = min(args.length or stage.length, context)
+  batch = args.batch or stage.batch
   mesh = make_mesh(args.model_parallel)
   if batch % mesh.shape["data"]:
     raise UserError(f"--batch {batch} does not split over {mesh.shape['data']} data-parallel devices.")
@@ -175,23 +202,23 @@ def main(argv=None) -> None:
   prepare_out_dir(args)
 
   compute = jnp.dtype(resolve_dtype(args.dtype))
-  target = load_target(target_path, compute)
-  config = TrainConfig(**{
-      **overrides, "total_steps": args.steps, "warmup_steps": args.warmup_steps, "accumulate": args.accumulate,
-      "compute_dtype": compute.name, "max_shift": args.max_shift, "max_position": context,
-      "labels": args.labels, "target_attention": default_impl(),
-      **({"learning_rate": args.learning_rate} if args.learning_rate is not None else {}),
-      **({"positions": args.positions} if args.positions else {}),
-  })
+  target = load_target(target_path, compute)  # its forward on the Pallas kernels on a GPU
+  config = TrainConfig(
+      learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
+      positions=Positions(args.positions) if args.positions else stage.positions,
+      labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
+      accumulate=args.accumulate, compute_dtype=compute.name, max_shift=args.max_shift, max_position=context)
+  # The draft trains on the differentiable reference attention.
   if args.init_draft:
-    draft = load_draft(args.init_draft, target.config, jnp.float32)
+    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.REFERENCE)
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
-                         jnp.float32, seed=args.seed)
+                         jnp.float32, seed=args.seed, attention=Impl.REFERENCE)
   print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
   data = pack(records, target.tokenizer, length, eos, args.max_tokens, args.seed)
   print(f"data: {data.tokens.shape[0]} rows of {length} tokens", file=sys.stderr, flush=True)
+  held_out = None
   if eval_sources:
     eval_length = args.eval_length or context
     held_out = pack(load_records(eval_sources), target.tokenizer, eval_length, eos, args.eval_rows * eval_length,
@@ -203,24 +230,39 @@ def main(argv=None) -> None:
   opt_state = optimizer.init(params)
   shardings = (param_shardings(mesh, params), param_shardings(mesh, opt_state), batch_sharding(mesh),
                param_shardings(mesh, target_params))
-  params, opt_state, target_params = (jax.device_put(x, s) for x, s in
-                                      zip((params, opt_state, target_params), (shardings[0], shardings[1], shardings[3])))
-  step_fn = make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings)
+  params, opt_state, target_params = (
+      jax.device_put(x, s) for x, s in zip((params, opt_state, target_params), (shardings[0], shardings[1],
+                                                                                 shardings[3])))
+  return Run(target=target, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, params=params,
+             opt_state=opt_state, target_params=target_params, config=config,
+             step_fn=make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings),
+             batch_sharding=shardings[2], data=data, held_out=held_out, length=length, batch=batch,
+             flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels))
+
+
+def train(args, run: Run) -> None:
+  """The loop: resumes from the newest intact checkpoint with --resume, writes a metrics
+  line per optimizer step, checkpoints periodically and at the end (or at --time-limit).
+  Leaves the trained parameters in `run.params`."""
+  import jax
+  from tqdm import tqdm
+
+  from train.checkpoint import Checkpoints
+  from train.data import batches
 
   checkpoints = Checkpoints(args.out / "checkpoints", every=args.save_every * args.accumulate)
   micro = 0
   if args.resume:
-    restored = checkpoints.restore_latest(params, opt_state)
+    restored = checkpoints.restore_latest(run.params, run.opt_state)
     if restored is None:
       raise UserError(f"--resume: no checkpoint in {args.out / 'checkpoints'}.")
-    params, opt_state, loop = restored
+    run.params, run.opt_state, loop = restored
     micro = loop["micro_step"]
     if jax.process_index() == 0:
       keep_metrics_until(args.out / "metrics.jsonl", micro // args.accumulate)
     print(f"resumed from step {micro // args.accumulate} ({args.out / 'checkpoints'}).", file=sys.stderr, flush=True)
   hosts, host = jax.process_count(), jax.process_index()
-  stream = batches(data, batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
-  flops_per_token = model_flops_per_token(target.config, draft.config, length, config.labels)
+  stream = batches(run.data, run.batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
   peak = PEAK_FLOPS.get(jax.devices()[0].device_kind)
   metrics_file = (args.out / "metrics.jsonl").open("a")
   total_micro = args.steps * args.accumulate
@@ -229,24 +271,23 @@ def main(argv=None) -> None:
   deadline = time.perf_counter() + (args.time_limit or float("inf"))
   try:
     while micro < total_micro:
-      tokens, mask = next(stream)
-      tokens, mask = (jax.make_array_from_process_local_data(shardings[2], x) for x in (tokens, mask))
-      params, opt_state, metrics = step_fn(params, opt_state, jax.random.fold_in(jax.random.key(args.seed), micro),
-                                           tokens, mask, target_params)
+      tokens, mask = (jax.make_array_from_process_local_data(run.batch_sharding, x) for x in next(stream))
+      run.params, run.opt_state, metrics = run.step_fn(
+          run.params, run.opt_state, jax.random.fold_in(jax.random.key(args.seed), micro), tokens, mask,
+          run.target_params)
       micro += 1
-      window_tokens += batch * length
+      window_tokens += run.batch * run.length
       if micro % args.accumulate == 0:
-        step = micro // args.accumulate
-        loss = float(metrics["loss"])
         seconds = time.perf_counter() - window_start
-        record = {"step": step, "loss": loss, "hit_rate": float(metrics["hit_rate"]),
-                  "grad_norm": float(metrics["grad_norm"]), "tokens_per_second": window_tokens / seconds}
+        record = {"step": micro // args.accumulate, "loss": float(metrics["loss"]),
+                  "hit_rate": float(metrics["hit_rate"]), "grad_norm": float(metrics["grad_norm"]),
+                  "tokens_per_second": window_tokens / seconds}
         if peak:
-          record["mfu"] = record["tokens_per_second"] * flops_per_token / (peak * jax.device_count())
+          record["mfu"] = record["tokens_per_second"] * run.flops_per_token / (peak * jax.device_count())
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
-        bar.set_postfix(loss=f"{loss:.3f}", hit=f"{record['hit_rate']:.2f}", tok_s=f"{record['tokens_per_second']:.0f}",
-                        **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
+        bar.set_postfix(loss=f"{record['loss']:.3f}", hit=f"{record['hit_rate']:.2f}",
+                        tok_s=f"{record['tokens_per_second']:.0f}", **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
         bar.update(1)
         window_tokens, window_start = 0.0, time.perf_counter()
       out_of_time = micro % args.accumulate == 0 and time.perf_counter() > deadline
@@ -254,7 +295,8 @@ def main(argv=None) -> None:
         from jax.experimental import multihost_utils
 
         out_of_time = bool(multihost_utils.broadcast_one_to_all(out_of_time))
-      checkpoints.maybe_save(micro, params, opt_state, {"micro_step": micro}, final=micro == total_micro or out_of_time)
+      checkpoints.maybe_save(micro, run.params, run.opt_state, {"micro_step": micro},
+                             final=micro == total_micro or out_of_time)
       if out_of_time:
         print(f"\n--time-limit: stopping after step {micro // args.accumulate}", file=sys.stderr)
         break
@@ -262,22 +304,47 @@ def main(argv=None) -> None:
     bar.close()
     metrics_file.close()
     checkpoints.close()
+
+
+def finish(args, run: Run) -> None:
+  """Exports the draft (what `--draft` loads), plots the loss, and evaluates on the
+  held-out data."""
+  import jax
+  from flax import nnx
+
+  from longspec_jax.weights.drafts import save_draft
+  from train.step import eval_step
+
+  host = jax.process_index()
   if host == 0:
-    save_draft(args.out / "draft", nnx.merge(draft_graphdef, jax.device_get(params)))
+    save_draft(args.out / "draft", nnx.merge(run.draft_graphdef, jax.device_get(run.params)))
     plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage)
   print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
-  if eval_sources:
-    fn = jax.jit(functools.partial(eval_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
-                                   config=config))
-    report = evaluate(lambda rows: fn(params, rows, target_params), held_out)
-    if host == 0:
-      (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, **report}, indent=1))
-    print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
-          " tokens; by position: " + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}"
-                                             for b in report["by_position"]), file=sys.stderr)
+  if run.held_out is None:
+    return
+  fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef,
+                                 config=run.config))
+  report = evaluate(lambda rows: fn(run.params, rows, run.target_params), run.held_out)
+  if host == 0:
+    (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, **report}, indent=1))
+  print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
+        " tokens; by position: " + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}"
+                                           for b in report["by_position"]), file=sys.stderr)
 
 
-def model_flops_per_token(target, draft, length: int, labels: str) -> float:
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  sources, eval_sources = check_inputs(args)
+  if args.distributed:
+    import jax
+
+    jax.distributed.initialize()
+  run = prepare(args, sources, eval_sources)
+  train(args, run)
+  finish(args, run)
+
+
+def model_flops_per_token(target, draft, length: int, labels: Labels) -> float:
   """Matmul FLOPs per trained token (no recomputation counted): the frozen target's
   forward, the draft block's forward and backward, the shared LM head's forward and
   input gradient for the draft, and, when distilling, its forward for the target; causal
@@ -292,7 +359,7 @@ def model_flops_per_token(target, draft, length: int, labels: str) -> float:
   draft_params, draft_attention = block(draft, cross=True)
   head = target.hidden_size * target.vocab_size
   return (target.num_layers * (2 * target_params + target_attention) + draft.num_layers * 3 * (
-      2 * draft_params + draft_attention) + 4 * head + (2 * head if labels == "target" else 0))
+      2 * draft_params + draft_attention) + 4 * head + (2 * head if labels is Labels.TARGET else 0))
 
 
 def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)) -> dict:

@@ -1,7 +1,7 @@
 """One draft training step: frozen target forward -> draft forward with flash noisy
 cross-attention -> chunked next-token loss -> AdamW.
 
-The target only supplies its K/V at every position and, with `labels="target"`, its
+The target only supplies its K/V at every position and, with `Labels.TARGET`, its
 next-token distribution as the soft label (no gradients reach it). Positions are
 vanilla or anchor-offset (LongSpec Algorithm 1), the same for target and draft. Flash
 noisy training (Algorithm 2) delays the cross-attention by a random j in [1, max_shift]
@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from longspec_jax.attention import causal_block_mask
+from longspec_jax.attention import Impl, causal_block_mask
+from longspec_jax.draft import CrossAttend, SelfAttend
 from longspec_jax.rope import anchor_offset_positions
+from train import Labels, Positions
 from train.loss import chunked_token_losses
 
 
@@ -36,10 +38,9 @@ class TrainConfig:
   loss_chunk: int = 512  # positions per chunk of the cross-entropy
   compute_dtype: str = "bfloat16"  # parameters and optimizer state stay float32
   max_shift: int = 4  # flash noisy training: delay j in [1, max_shift]; 0 turns it off
-  positions: str = "anchor_offset"  # one of train.POSITION_KINDS
+  positions: Positions = Positions.ANCHOR_OFFSET
   max_position: int = 8192  # anchor-offset positions reach up to this
-  labels: str = "target"  # one of train.LABEL_KINDS
-  target_attention: str = "reference"  # the frozen target's forward: any of attention.IMPLS
+  labels: Labels = Labels.TARGET
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -64,7 +65,7 @@ def noisy_cross_limits(key: jax.Array, batch: int, length: int, max_shift: int) 
 
 
 def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: int) -> jax.Array:
-  if config.positions == "anchor_offset":
+  if config.positions is Positions.ANCHOR_OFFSET:
     return anchor_offset_positions(key, batch, length, config.max_position)
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
@@ -74,17 +75,20 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   and hits [B, T - 1]: the draft's argmax is the label (the target's argmax)."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
+  if draft.attention is not Impl.REFERENCE:
+    raise ValueError("a draft in training needs Impl.REFERENCE attention: the Pallas kernels have no gradient.")
   batch, length = tokens.shape
   index = jnp.broadcast_to(jnp.arange(length), (batch, length))
   everything = jnp.ones((batch, length), bool)
   # Masks follow sequence order (anchor-offset positions jump, windows count tokens).
-  target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything),
-                                                     impl=config.target_attention)
+  # The frozen target runs with its own attention code (Pallas on a GPU: no gradient
+  # passes through it); the draft must run the differentiable reference.
+  target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
   layer = draft.config.cross_layer
   target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
-  hidden, _ = draft(target, tokens, positions, causal_block_mask(index, everything, draft.config.window), None, None,
-                    target_k, target_v, cross_limits)
-  teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels == "target" else None
+  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=causal_block_mask(index, everything, draft.config.window)),
+                    CrossAttend(k=target_k, v=target_v, limits=cross_limits))
+  teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from longspec_jax.attention import Impl
 from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
 from longspec_jax.target import Transformer
@@ -46,11 +47,13 @@ def read_target_config(path: Path) -> TargetConfig:
   return read_gguf_config(path) if path.suffix == ".gguf" else read_config(path)
 
 
-def load_target(spec: str | Path, dtype, tokenizer=None) -> LoadedTarget:
-  """Loads the target a spec names (`resolve_target`); `tokenizer` skips loading it again."""
+def load_target(spec: str | Path, dtype, tokenizer=None, attention: Impl | None = None) -> LoadedTarget:
+  """Loads the target a spec names (`resolve_target`); `tokenizer` skips loading it again;
+  `attention` is the model's attention code (default: `Impl.default()`)."""
   path = spec if isinstance(spec, Path) else resolve_target(spec)
   if path.suffix == ".gguf":
     model, config = load_gguf(path, dtype)
   else:
     model, config = load_hf_dir(path, dtype)
+  model.attention = attention or Impl.default()
   return LoadedTarget(model=model, config=config, tokenizer=tokenizer or load_tokenizer(path), name=str(spec))

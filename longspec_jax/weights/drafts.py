@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from longspec_jax.attention import Impl
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import Draft, random_draft
 from longspec_jax.errors import UserError
@@ -67,12 +68,16 @@ def resolve_draft(spec: str, target_name: str = "") -> Path | None:
   return path
 
 
-def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "") -> Draft:
-  """The draft a spec names (`resolve_draft`), in `dtype`, checked against the target's config."""
+def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "",
+               attention: Impl | None = None) -> Draft:
+  """The draft a spec names (`resolve_draft`), in `dtype`, checked against the target's
+  config; `attention` is its attention code (default: `Impl.default()`)."""
   path = resolve_draft(spec, target_name)
   if path is None:
-    return random_draft(DraftConfig.for_target(target_config), dtype)
-  return _restore(path, target_config, dtype)
+    return random_draft(DraftConfig.for_target(target_config), dtype, attention=attention)
+  draft = _restore(path, target_config, dtype)
+  draft.attention = attention or Impl.default()
+  return draft
 
 
 def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft:
