@@ -28,11 +28,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from infer.cli import ArgumentParser, output_path, positive_int, run_main
 from infer.plots import plot
 from infer.timing import LLAMA_31_8B, loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax import attention
 from longspec_jax.attention import Impl
+from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main
 from longspec_jax.tree import random_ancestor_mask
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
@@ -69,7 +69,8 @@ def suite_check(args) -> list[dict]:
     positions = lengths[:, None] + jnp.arange(steps)
     tol = 2e-5 if dtype == jnp.float32 else 2e-2
     errors = {
-        "flash_decode": _max_error(flash_decode(q, k, v, lengths)[0], attention.prefix_attention_reference(q, k, v, lengths)[0]),
+        "flash_decode": _max_error(flash_decode(q, k, v, lengths)[0],
+                                   attention.prefix_attention_reference(q, k, v, lengths)[0]),
         "tree_attention": _max_error(tree_attention(q, k_new, v_new, mask)[0],
                                      attention.masked_attention_reference(q, k_new, v_new, mask)[0]),
         "hybrid": _max_error(hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions),
@@ -199,8 +200,9 @@ def suite_verify(args) -> list[dict]:
     depths = [0]
     for i in range(1, 64):
       depths.append(depths[parents[i]] + 1)
-    tree = Tree(tokens=jnp.asarray(rng.integers(0, 1000, (1, 64)), jnp.int32), parents=jnp.asarray([parents], jnp.int32),
-                depths=jnp.asarray([depths], jnp.int32), valid=jnp.ones((1, 64), bool))
+    tree = Tree(tokens=jnp.asarray(rng.integers(0, 1000, (1, 64)), jnp.int32),
+                parents=jnp.asarray([parents], jnp.int32), depths=jnp.asarray([depths], jnp.int32),
+                valid=jnp.ones((1, 64), bool))
     row = {"context": context, "nodes": 64}
     for impl, graphdef in graphdefs.items():
       step = jax.jit(lambda params, cache, graphdef=graphdef: verify(nnx.merge(graphdef, params), tree, cache)[0])

@@ -24,13 +24,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from infer.cli import (ArgumentParser, add_attention_flag, attention_impl, output_path, positive_int, resolve_dtype,
-                       run_main)
 from infer.plots import plot
-from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
 from infer.prompts import code_prompts
+from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax.cache import KVCache
-from longspec_jax.engine import Decoding, DecodeState, decode_chunk, generate
+from longspec_jax.cli import (
+  ArgumentParser,
+  add_attention_flag,
+  attention_impl,
+  output_path,
+  positive_int,
+  resolve_dtype,
+  run_main,
+)
+from longspec_jax.engine import DecodeState, Decoding, decode_chunk, generate
+
 
 def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict:
   runs = []
@@ -107,7 +115,8 @@ def suite_smollm2(args) -> dict:
         "prompt_tokens": length,
         "ours": {k: v for k, v in ours.items() if k != "token_ids"},
         "transformers": {k: {m: v for m, v in r.items() if m != "token_ids"} for k, r in theirs.items()},
-        "decode_speedup_vs_best_transformers": best and ours["decode_tokens_per_second"] / best["decode_tokens_per_second"],
+        "decode_speedup_vs_best_transformers": (
+            best and ours["decode_tokens_per_second"] / best["decode_tokens_per_second"]),
         "prefill_speedup_vs_best_transformers": best and ours["prefill_tokens_per_second"] / max(
             r["prefill_tokens_per_second"] for r in theirs.values()),
         "greedy_tokens_equal": {k: r["token_ids"] == ours["token_ids"] for k, r in theirs.items()},

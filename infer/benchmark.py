@@ -23,11 +23,19 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import (ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, output_path,
-                       positive_int, resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.cli import add_sampling_flags, sampling_config, tree_widths
 from infer.plots import plot
-from infer.timing import phase_seconds
 from infer.prompts import PROMPT_SETS
+from infer.timing import phase_seconds
+from longspec_jax.cli import (
+  ArgumentParser,
+  add_attention_flag,
+  attention_impl,
+  output_path,
+  positive_int,
+  resolve_dtype,
+  run_main,
+)
 from longspec_jax.config import check_tree_widths
 from longspec_jax.engine import Decoding, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
@@ -185,7 +193,8 @@ def main(argv=None):
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
         print(f"{set_name:4} | {length:7} | {label:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
-              f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}", flush=True)
+              f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
+              flush=True)
 
 
 if __name__ == "__main__":

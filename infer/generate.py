@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from infer.cli import (METHODS, ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, encode_prompt,
-                       positive_int, read_prompt, resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.cli import METHODS, add_sampling_flags, encode_prompt, read_prompt, sampling_config, tree_widths
+from longspec_jax.cli import ArgumentParser, add_attention_flag, attention_impl, positive_int, resolve_dtype, run_main
 from longspec_jax.weights import default
 
 

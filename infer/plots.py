@@ -181,7 +181,7 @@ def _kernels(result: dict, plt):
     groups = defaultdict(list)
     for r in result["sweep"]:
       groups[f"{r['heads'][:6]} b{r['batch']} S{r['S'] // 1024}k T{r['T']}"].append(r)
-    for y, (label, points) in enumerate(sorted(groups.items())):
+    for y, (_, points) in enumerate(sorted(groups.items())):
       best = min(r["prefix_us"] for r in points)
       ax.scatter([r["prefix_us"] / best for r in points], [y] * len(points), s=8, color="tab:blue")
       ax.scatter([r["prefix_us"] / best for r in points if r.get("table")], [y] * sum(bool(r.get("table"))
@@ -230,7 +230,7 @@ def plot(result: dict | Path, out: Path) -> Path | None:
 
 
 def main(argv=None) -> None:
-  from infer.cli import ArgumentParser
+  from longspec_jax.cli import ArgumentParser
   from longspec_jax.errors import UserError
 
   p = ArgumentParser(prog="python -m infer.plots", description=__doc__.splitlines()[0])
@@ -249,7 +249,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  from infer.cli import run_main
+  from longspec_jax.cli import run_main
 
   run_main(main, "python -m infer.plots", interruptible=False)
 

@@ -24,10 +24,19 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import (METHODS, ArgumentParser, add_attention_flag, add_sampling_flags, attention_impl, number_type,
-                       output_path, positive_int, resolve_dtype, run_main, sampling_config, tree_widths)
+from infer.cli import METHODS, add_sampling_flags, sampling_config, tree_widths
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
+from longspec_jax.cli import (
+  ArgumentParser,
+  add_attention_flag,
+  attention_impl,
+  number_type,
+  output_path,
+  positive_int,
+  resolve_dtype,
+  run_main,
+)
 from longspec_jax.errors import UserError
 
 SETS = tuple(PROMPT_SETS)

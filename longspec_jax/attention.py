@@ -33,7 +33,7 @@ class Impl(enum.Enum):
   PALLAS = "pallas"
 
   @classmethod
-  def default(cls) -> "Impl":
+  def default(cls) -> Impl:
     """PALLAS on a GPU, REFERENCE elsewhere."""
     return cls.PALLAS if jax.default_backend() == "gpu" else cls.REFERENCE
 

@@ -26,7 +26,7 @@ class KVCache:
   lengths: jax.Array  # [B] int32: committed slots per sequence
 
   @classmethod
-  def create(cls, config: TargetConfig, batch: int, max_len: int, dtype) -> "KVCache":
+  def create(cls, config: TargetConfig, batch: int, max_len: int, dtype) -> KVCache:
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
     return cls(
         k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32)
@@ -36,11 +36,11 @@ class KVCache:
   def max_len(self) -> int:
     return self.k.shape[2]
 
-  def advance(self, counts: jax.Array) -> "KVCache":
+  def advance(self, counts: jax.Array) -> KVCache:
     """Commits `counts [B]` (or a scalar) more slots per sequence."""
     return dataclasses.replace(self, lengths=self.lengths + counts)
 
-  def commit_path(self, path: jax.Array, count: jax.Array) -> "KVCache":
+  def commit_path(self, path: jax.Array, count: jax.Array) -> KVCache:
     """Keeps an accepted tree path: moves the K/V of nodes `path [B, N]` (written at slots
     lengths + path[d]) to slots lengths + d for d < count [B], then commits count slots.
     Rejected nodes stay where they are, past `lengths`, dead."""
@@ -82,7 +82,7 @@ class RingCache:
   length: jax.Array  # [B] int32: every position below this has been written
 
   @classmethod
-  def create(cls, config: DraftConfig, batch: int, dtype) -> "RingCache":
+  def create(cls, config: DraftConfig, batch: int, dtype) -> RingCache:
     shape = (config.num_layers, batch, config.window, config.num_kv_heads, config.head_dim)
     return cls(
         k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
@@ -93,7 +93,7 @@ class RingCache:
   def window(self) -> int:
     return self.k.shape[2]
 
-  def write(self, k: jax.Array, v: jax.Array, positions: jax.Array, valid: jax.Array) -> "RingCache":
+  def write(self, k: jax.Array, v: jax.Array, positions: jax.Array, valid: jax.Array) -> RingCache:
     """Stores k, v [L, B, T, K, D] of consecutive `positions [B, T]` where
     `valid [B, T]` (at most `window` of them), and moves `length` past the newest one."""
     batch = positions.shape[0]

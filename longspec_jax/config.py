@@ -9,7 +9,8 @@ scaling, q/k/v biases, tied embeddings and an optional sliding window.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from longspec_jax.errors import UserError
 
@@ -86,7 +87,7 @@ class TargetConfig(BlockConfig):
   eos_token_ids: tuple[int, ...] = ()
 
   @classmethod
-  def from_hf(cls, hf: Mapping[str, Any]) -> "TargetConfig":
+  def from_hf(cls, hf: Mapping[str, Any]) -> TargetConfig:
     """Builds the config from a parsed HF `config.json` (transformers 4.x or 5.x layout)."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -160,7 +161,7 @@ class DraftConfig(BlockConfig):
     check_tree_widths(self.tree_widths)
 
   @classmethod
-  def for_target(cls, target: TargetConfig, **overrides) -> "DraftConfig":
+  def for_target(cls, target: TargetConfig, **overrides) -> DraftConfig:
     """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...)."""
     shared = ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rope",
               "rms_norm_eps")
@@ -182,7 +183,7 @@ class DraftConfig(BlockConfig):
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "DraftConfig":
+  def from_dict(cls, d: Mapping[str, Any]) -> DraftConfig:
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - fields
     if unknown:

@@ -24,17 +24,18 @@ from longspec_jax import attention
 from longspec_jax.attention import Impl
 from longspec_jax.cache import RingCache
 from longspec_jax.config import DraftConfig
-from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 from longspec_jax.target import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
 class SelfAttend:
   """What the draft's self-attention sees: the ring's positions below `ring_limit` within
-  the window (no ring: nothing before this call), and the block's keys under `mask`. The block is this call's own tokens (N = T), or, with `buffer = (k, v
-  [L, B, N, K, D], slots [B, T])`, a buffer of earlier tree nodes into which this call's
-  K/V are first written at `slots`."""
+  the window (no ring: nothing before this call), and the block's keys under `mask`. The
+  block is this call's own tokens (N = T), or, with `buffer = (k, v [L, B, N, K, D],
+  slots [B, T])`, a buffer of earlier tree nodes into which this call's K/V are first
+  written at `slots`."""
 
   mask: jax.Array  # [B, T, N] bool
   ring: RingCache | None = None

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +59,7 @@ class DecodeState:
 
   @classmethod
   def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
-            nonfinite: jax.Array | None = None, proposal: Any = None) -> "DecodeState":
+            nonfinite: jax.Array | None = None, proposal: Any = None) -> DecodeState:
     """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]]."""
     batch = root.shape[0]
     return cls(

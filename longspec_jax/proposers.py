@@ -25,6 +25,7 @@ from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, chain
 
+
 @dataclasses.dataclass(frozen=True)
 class RootOnly:
   """The AR "proposal": a tree of just the root, so every round emits one target token."""

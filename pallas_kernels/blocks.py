@@ -51,7 +51,7 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
 
   def body(masked: bool):
     def step(i, carry):
-      acc, m, l = carry
+      acc, m, denom = carry
       keys = pl.ds(begin + i * block_k, block_k)
       slots = begin + i * block_k + jnp.arange(block_k)
       in_range = (slots < seq_len)[:, None]
@@ -68,7 +68,7 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
       p = jnp.exp(s - m_safe[:, None])
       v = load(v_ref)
       acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=not exact)
-      return acc, m_new, l * correction + jnp.sum(p, axis=1)
+      return acc, m_new, denom * correction + jnp.sum(p, axis=1)
     return step
 
   first_full = jnp.clip(full[0], 0, num_blocks)
@@ -78,10 +78,10 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
   carry = jax.lax.fori_loop(0, first_full, body(masked=True), carry)
   if seq_len >= block_k:
     carry = jax.lax.fori_loop(first_full, end_full, body(masked=False), carry)
-  acc, m, l = jax.lax.fori_loop(end_full, num_blocks, body(masked=True), carry)
-  seen = l > 0
-  out = acc / jnp.where(seen, l, 1.0)[:, None]
-  return out, jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG_INF)
+  acc, m, denom = jax.lax.fori_loop(end_full, num_blocks, body(masked=True), carry)
+  seen = denom > 0
+  out = acc / jnp.where(seen, denom, 1.0)[:, None]
+  return out, jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
 
 
 def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:

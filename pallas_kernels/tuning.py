@@ -8,14 +8,23 @@ prefix pass's split count is derived from the shape so that the grid is one wave
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 from jax.experimental import pallas as pl
 
-# One wave over an H100's 132 SMs: the session-4 sweep (docs/results/h100_kernel_sweep.json)
-# found fewer, longer splits faster than ~4 waves of short ones for every shape (less
-# partial output to write and merge, fewer pipeline warm-ups).
-TARGET_PROGRAMS = 132
 MIN_KEYS_PER_SPLIT = 256
+# Programs in one wave where the device does not say (interpreted on a CPU): an H100's SMs.
+DEFAULT_WAVE = 132
+
+
+@functools.cache
+def wave_programs() -> int:
+  """Programs that fill the GPU once: its SM count (132 on an H100 SXM). The session-4 sweep
+  (docs/results/h100_kernel_sweep.json) found one wave of long splits faster than ~4
+  waves of short ones for every shape (less partial output to write and merge, fewer
+  pipeline warm-ups)."""
+  return getattr(jax.devices()[0], "core_count", None) or DEFAULT_WAVE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +60,11 @@ TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
 def params_for(kind: str, rows: int, head_dim: int, seq_len: int, batch_heads: int) -> KernelParams:
   """Launch parameters of pass `kind` for `rows` query rows per KV head over `seq_len`
   keys, with batch * kv_heads independent heads."""
-  for max_rows, dim, (block_rows, block_keys, warps, stages) in TABLE[kind]:
-    if rows <= max_rows and head_dim == dim:
-      break
-  else:
-    block_rows, block_keys, warps, stages = 32, 32, 4, 2
+  block_rows, block_keys, warps, stages = next(
+      (launch for max_rows, dim, launch in TABLE[kind] if rows <= max_rows and head_dim == dim), (32, 32, 4, 2))
   block_rows = max(16, min(block_rows, pl.next_power_of_2(rows)))
   splits = 1
   if kind == "prefix":
     programs = batch_heads * pl.cdiv(rows, block_rows)
-    splits = max(1, min(TARGET_PROGRAMS // programs, seq_len // MIN_KEYS_PER_SPLIT))
+    splits = max(1, min(wave_programs() // programs, seq_len // MIN_KEYS_PER_SPLIT))
   return KernelParams(block_rows, block_keys, warps, stages, splits)

@@ -62,7 +62,7 @@ def tiny_with_tokenizer(tmp_path_factory, smollm2_gguf) -> Path:
 
 def run_cli(main, argv, prog: str) -> int:
   """Runs a CLI's main in-process as `python -m` would; returns its exit code."""
-  from infer.cli import run_main
+  from longspec_jax.cli import run_main
 
   try:
     run_main(lambda: main(argv), prog)

@@ -42,7 +42,8 @@ def test_hybrid_equals_dense(seed, batch, steps, cache_len, kv_heads, group, hea
       jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(lengths, jnp.int32),
       jnp.asarray(k_new), jnp.asarray(v_new), jnp.asarray(mask), jnp.asarray(positions),
   )
-  prefix_visible = np.broadcast_to((np.arange(cache_len)[None, :] < lengths[:, None])[:, None, :], (batch, steps, cache_len))
+  prefix_visible = np.broadcast_to((np.arange(cache_len)[None, :] < lengths[:, None])[:, None, :],
+                                   (batch, steps, cache_len))
   expected = dense_attention(
       q, np.concatenate([k_cache, k_new], 1), np.concatenate([v_cache, v_new], 1),
       np.concatenate([prefix_visible, mask], axis=2),

@@ -2,8 +2,9 @@
 
 import json
 
-from conftest import run_cli
 from infer.benchmark import main
+
+from conftest import run_cli
 
 PROG = "python -m infer.benchmark"
 

@@ -4,12 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache, RingCache, write_block
 from longspec_jax.config import DraftConfig
 from longspec_jax.engine import prefill
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
 
 
 @pytest.fixture(scope="module")

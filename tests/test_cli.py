@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
+from infer.cli import METHODS
+from longspec_jax.cli import run_main
+
 from conftest import run_cli
-from infer.cli import METHODS, run_main
 
 
 def run(module: str, argv, capsys) -> tuple[int, str]:
@@ -64,7 +66,7 @@ def test_methods_are_the_engine_methods():
 
 
 def test_attention_choices_are_the_impls():
-  from infer.cli import ATTENTION
   from longspec_jax.attention import Impl
+  from longspec_jax.cli import ATTENTION
 
   assert set(ATTENTION) == {impl.value for impl in Impl}

@@ -5,11 +5,10 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 import numpy as np
 import pytest
+from flax import nnx
 
-from conftest import real_texts, save_tiny_hf_model
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
@@ -17,10 +16,12 @@ from longspec_jax.engine import Decoding, generate
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
-from longspec_jax.tree import Tree, static_topology
 from longspec_jax.sampling import SamplingConfig
+from longspec_jax.tree import Tree, static_topology
 from longspec_jax.weights.drafts import load_draft
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import real_texts, save_tiny_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
 from longspec_jax.attention import prefix_attention_reference
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
 from pallas_kernels.tuning import KernelParams
+
+from kernel_inputs import TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=6, deadline=None)

@@ -9,8 +9,9 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from conftest import run_cli
 from infer.generate import main
+
+from conftest import run_cli
 
 PROG = "python -m infer.generate"
 
@@ -90,7 +91,8 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
             "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.01", "--penalty", "1.2",
             "--penalty-window", "16", "--seed", "3", "--json"]
   for method in ("pld", "longspec"):
-    code, out, err = run(common + ["--method", method] + (["--draft", "random"] if method == "longspec" else []), capsys)
+    draft = ["--draft", "random"] if method == "longspec" else []
+    code, out, err = run(common + ["--method", method] + draft, capsys)
     assert code == 0, err
     assert len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 6
 
@@ -127,7 +129,8 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
 
   config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
   save_draft(tmp_path / "draft", random_draft(DraftConfig.for_target(config, window=16), jnp.float32, seed=1))
-  common = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "12", "--json"]
+  common = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "12",
+            "--json"]
   results = {}
   for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
                       ("random", ["--method", "longspec", "--draft", "random"]),

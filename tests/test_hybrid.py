@@ -6,9 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
 from longspec_jax.attention import Impl, hybrid_attention
 from longspec_jax.tree import random_ancestor_mask
+
+from kernel_inputs import TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=4, deadline=None)

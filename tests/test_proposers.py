@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.config import DraftConfig
@@ -16,6 +15,8 @@ from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.engine import prefill
 from longspec_jax.proposers import LongSpecDraft, make_proposer
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
 
 WIDTHS = (2, 3, 3)
 
@@ -45,7 +46,8 @@ def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
 def _reference_log_probs(target, draft, tokens, last, k, v, length):
   positions = jnp.arange(tokens.shape[1])[None]
   mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
-  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=mask), CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length)))
+  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=mask),
+                    CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length)))
   return jax.nn.log_softmax(target.logits(hidden[0, last]))
 
 

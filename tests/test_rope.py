@@ -62,7 +62,8 @@ def test_rotation_matches_transformers_at_arbitrary_positions():
   # Angles in float32, as transformers' rotary embedding computes them.
   angles = torch.tensor(positions, dtype=torch.float32)[..., None] * torch.tensor(inv_freq)
   emb = torch.cat([angles, angles], dim=-1)
-  expected, _ = apply_rotary_pos_emb(torch.tensor(q).transpose(1, 2), torch.tensor(q).transpose(1, 2), emb.cos(), emb.sin())
+  heads_first = torch.tensor(q).transpose(1, 2)
+  expected, _ = apply_rotary_pos_emb(heads_first, heads_first, emb.cos(), emb.sin())
   np.testing.assert_allclose(ours, expected.transpose(1, 2).numpy(), atol=1e-5)
 
 

@@ -3,9 +3,9 @@
 import json
 import sysconfig
 
+from train.run import main
 
 from conftest import run_cli
-from train.run import main
 
 PROG = "python -m train.run"
 
@@ -16,7 +16,8 @@ def run(argv):
 
 def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "run"
-  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "64", "--batch", "2",
+  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "64",
+            "--batch", "2",
             "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--save-every", "2",
             "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000"]
   assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err

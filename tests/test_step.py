@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import real_texts
 from longspec_jax.attention import Impl, prefix_attention_reference, with_impl
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
 from train import Labels, Positions
 from train.step import TrainConfig, make_optimizer, make_train_step, noisy_cross_limits
+
+from conftest import real_texts
 
 
 def test_noisy_shift_matches_the_papers_slicing():
@@ -38,7 +39,8 @@ TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_
                       num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
 
 
-@pytest.mark.parametrize("positions,labels", [(Positions.ANCHOR_OFFSET, Labels.TARGET), (Positions.VANILLA, Labels.DATA)])
+@pytest.mark.parametrize("positions,labels",
+                         [(Positions.ANCHOR_OFFSET, Labels.TARGET), (Positions.VANILLA, Labels.DATA)])
 def test_a_few_real_steps_reduce_the_loss(positions, labels):
   target = random_model(TARGET, jnp.float32, seed=0)
   draft = random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=1)

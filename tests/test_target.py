@@ -9,10 +9,11 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import real_texts, save_tiny_hf_model
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import real_texts, save_tiny_hf_model
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -4,13 +4,14 @@ a decode round into drafting and verification."""
 import jax.numpy as jnp
 import numpy as np
 
-from conftest import save_tiny_hf_model
 from infer.timing import loop_seconds, phase_seconds
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate
 from longspec_jax.proposers import make_proposer
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
 
 
 def test_loop_seconds_chains_pytrees():

@@ -58,7 +58,8 @@ def test_ancestors_and_positions_match_python_reference(seed, batch, size):
 
 
 def test_chain_with_partial_draft():
-  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.array([[True, True, False], [True, False, True]]))
+  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]),
+               jnp.array([[True, True, False], [True, False, True]]))
   np.testing.assert_array_equal(np.asarray(tree.valid), [[1, 1, 1, 0], [1, 1, 0, 0]])
   np.testing.assert_array_equal(np.asarray(tree.parents), [[-1, 0, 1, -1], [-1, 0, -1, -1]])
 
@@ -85,7 +86,8 @@ def test_best_children_are_the_best_of_all_children(seed, frontier, width):
   width = min(width, frontier * vocab)
   parent, token, best = map(np.asarray, best_children(jnp.asarray(log_probs), jnp.asarray(scores), width))
   for b in range(2):
-    every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)), reverse=True)
+    every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)),
+                   reverse=True)
     assert [(f, t) for _, f, t in every[:width]] == list(zip(parent[b], token[b]))
     np.testing.assert_allclose(best[b], [s for s, _, _ in every[:width]], rtol=1e-6)
 

@@ -5,12 +5,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
 from longspec_jax.attention import masked_attention_reference
-from pallas_kernels import blocks
 from longspec_jax.tree import random_ancestor_mask
+from pallas_kernels import blocks
 from pallas_kernels.tree_attention import tree_attention, tree_partial
 from pallas_kernels.tuning import KernelParams
+
+from kernel_inputs import TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=6, deadline=None)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tree import random_tree
 
 from longspec_jax.sampling import SamplingConfig, probs
 from longspec_jax.tree import Tree, chain
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, walk_outcomes
-from test_tree import random_tree
 
 
 def reference_accept(parents, valid, tokens, target):
@@ -44,7 +44,8 @@ def test_random_trees_match_python_reference(seed, batch, size):
 
 
 def test_invalid_nodes_are_never_accepted():
-  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.array([[True, True, False], [True, False, True]]))
+  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]),
+               jnp.array([[True, True, False], [True, False, True]]))
   acceptance = accept_greedy(tree, jnp.array([[1, 2, 3, 0], [4, 5, 6, 0]]), tree.ancestor_mask())
   np.testing.assert_array_equal(np.asarray(acceptance.count), [3, 2])
   np.testing.assert_array_equal(np.asarray(acceptance.bonus), [3, 5])
@@ -60,7 +61,7 @@ _probs = jax.jit(probs, static_argnums=2)
 _walk = jax.jit(walk_outcomes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def toy_distribution(context: tuple, config: SamplingConfig, salt: int = 0) -> np.ndarray:
   """A fixed random model of the next token after `context`, through the processors
   (the penalty sees the last `penalty_window` tokens of the context)."""

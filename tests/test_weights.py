@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import save_tiny_hf_model
 from longspec_jax.errors import UserError
 from longspec_jax.weights import load_target, resolve_target
 from longspec_jax.weights.gguf_file import load_gguf, unpermute_rows
 from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
 
 
 def llama_cpp_permute(w, num_heads):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 

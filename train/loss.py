@@ -9,7 +9,7 @@ softmax through the same head is the soft target (distillation from the frozen t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -26,8 +26,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infer.cli import (ArgumentParser, any_int, nonnegative_int, number_type, output_path, positive_float,
-                       positive_int, resolve_dtype, run_main)
+from longspec_jax.cli import (
+  ArgumentParser,
+  any_int,
+  nonnegative_int,
+  number_type,
+  output_path,
+  positive_float,
+  positive_int,
+  resolve_dtype,
+  run_main,
+)
 from longspec_jax.errors import UserError
 from train import Labels, Positions
 

@@ -86,8 +86,8 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
   layer = draft.config.cross_layer
   target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
-  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=causal_block_mask(index, everything, draft.config.window)),
-                    CrossAttend(k=target_k, v=target_v, limits=cross_limits))
+  own = SelfAttend(mask=causal_block_mask(index, everything, draft.config.window))
+  hidden, _ = draft(target, tokens, positions, own, CrossAttend(k=target_k, v=target_v, limits=cross_limits))
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 

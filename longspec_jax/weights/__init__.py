@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class LoadedTarget:
   model: Transformer
   config: TargetConfig
-  tokenizer: "transformers.PreTrainedTokenizerBase"
+  tokenizer: transformers.PreTrainedTokenizerBase
   name: str
 
 

@@ -7,7 +7,7 @@ q/k/v and gate/up, and fills the model's abstract state, checking every shape.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,8 @@ def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> 
   def need(name: str) -> np.ndarray:
     tensor = get(name)
     if tensor is None:
-      raise UserError(f"{source} has no tensor {name!r}; the weights are incomplete or not a {config.model_type} model.")
+      raise UserError(f"{source} has no tensor {name!r}; the weights are incomplete or not a"
+                      f" {config.model_type} model.")
     return np.asarray(tensor)
 
   c = config

@@ -135,7 +135,8 @@ def _tensor(reader: gguf.GGUFReader, name: str) -> np.ndarray:
   try:
     return gguf.quants.dequantize(tensor.data, tensor.tensor_type)
   except NotImplementedError:
-    raise UserError(f"GGUF tensor {name} uses quantization {tensor.tensor_type.name}, which cannot be dequantized.") from None
+    raise UserError(f"GGUF tensor {name} uses quantization {tensor.tensor_type.name}, which cannot be"
+                    " dequantized.") from None
 
 
 def read_gguf_config(path: Path) -> TargetConfig:

@@ -1,0 +1,147 @@
+"""Command-line plumbing every CLI of the project uses (`infer` and `train` alike): argparse
+that reports a bad flag as one sentence, checked number types, one-line errors with exit
+code 2 (a `UserError`, or a missing optional package named with the extra that installs
+it), Ctrl-C that ends a command at once, and the dtype and attention-code flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from longspec_jax.errors import UserError
+
+# `longspec_jax.attention.Impl` by value, likewise.
+ATTENTION = ("reference", "pallas")
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# Optional packages -> the extra that installs them (pyproject.toml).
+EXTRAS = {"optax": "train", "datasets": "train", "matplotlib": "bench", "scipy": "dev", "torch": None}
+# transformers announces at import that it found no torch; the main job never needs it.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse that reports a bad flag as one sentence on stderr (no usage dump)."""
+
+  def error(self, message: str) -> NoReturn:
+    print(f"{self.prog}: error: {message.rstrip('.')} (see --help).", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _missing_package(e: ModuleNotFoundError) -> str | None:
+  """One sentence for an optional package that is not installed, else None."""
+  package = (e.name or "").split(".")[0]
+  if package not in EXTRAS:
+    return None
+  extra = EXTRAS[package]
+  how = f"pip install 'longspec-jax[{extra}]'" if extra else f"pip install {package}"
+  return f"this command needs the package {package!r}, which is not installed ({how})."
+
+
+def run_main(main: Callable[[], None], prog: str, interruptible: bool = True) -> None:
+  """Runs a CLI entry point; a `UserError` (or a missing optional package) becomes one
+  line on stderr and exit code 2. With `interruptible`, `main` runs in a worker thread so
+  that Ctrl-C ends the process at once, even while the main thread would sit in a
+  compilation or a device wait that Python cannot interrupt (training runs in the main
+  thread, where Ctrl-C unwinds through its checkpoint bookkeeping instead)."""
+  outcome: list[BaseException | None] = []
+
+  def work():
+    try:
+      main()
+      outcome.append(None)
+    except BaseException as e:  # handed to the main thread
+      outcome.append(e)
+
+  try:
+    if interruptible:
+      worker = threading.Thread(target=work, daemon=True)
+      worker.start()
+      while worker.is_alive():
+        worker.join(0.1)
+    else:
+      work()
+    if outcome and outcome[0] is not None:
+      raise outcome[0]
+  except UserError as e:
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE) from None
+  except ModuleNotFoundError as e:
+    if (message := _missing_package(e)) is None:
+      raise
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE) from None
+  except KeyboardInterrupt:
+    print(f"\n{prog}: interrupted.", file=sys.stderr)
+    if interruptible:  # the worker may be inside XLA: leave without waiting for it
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(EXIT_INTERRUPTED)
+    raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def number_type(kind, check: Callable[[float], bool], what: str):
+  """An argparse type: `kind` parsed, then `check`ed (finite floats only)."""
+  def parse(text: str):
+    try:
+      value = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if (kind is float and not math.isfinite(value)) or not check(value):
+      raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+  parse.__name__ = what  # argparse names the type in some messages
+  return parse
+
+
+positive_int = number_type(int, lambda x: x >= 1, "an integer >= 1")
+nonnegative_int = number_type(int, lambda x: x >= 0, "an integer >= 0")
+positive_float = number_type(float, lambda x: x > 0, "a finite number > 0")
+nonnegative_float = number_type(float, lambda x: x >= 0, "a finite number >= 0")
+any_int = number_type(int, lambda x: True, "an integer")
+
+
+def output_path(path: Path, kind: str = "file") -> Path:
+  """Checks before any work that `path` can be written as a `kind` ('file' or 'directory')."""
+  if kind == "file" and path.is_dir():
+    raise UserError(f"the output {path} is a directory; give a file name.")
+  if kind == "directory" and path.exists() and not path.is_dir():
+    raise UserError(f"the output {path} is a file; give a directory.")
+  parent = path if kind == "directory" and path.exists() else path.parent
+  while not parent.exists():
+    parent = parent.parent
+  if not parent.is_dir() or not os.access(parent, os.W_OK):
+    raise UserError(f"cannot write {path}: {parent} is not a writable directory.")
+  return path
+
+
+def add_attention_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--attention", choices=ATTENTION, help="attention code: pallas (default on GPU) or reference (jnp)")
+
+
+def attention_impl(name: str | None):
+  """The `attention.Impl` a flag names; None: the default for this backend."""
+  from longspec_jax.attention import Impl
+
+  return Impl(name) if name else Impl.default()
+
+
+def resolve_dtype(name: str | None):
+  """`None` means bfloat16 on GPU, float32 elsewhere. float32 also makes matrix products
+  float32 (GPUs otherwise round their inputs to TF32), so that float32 runs are exact."""
+  import jax
+  import jax.numpy as jnp
+
+  if name is None:
+    name = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+  if name == "float32":
+    jax.config.update("jax_default_matmul_precision", "highest")
+  return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
