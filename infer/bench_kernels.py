@@ -38,7 +38,7 @@ from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
 from pallas_kernels.tree_attention import tree_attention
-from pallas_kernels.tuning import KernelParams, params_for
+from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 HEADS = {"llama-3.1-8b": (32, 8, 128), "vicuna-7b": (32, 32, 128)}
 INTERPRET = jax.default_backend() != "gpu"  # off the GPU only to try the script
@@ -74,7 +74,8 @@ def suite_check(args) -> list[dict]:
         "tree_attention": _max_error(tree_attention(q, k_new, v_new, mask)[0],
                                      attention.masked_attention_reference(q, k_new, v_new, mask)[0]),
         "hybrid": _max_error(hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions),
-                             attention.hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions)),
+                             attention.hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions,
+                                                        impl=Impl.REFERENCE)),
     }
     row = {"heads": [heads, kv_heads, head_dim], "dtype": jnp.dtype(dtype).name, "T": steps, "S": seq_len,
            "max_abs_error": errors, "tolerance": tol, "ok": all(e <= tol for e in errors.values())}
@@ -112,7 +113,7 @@ def prefix_timings(q, k, v, lengths) -> tuple[KernelParams, float, float]:
   prefix pass as the engine calls it (query layout, bounds, kernel, merge) and of the
   kernel alone (chained through its first split's output, so approximate)."""
   b, t, kv_heads, group, head_dim = q.shape
-  params = params_for("prefix", t * group, head_dim, k.shape[1], b * kv_heads)
+  params = params_for(Pass.PREFIX, t * group, head_dim, k.shape[1], b * kv_heads)
   rows_q = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, group, rows_q.shape[2]) for x in bounds(lengths, None, None, t))
   pass_us = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
@@ -227,7 +228,7 @@ def suite_sweep(args) -> list[dict]:
   for name, heads, kv_heads, head_dim, batch, seq_len, steps in shapes(args):
     group = heads // kv_heads
     q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
-    base = params_for("prefix", steps * group, head_dim, seq_len, batch * kv_heads)
+    base = params_for(Pass.PREFIX, steps * group, head_dim, seq_len, batch * kv_heads)
     larger = min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))
     block_rows = {base.block_rows, larger}
     candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
@@ -266,7 +267,7 @@ def pallas_read(x, k, v, params: KernelParams):
   splits, D]: the pass's loads and launch without its attention math."""
   b, seq_len, kv_heads, d = k.shape
   split_len = seq_len // x.shape[1]
-  head = lambda bh: (bh // kv_heads, bh % kv_heads)  # noqa: E731
+  head = lambda bh: (bh // kv_heads, bh % kv_heads)
   kv_spec = pl.BlockSpec((None, seq_len, None, d), lambda bh, s: (head(bh)[0], 0, head(bh)[1], 0))
   return pl.pallas_call(
       functools.partial(_read_kernel, block_keys=params.block_keys, split_len=split_len),

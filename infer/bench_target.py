@@ -27,16 +27,8 @@ from flax import nnx
 from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
+from longspec_jax import cli
 from longspec_jax.cache import KVCache
-from longspec_jax.cli import (
-  ArgumentParser,
-  add_attention_flag,
-  attention_impl,
-  output_path,
-  positive_int,
-  resolve_dtype,
-  run_main,
-)
 from longspec_jax.engine import DecodeState, Decoding, decode_chunk, generate
 
 
@@ -101,9 +93,9 @@ def bench_transformers(model, prompt: list[int], new_tokens: int, repeats: int) 
 def suite_smollm2(args) -> dict:
   from longspec_jax.weights import load_target, resolve_target
 
-  dtype = resolve_dtype(args.dtype)
+  dtype = cli.resolve_dtype(args.dtype)
   dtype_name = jnp.dtype(dtype).name
-  target = load_target("smollm2-135m", dtype, attention=attention_impl(args.attention))
+  target = load_target("smollm2-135m", dtype, attention=cli.attention_impl(args.attention))
   hf_model = load_transformers(resolve_target("smollm2-135m"), dtype_name) if args.transformers else None
   rows = []
   for length in args.prompt_lengths:
@@ -143,9 +135,9 @@ def suite_floor(args) -> dict:
   from longspec_jax.target import random_model
 
   config = SHAPES[args.shape]
-  dtype = resolve_dtype(args.dtype)
+  dtype = cli.resolve_dtype(args.dtype)
   bandwidth = measure_bandwidth()
-  model = random_model(config, dtype, attention=attention_impl(args.attention))
+  model = random_model(config, dtype, attention=cli.attention_impl(args.attention))
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   itemsize = jnp.dtype(dtype).itemsize
@@ -201,21 +193,21 @@ def suite_topk(args) -> dict:
 
 
 def main(argv=None):
-  p = ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
+  p = cli.ArgumentParser(prog="python -m infer.bench_target", description=__doc__.splitlines()[0])
   p.add_argument("--suite", choices=("smollm2", "floor", "topk"), required=True)
   p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="model shape for --suite floor")
-  p.add_argument("--prompt-lengths", type=positive_int, nargs="+", default=[512, 2048, 7900])
-  p.add_argument("--contexts", type=positive_int, nargs="+", default=[4096, 32768])
-  p.add_argument("--new-tokens", type=positive_int, default=256)
-  p.add_argument("--repeats", type=positive_int, default=3)
+  p.add_argument("--prompt-lengths", type=cli.positive_int, nargs="+", default=[512, 2048, 7900])
+  p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
+  p.add_argument("--new-tokens", type=cli.positive_int, default=256)
+  p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  add_attention_flag(p)
+  cli.add_attention_flag(p)
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  args.attention = attention_impl(args.attention).value
+  args.attention = cli.attention_impl(args.attention).value
   if args.out:
-    output_path(args.out)
+    cli.output_path(args.out)
   if args.suite == "smollm2":
     context = SMOLLM2_135M.max_position_embeddings
     if max(args.prompt_lengths) + args.new_tokens > context:
@@ -239,4 +231,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  run_main(main, "python -m infer.bench_target")
+  cli.run_main(main, "python -m infer.bench_target")

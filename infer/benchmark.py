@@ -27,15 +27,7 @@ from infer.cli import add_sampling_flags, sampling_config, tree_widths
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds
-from longspec_jax.cli import (
-  ArgumentParser,
-  add_attention_flag,
-  attention_impl,
-  output_path,
-  positive_int,
-  resolve_dtype,
-  run_main,
-)
+from longspec_jax import cli
 from longspec_jax.config import check_tree_widths
 from longspec_jax.engine import Decoding, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
@@ -101,18 +93,18 @@ def same_tokens(row: dict) -> str:
 
 
 def main(argv=None):
-  p = ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
+  p = cli.ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
   p.add_argument("--draft", help="draft for longspec: 'default' (the default), 'random' or a checkpoint dir")
   p.add_argument("--tree-widths", type=tree_widths, nargs="+",
                  help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
-  p.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
-  p.add_argument("--num-prompts", type=positive_int, default=3)
-  p.add_argument("--new-tokens", type=positive_int, default=256)
+  p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
+  p.add_argument("--num-prompts", type=cli.positive_int, default=3)
+  p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  add_attention_flag(p)
+  cli.add_attention_flag(p)
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
@@ -121,7 +113,7 @@ def main(argv=None):
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
   if args.out:
-    output_path(args.out)
+    cli.output_path(args.out)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
   variants = []  # (label, method, tree widths): a draft method once per tree
   for m in methods:
@@ -130,7 +122,7 @@ def main(argv=None):
     else:
       variants.append((m, m, None))
   sampling = sampling_config(args)
-  dtype = resolve_dtype(args.dtype)
+  dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
@@ -140,7 +132,7 @@ def main(argv=None):
     resolve_draft(draft_spec, args.target)
   for widths in args.tree_widths or ():
     check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size))
-  impl = attention_impl(args.attention)
+  impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
   draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
@@ -198,4 +190,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  run_main(main, "python -m infer.benchmark")
+  cli.run_main(main, "python -m infer.benchmark")

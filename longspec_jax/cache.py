@@ -99,7 +99,7 @@ class RingCache:
     batch = positions.shape[0]
     rows = jnp.arange(batch)[:, None]
     slots = jnp.where(valid, positions % self.window, self.window)  # past the end: dropped
-    put = lambda ring, new: ring.at[:, rows, slots].set(new.astype(ring.dtype), mode="drop")  # noqa: E731
+    put = lambda ring, new: ring.at[:, rows, slots].set(new.astype(ring.dtype), mode="drop")
     newest = jnp.max(jnp.where(valid, positions + 1, 0), axis=1)
     return RingCache(
         k=put(self.k, k), v=put(self.v, v),

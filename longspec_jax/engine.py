@@ -326,7 +326,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)
-  chunk_args = lambda state, rounds: (  # noqa: E731
+  chunk_args = lambda state, rounds: (
       graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens), jnp.int32(rounds),
       MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
-from pallas_kernels.tuning import KernelParams, params_for
+from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
 def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, seq_len, scale):
@@ -33,7 +33,7 @@ def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, s
   # Blocks inside every row's range need no mask: all of them but the edges, usually.
   full_begin = pl.cdiv(jnp.maximum(jnp.max(lo) - begin, 0), block_keys)
   full_end = jnp.maximum(jnp.minimum(split_end, jnp.min(hi)) - begin, 0) // block_keys
-  visible = lambda slots, i: (  # noqa: E731
+  visible = lambda slots, i: (
       (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end))
   out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len, visible, scale,
                                   full=(full_begin, full_end))
@@ -51,7 +51,7 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
   splits = pl.cdiv(seq_len, split_len)
   kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
                              scale=d**-0.5)
-  head = lambda bh: (bh // kv_heads, bh % kv_heads)  # noqa: E731
+  head = lambda bh: (bh // kv_heads, bh % kv_heads)
   out_specs = [
       pl.BlockSpec((None, None, None, params.block_rows, d), lambda bh, i, s: (s, *head(bh), i, 0)),
       pl.BlockSpec((None, None, None, params.block_rows), lambda bh, i, s: (s, *head(bh), i)),
@@ -96,7 +96,7 @@ def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, params: Ker
   query) and, with `window`, > q_positions - window. Returns (out f32 [B, T, K, G, D],
   lse [B, T, K, G])."""
   b, t, kv_heads, g, d = q.shape
-  params = params or params_for("prefix", t * g, d, k.shape[1], b * kv_heads)
+  params = params or params_for(Pass.PREFIX, t * g, d, k.shape[1], b * kv_heads)
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))

@@ -17,7 +17,7 @@ import jax
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, prefix_partials
 from pallas_kernels.tree_attention import tree_partial
-from pallas_kernels.tuning import params_for
+from pallas_kernels.tuning import Pass, params_for
 
 
 def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *,
@@ -27,8 +27,8 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
   mask [B, T, T]. Returns out f32 [B, T, K, G, D]."""
   b, t, kv_heads, g, d = q.shape
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-  prefix = params_for("prefix", t * g, d, k_cache.shape[1], b * kv_heads)
-  tree = params_for("tree", t * g, d, t, b * kv_heads)
+  prefix = params_for(Pass.PREFIX, t * g, d, k_cache.shape[1], b * kv_heads)
+  tree = params_for(Pass.TREE, t * g, d, t, b * kv_heads)
   block_rows = max(prefix.block_rows, tree.block_rows)  # one row layout for both passes
   rows = blocks.to_rows(q, block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))

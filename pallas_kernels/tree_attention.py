@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
-from pallas_kernels.tuning import KernelParams, params_for
+from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, *refs, block_keys, num_keys, scale):
@@ -40,7 +40,7 @@ def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool, i
   b, kv_heads, r, d = rows.shape
   n = k.shape[1]
   kernel = functools.partial(_kernel, block_keys=params.block_keys, num_keys=n, scale=d**-0.5)
-  head = lambda bh: (bh // kv_heads, bh % kv_heads)  # noqa: E731
+  head = lambda bh: (bh // kv_heads, bh % kv_heads)
   out_specs = [
       pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i: (*head(bh), i, 0)),
       pl.BlockSpec((None, None, params.block_rows), lambda bh, i: (*head(bh), i)),
@@ -71,7 +71,7 @@ def tree_attention(q, k, v, mask, *, params: KernelParams | None = None, interpr
   """q [B, T, K, G, D] over k, v [B, N, K, D] under mask [B, T, N] (query i sees key j).
   Returns (out f32 [B, T, K, G, D], lse [B, T, K, G])."""
   b, t, kv_heads, g, d = q.shape
-  params = params or params_for("tree", t * g, d, k.shape[1], b * kv_heads)
+  params = params or params_for(Pass.TREE, t * g, d, k.shape[1], b * kv_heads)
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows = blocks.to_rows(q, params.block_rows)
   return blocks.merge([tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret)], t, g)

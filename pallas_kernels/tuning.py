@@ -8,6 +8,7 @@ prefix pass's split count is derived from the shape so that the grid is one wave
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 
 import jax
@@ -27,6 +28,14 @@ def wave_programs() -> int:
   return getattr(jax.devices()[0], "core_count", None) or DEFAULT_WAVE
 
 
+class Pass(enum.Enum):
+  """The two attention passes: over the committed prefix (split-K flash decoding) and over
+  the step's own tokens under a mask (the tree)."""
+
+  PREFIX = "prefix"
+  TREE = "tree"
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelParams:
   block_rows: int
@@ -41,8 +50,8 @@ class KernelParams:
 # whose row limit is >= the shape's rows wins. The head_dim-128 rows for <= 16 and for
 # 256+ query rows per KV head were swept at 16k-32k (T = 1 and 64 with G = 4); the others
 # hold the defaults the first grid ran with.
-TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
-    "prefix": [
+TABLE: dict[Pass, list[tuple[int, int, tuple[int, int, int, int]]]] = {
+    Pass.PREFIX: [
         (16, 64, (16, 128, 4, 3)),
         (16, 128, (16, 64, 4, 3)),  # T = 1: (16, 128, 4, 3) within 3%
         (64, 64, (64, 64, 4, 3)),
@@ -50,21 +59,21 @@ TABLE: dict[str, list[tuple[int, int, tuple[int, int, int, int]]]] = {
         (1 << 30, 64, (64, 64, 4, 3)),
         (1 << 30, 128, (128, 64, 8, 3)),  # sweeps at 16k-32k, T = 64 (G = 4): (128, 128, 8, 3) within 1%
     ],
-    "tree": [
+    Pass.TREE: [
         (1 << 30, 64, (32, 32, 4, 2)),
         (1 << 30, 128, (32, 32, 4, 2)),
     ],
 }
 
 
-def params_for(kind: str, rows: int, head_dim: int, seq_len: int, batch_heads: int) -> KernelParams:
+def params_for(kind: Pass, rows: int, head_dim: int, seq_len: int, batch_heads: int) -> KernelParams:
   """Launch parameters of pass `kind` for `rows` query rows per KV head over `seq_len`
   keys, with batch * kv_heads independent heads."""
   block_rows, block_keys, warps, stages = next(
       (launch for max_rows, dim, launch in TABLE[kind] if rows <= max_rows and head_dim == dim), (32, 32, 4, 2))
   block_rows = max(16, min(block_rows, pl.next_power_of_2(rows)))
   splits = 1
-  if kind == "prefix":
+  if kind is Pass.PREFIX:
     programs = batch_heads * pl.cdiv(rows, block_rows)
     splits = max(1, min(wave_programs() // programs, seq_len // MIN_KEYS_PER_SPLIT))
   return KernelParams(block_rows, block_keys, warps, stages, splits)

@@ -1,8 +1,14 @@
 """Random inputs for the attention kernel tests (fresh normal values, never zeros)."""
 
 import jax.numpy as jnp
+from hypothesis import strategies as st
 
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
+# The hypothesis strategies every kernel test draws from.
+SEEDS = st.integers(0, 2**31 - 1)
+GROUPS = st.sampled_from([1, 4, 8])  # query heads per KV head
+HEAD_DIMS = st.sampled_from([64, 128])
+DTYPES = st.sampled_from([jnp.float32, jnp.bfloat16])
 
 
 def random_attention_inputs(rng, batch, steps, seq_len, kv_heads, group, head_dim, dtype):

@@ -103,7 +103,7 @@ def test_ring_keeps_the_latest_window_positions():
   for b in range(2):
     length = max(p for (bb, p) in written if bb == b) + 1
     assert int(ring.length[b]) == length
-    recent = lambda ps: sorted(p for p in ps if length - 5 <= p < length)  # noqa: E731
+    recent = lambda ps: sorted(p for p in ps if length - 5 <= p < length)
     assert recent(np.asarray(ring.positions[b])) == recent(p for (bb, p) in written if bb == b)
     for slot, p in enumerate(np.asarray(ring.positions[b])):
       if p >= 0:

@@ -70,3 +70,17 @@ def test_attention_choices_are_the_impls():
   from longspec_jax.cli import ATTENTION
 
   assert set(ATTENTION) == {impl.value for impl in Impl}
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("infer.generate", ["--prompt", "x"]),
+    ("train.run", ["--stage", "pretrain", "--data", "x", "--out", "y"]),
+])
+def test_flags_are_parsed_before_jax_loads(module, argv):
+  """A bad flag is reported in a fraction of a second: parsing imports no JAX."""
+  import subprocess
+
+  script = f"import sys, {module} as m; m.parse_args({argv!r}); print('jax' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "False"

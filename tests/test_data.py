@@ -47,7 +47,7 @@ def test_order_is_deterministic_and_split_across_hosts():
   from train.data import Packed
 
   data = Packed(tokens=np.arange(40 * 3).reshape(40, 3).astype(np.int32), loss_mask=np.ones((40, 3), bool))
-  take = lambda it, n: [next(it)[0] for _ in range(n)]  # noqa: E731
+  take = lambda it, n: [next(it)[0] for _ in range(n)]
   a = take(batches(data, 4, seed=1), 12)  # crosses into the second epoch
   resumed = take(batches(data, 4, seed=1, start=7), 5)
   assert all((x == y).all() for x, y in zip(a[7:], resumed))

@@ -128,7 +128,7 @@ class Oracle:
     tokens = jnp.where(on_truth[None, :], truth, (truth + 1 + jnp.asarray(ranks)[None, :]) % self.vocab)
     tokens = tokens.at[:, 0].set(root)
     batch = root.shape[0]
-    tile = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(parents)))  # noqa: E731
+    tile = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(parents)))
     return Tree(tokens=tokens.astype(jnp.int32), parents=tile(parents), depths=tile(depths),
                 valid=jnp.ones((batch, len(parents)), bool)), state
 

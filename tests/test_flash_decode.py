@@ -11,19 +11,12 @@ from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
 from pallas_kernels.tuning import KernelParams
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
+from kernel_inputs import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=6, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    steps=st.integers(1, 5),
-    seq_len=st.integers(1, 150),
-    group=st.sampled_from([1, 4, 8]),
-    head_dim=st.sampled_from([64, 128]),
-    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
-    splits=st.integers(1, 4),
-)
+@given(seed=SEEDS, steps=st.integers(1, 5), seq_len=st.integers(1, 150), group=GROUPS, head_dim=HEAD_DIMS,
+       dtype=DTYPES, splits=st.integers(1, 4))
 def test_matches_reference(seed, steps, seq_len, group, head_dim, dtype, splits):
   """Odd lengths, per-sequence lengths (empty ones too), GQA 1/4/8, several splits."""
   rng = np.random.default_rng(seed)

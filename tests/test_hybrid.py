@@ -9,17 +9,11 @@ from hypothesis import strategies as st
 from longspec_jax.attention import Impl, hybrid_attention
 from longspec_jax.tree import random_ancestor_mask
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
+from kernel_inputs import DTYPES, GROUPS, SEEDS, TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=4, deadline=None)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    nodes=st.integers(1, 24),
-    cache_len=st.integers(1, 200),
-    group=st.sampled_from([1, 4, 8]),
-    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
-)
+@given(seed=SEEDS, nodes=st.integers(1, 24), cache_len=st.integers(1, 200), group=GROUPS, dtype=DTYPES)
 def test_pallas_hybrid_matches_reference(seed, nodes, cache_len, group, dtype):
   rng = np.random.default_rng(seed)
   q, k_cache, v_cache = random_attention_inputs(rng, 2, nodes, cache_len, 2, group, 64, dtype)

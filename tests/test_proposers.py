@@ -105,7 +105,7 @@ def test_draft_state_does_not_grow_with_context(models):
   def state_bytes(context):
     cache = jax.eval_shape(lambda: KVCache.create(target.config, 1, context, jnp.float32))
     history = jax.ShapeDtypeStruct((1, context), jnp.int32)
-    start = lambda c, h: proposer.start(params, target=target, cache=c, history=h)  # noqa: E731
+    start = lambda c, h: proposer.start(params, target=target, cache=c, history=h)
     ring = jax.eval_shape(start, cache, history)
     _, ring = jax.eval_shape(lambda c, h, r: proposer.propose(
         params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32)),

@@ -11,16 +11,16 @@ from pallas_kernels import blocks
 from pallas_kernels.tree_attention import tree_attention, tree_partial
 from pallas_kernels.tuning import KernelParams
 
-from kernel_inputs import TOLERANCE, random_attention_inputs
+from kernel_inputs import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, random_attention_inputs
 
 
 @settings(max_examples=6, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
+    seed=SEEDS,
     nodes=st.integers(1, 40),
-    group=st.sampled_from([1, 4, 8]),
-    head_dim=st.sampled_from([64, 128]),
-    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    group=GROUPS,
+    head_dim=HEAD_DIMS,
+    dtype=DTYPES,
 )
 def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
   rng = np.random.default_rng(seed)

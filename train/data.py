@@ -127,7 +127,7 @@ def _workers(files: int) -> int | None:
 def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
   """A conversation rendered with the chat template, and which tokens the assistant wrote
   (found by character spans, so tokenization across turn boundaries does not matter)."""
-  render = lambda msgs, prompt: tokenizer.apply_chat_template(  # noqa: E731
+  render = lambda msgs, prompt: tokenizer.apply_chat_template(
       msgs, tokenize=False, add_generation_prompt=prompt)
   text = render(messages, False)
   spans = [(len(render(messages[:i], True)), len(render(messages[: i + 1], False)))

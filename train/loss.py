@@ -28,8 +28,8 @@ def chunked_token_losses(
   teacher's argmax)."""
   batch, length, _ = hidden.shape
   chunks = -(-length // chunk)
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, chunks * chunk - length)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
-  split = lambda x: jnp.moveaxis(pad(x).reshape(batch, chunks, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, chunks * chunk - length)) + ((0, 0),) * (x.ndim - 2))
+  split = lambda x: jnp.moveaxis(pad(x).reshape(batch, chunks, chunk, *x.shape[2:]), 1, 0)
 
   @jax.checkpoint
   def chunk_loss(h, y, t):  # [B, C, E], [B, C], [B, C, E] or None
@@ -48,5 +48,5 @@ def chunked_token_losses(
 
   teachers = None if teacher is None else split(teacher)
   _, (loss, hit) = jax.lax.scan(body, None, (split(hidden), split(labels), teachers))
-  unsplit = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch, chunks * chunk)[:, :length]  # noqa: E731
+  unsplit = lambda x: jnp.moveaxis(x, 0, 1).reshape(batch, chunks * chunk)[:, :length]
   return unsplit(loss), unsplit(hit)
