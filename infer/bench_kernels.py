@@ -9,6 +9,9 @@
   --suite sweep   block/warp/stage candidates for the tuning table
   --suite floor   what reading the prefix's K/V costs at the same size, without attention:
                   an XLA reduction, a Pallas read on the prefix pass's grid, a same-size copy
+  --suite matmul  the few-row weight-streaming matmul on Llama-3.1-8B's projections at
+                  1-128 rows, beside XLA's dot and torch's, against the weight bytes over
+                  the measured bandwidth; and whether a row's bits depend on the row count
 
 Timings are medians of on-device loops where each call feeds the next (no host overhead,
 nothing hoisted), after a warm-up; every implementation of a row runs in the same process.
@@ -20,6 +23,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 import jax
@@ -37,6 +41,7 @@ from longspec_jax.tree import random_ancestor_mask
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
+from pallas_kernels.matmul import matmul
 from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
@@ -316,8 +321,70 @@ def suite_floor(args) -> list[dict]:
   return rows
 
 
+def suite_matmul(args) -> list[dict]:
+  """Few-row products y [M, N] = x [M, K] @ w [K, N] of the 8B shape's projections, bf16:
+  our Pallas kernel (default parameters), XLA's dot and torch's, each against the floor
+  of reading w once at the measured bandwidth; plus the largest difference between a
+  row computed alone and the same row among 69 (0 for a batch-invariant product)."""
+  c = LLAMA_31_8B
+  shapes = {"qkv": (c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
+            "o": (c.num_heads * c.head_dim, c.hidden_size), "gate_up": (c.hidden_size, 2 * c.intermediate_size),
+            "down": (c.intermediate_size, c.hidden_size), "lm_head": (c.hidden_size, c.vocab_size)}
+  bandwidth = measure_bandwidth()
+  try:
+    import torch
+  except ImportError:
+    torch = None
+  rows_out = []
+  for name, (k, n) in shapes.items():
+    w = jax.random.normal(jax.random.key(k + n), (k, n), jnp.bfloat16) * k**-0.5
+    floor_us = 1e6 * k * n * 2 / bandwidth
+    x69 = jax.random.normal(jax.random.key(1), (69, k), jnp.bfloat16)
+    product = functools.partial(matmul, interpret=INTERPRET)
+    many = product(x69, w)
+    invariance = max(float(jnp.max(jnp.abs(product(x69[i : i + 1], w)[0] - many[i]))) for i in (0, 33, 68))
+    xla_invariance = max(float(jnp.max(jnp.abs(jnp.dot(x69[i : i + 1], w)[0] - jnp.dot(x69, w)[i])))
+                         for i in (0, 33, 68))
+    for m in args.matmul_rows:
+      x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+      chained = lambda fn: (lambda x, w: x + 1e-30 * fn(x, w)[:, :1].astype(x.dtype))
+      row = {"name": name, "K": k, "N": n, "rows": m, "floor_us": floor_us,
+             "pallas_us": 1e6 * loop_seconds(chained(product), x, w),
+             "xla_us": 1e6 * loop_seconds(chained(jnp.dot), x, w),
+             "pallas_max_diff_alone_vs_69": invariance, "xla_max_diff_alone_vs_69": xla_invariance}
+      if torch is not None and torch.cuda.is_available():
+        tx = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        tw = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
+        row["torch_us"] = 1e3 * _torch_ms(lambda: tx @ tw)
+      row.update({f"{impl}_of_floor": floor_us / row[f"{impl}_us"] for impl in ("pallas", "xla", "torch")
+                  if f"{impl}_us" in row})
+      rows_out.append(row)
+      print(f"matmul {name:8} {k:>6}x{n:<6} rows {m:>3}: floor {floor_us:7.1f} us | pallas {row['pallas_us']:7.1f}"
+            f" | xla {row['xla_us']:7.1f} | torch {row.get('torch_us', float('nan')):7.1f} | bits alone vs 69:"
+            f" pallas {invariance:.3g}, xla {xla_invariance:.3g}", flush=True)
+  return rows_out
+
+
+def _torch_ms(fn, iters: int = 50) -> float:
+  """Median milliseconds per call of a torch CUDA op, by CUDA events, after a warm-up."""
+  import torch
+
+  for _ in range(5):
+    fn()
+  times = []
+  for _ in range(5):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+      fn()
+    end.record()
+    torch.cuda.synchronize()
+    times.append(start.elapsed_time(end) / iters)
+  return statistics.median(times)
+
+
 SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep,
-          "floor": suite_floor}
+          "floor": suite_floor, "matmul": suite_matmul}
 
 
 def main(argv=None):
@@ -328,6 +395,7 @@ def main(argv=None):
   p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096, 16384, 65536, 131072])
   p.add_argument("--steps", type=positive_int, nargs="+", default=[1, 16, 64, 128], help="tree tokens T")
   p.add_argument("--verify-contexts", type=positive_int, nargs="+", default=[32768])
+  p.add_argument("--matmul-rows", type=positive_int, nargs="+", default=[1, 16, 69, 128])
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   if args.out:

@@ -137,7 +137,7 @@ def _profile(result: dict, plt):
 def _kernels(result: dict, plt):
   """The kernel suites: the grid (hybrid over cudnn, prefix pass bandwidth), the floor,
   the 8B verify step and the sweep."""
-  panels = [k for k in ("grid", "floor", "verify", "sweep") if result.get(k)]
+  panels = [k for k in ("grid", "floor", "verify", "sweep", "matmul") if result.get(k)]
   count = len(panels) + ("grid" in panels)
   fig, axes = plt.subplots(1, count, figsize=(5 * count, 3.8), squeeze=False)
   axes = list(axes[0])
@@ -191,7 +191,18 @@ def _kernels(result: dict, plt):
            title="sweep (x: the tuning table's choice)")
     ax.tick_params(axis="y", labelsize=6)
     ax.grid(alpha=0.3)
-  fig.suptitle(_title(result, "attention kernels"))
+  if "matmul" in panels:  # achieved fraction of the weight-read floor, by rows
+    ax = axes.pop(0)
+    for i, name in enumerate(dict.fromkeys(r["name"] for r in result["matmul"])):
+      points = [r for r in result["matmul"] if r["name"] == name]
+      for impl, style in (("pallas", "-"), ("xla", "--"), ("torch", ":")):
+        if f"{impl}_of_floor" in points[0]:
+          ax.plot([r["rows"] for r in points], [r[f"{impl}_of_floor"] for r in points], ls=style, marker=".",
+                  color=f"C{i}", label=f"{name} {impl}")
+    ax.set(xscale="log", xlabel="rows", ylabel="weight bytes / bandwidth / time", title="few-row matmuls")
+    ax.legend(fontsize=5, ncol=3)
+    ax.grid(alpha=0.3)
+  fig.suptitle(_title(result, "kernels"))
   return fig
 
 
@@ -199,7 +210,7 @@ def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
-  if any(result.get(k) for k in ("grid", "floor", "verify", "sweep")) and "suite" not in result:
+  if any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul")) and "suite" not in result:
     return "kernels"
   if result.get("suite") in ("smollm2", "floor", "topk", "llama8b"):  # (llama8b: the floor suite's old name)
     return {"llama8b": "floor"}.get(result["suite"], result["suite"])
