@@ -141,6 +141,7 @@ def main(argv=None):
   print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
         " | stream gap s | same tokens as AR", flush=True)
   rows = []
+
   def save() -> None:  # after every row: a crash loses nothing measured
     if not args.out:
       return

@@ -14,6 +14,8 @@ from longspec_jax.errors import UserError
 # The decoding methods (`longspec_jax.proposers.PROPOSERS`) by name, listed here, free of
 # JAX, so that flags are checked before JAX is imported.
 METHODS = ("ar", "pld", "longspec")
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
   """The logit processors' flags (`longspec_jax.sampling.SamplingConfig`)."""
   p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 (default): greedy")

@@ -17,13 +17,14 @@ from typing import NoReturn
 
 from longspec_jax.errors import UserError
 
-# `longspec_jax.attention.Impl` by value, likewise.
+# The values of `longspec_jax.attention.Impl`, listed here free of JAX so that flags are
+# checked before JAX is imported (tests/test_cli.py keeps the two equal).
 ATTENTION = ("reference", "pallas")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).
 EXTRAS = {"optax": "train", "datasets": "train", "matplotlib": "bench", "scipy": "dev", "torch": None}
-# transformers announces at import that it found no torch; the main job never needs it.
+# transformers announces at import that it found no torch; the commands never need it.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
