@@ -29,6 +29,10 @@ from longspec_jax.errors import UserError
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 CONTROL, USER_DEFINED = 3, 4
+# transformers' names of the special tokens -> llama.cpp's (`tokenizer.ggml.<name>_token_id`).
+SPECIAL_IDS = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}
+# Bumped when the tokenizer built from a GGUF changes, so that cached ones are rebuilt.
+BUILD_VERSION = 2
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -133,8 +137,8 @@ def gguf_metadata(reader, path: Path) -> dict:
           "chat_template": field("chat_template"), "add_space_prefix": field("ggml.add_space_prefix", True),
           # llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise
           "add_bos": field("ggml.add_bos_token", kind == "llama"), "add_eos": field("ggml.add_eos_token", False)}
-  for name in ("bos", "eos", "unknown", "padding"):
-    meta[f"{name if name != 'unknown' else 'unk'}_token_id"] = field(f"ggml.{name}_token_id")
+  for name, key in SPECIAL_IDS.items():
+    meta[f"{name}_token_id"] = field(f"ggml.{key}_token_id")
   if not meta["tokens"] or (meta["merges"] is None and meta["scores"] is None):
     raise UserError(f"{path}: the GGUF tokenizer metadata lacks its tokens, merges or scores.")
   return meta
@@ -157,20 +161,14 @@ def tokenizer_from_gguf_metadata(meta: dict):
                                 if k == CONTROL and (alphabet is None or set(t) <= alphabet)])
   tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types)
                         if k == USER_DEFINED])
-  special = {name: tokens[meta[f"{name}_token_id"]] for name in ("bos", "eos", "unk")
-             if meta.get(f"{name}_token_id") is not None}
-  if meta.get("pad_token_id") is not None:
-    special["pad"] = tokens[meta["pad_token_id"]]
-  template = "$A"
-  if meta["add_bos"] and "bos" in special:
-    template = f"{special['bos']} {template}"
-  if meta["add_eos"] and "eos" in special:
-    template = f"{template} {special['eos']}"
-  if template != "$A":
-    pieces = {special[n] for n in ("bos", "eos") if n in special and special[n] in template.split()}
+  special = {name: tokens[meta[f"{name}_token_id"]] for name in SPECIAL_IDS if meta[f"{name}_token_id"] is not None}
+  added = [name for name in ("bos", "eos") if meta[f"add_{name}"] and name in special]  # around each sequence
+  if added:
+    before = f"{special['bos']} " if "bos" in added else ""
+    after = f" {special['eos']}" if "eos" in added else ""
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=template, pair=f"{template} {template.replace('$A', '$B')}",
-        special_tokens=[(t, tokens.index(t)) for t in sorted(pieces)])
+        single=f"{before}$A{after}", pair=f"{before}$A{after} {before}$B{after}",
+        special_tokens=[(special[name], meta[f"{name}_token_id"]) for name in added])
   return PreTrainedTokenizerFast(
       tokenizer_object=tokenizer, chat_template=meta.get("chat_template"), clean_up_tokenization_spaces=False,
       **{f"{name}_token": token for name, token in special.items()})
@@ -187,7 +185,7 @@ def load_tokenizer(path: Path):
       reason = " ".join(str(e).split())[:300]
       raise UserError(f"could not read the tokenizer of {path} ({type(e).__name__}: {reason}).") from None
   stat = path.stat()
-  key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+  key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{BUILD_VERSION}".encode()).hexdigest()[:16]
   from longspec_jax.weights.default import cache_root
 
   cached = cache_root() / "tokenizers" / key
