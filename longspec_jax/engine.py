@@ -79,6 +79,10 @@ class Decoding:
   sampling: SamplingConfig = SamplingConfig()
   eos_ids: tuple[int, ...] = ()
 
+  def eos_array(self) -> jax.Array:
+    """The EOS ids as int32 [E] (PAD_ID, which no token equals, when there are none)."""
+    return jnp.asarray(self.eos_ids or (PAD_ID,), jnp.int32)
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerationStats:
@@ -179,7 +183,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
   row's tokens first, PAD_ID after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
   proposer, sampling = decoding.proposer, decoding.sampling
-  eos_ids = jnp.asarray(decoding.eos_ids or (PAD_ID,), jnp.int32)
+  eos_ids = decoding.eos_array()
   batch = state.root.shape[0]
   width = max_rounds * proposer.tree_size
   rows = jnp.arange(batch)[:, None]
@@ -293,7 +297,7 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   history = jnp.asarray(history)
   proposal = _start_proposer(graphdef, params, decoding.proposer, proposer_params, cache, history)
   jax.block_until_ready(proposal)
-  done = jnp.isin(root, jnp.asarray(decoding.eos_ids or (PAD_ID,), jnp.int32)) | (max_new_tokens == 1)
+  done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
 
@@ -305,8 +309,14 @@ def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = De
   none, whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation."""
   graphdef, params = nnx.split(model)
-  return _decode_chunk(graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens),
-                       jnp.int32(rounds), max_rounds)
+  return _decode_chunk(*_chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds,
+                                    max_rounds))
+
+
+def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds):
+  """`_decode_chunk`'s arguments, the counts as traced int32 (any value, one compilation)."""
+  return (graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens), jnp.int32(rounds),
+          max_rounds)
 
 
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -325,10 +335,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   state, first = started.state, started.first
   if on_tokens:
     on_tokens(first[:, None])
-  graphdef, params = nnx.split(model)
-  chunk_args = lambda state, rounds: (
-      graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens), jnp.int32(rounds),
-      MAX_ROUNDS_PER_CHUNK)
+  graphdef, params = nnx.split(model)  # once, not per chunk
+  chunk_args = lambda state, rounds: _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
+                                                 rounds, MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region
   _decode_chunk.lower(*chunk_args(state, 1)).compile()
   compile_seconds = time.perf_counter() - tc
