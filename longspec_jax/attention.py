@@ -8,6 +8,9 @@ Each pass returns (out, lse) and `merge` combines them exactly. The Pallas kerne
 
 Shapes: queries are grouped by KV head, [B, T, K, G, D] (K kv heads, G query heads per
 kv head), keys/values are [B, S, K, D]. `lse` is the natural-log normalizer [B, T, K, G].
+A cached prefix may also come as every layer's stacked [L, B, S, K, D] with `layer`
+naming one (a traced index inside a layer scan): the Pallas kernels then read that layer
+where it lies, where a slice would be a copy of the whole layer's cache per call.
 """
 
 from __future__ import annotations
@@ -99,13 +102,19 @@ def with_impl(module, impl: Impl):
   return copy
 
 
-def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, impl: Impl):
-  """The prefix pass with the chosen implementation; see `prefix_attention_reference`."""
+def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=None, impl: Impl):
+  """The prefix pass with the chosen implementation; see `prefix_attention_reference`
+  (and the module docstring for `layer`)."""
   if impl is Impl.PALLAS:
     from pallas_kernels.flash_decode import flash_decode
 
-    return flash_decode(q, k, v, lengths, q_positions, window)
+    return flash_decode(q, k, v, lengths, q_positions, window, layer=layer)
+  k, v = _layer(k, v, layer)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
+
+
+def _layer(k, v, layer):
+  return (k, v) if layer is None else (k[layer], v[layer])
 
 
 def masked_attention(q, k, v, mask, *, impl: Impl):
@@ -138,14 +147,16 @@ def hybrid_attention(
     q_positions: jnp.ndarray,
     window: int | None = None,
     *,
+    layer=None,
     impl: Impl,
 ) -> jnp.ndarray:
-  """Attention of new queries over the committed prefix plus the new block; returns
-  out [B, T, K, G, D] in float32."""
+  """Attention of new queries over the committed prefix (layer `layer` of a stacked
+  cache, if given) plus the new block; returns out [B, T, K, G, D] in float32."""
   if impl is Impl.PALLAS:
     from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
 
-    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window)
+    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window, layer=layer)
+  k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)
   out, _ = merge(out_a, lse_a, out_b, lse_b)

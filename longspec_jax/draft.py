@@ -46,11 +46,14 @@ class SelfAttend:
 @dataclasses.dataclass(frozen=True)
 class CrossAttend:
   """The target's cached keys/values of the cross-attended layer and, per query, how many
-  slots it may see (the committed length, delayed as flash noisy training simulates)."""
+  slots it may see (the committed length, delayed as flash noisy training simulates).
+  k and v are that layer's [B, S, K, D], or the target's whole cache [L, B, S, K, D] with
+  `layer` naming it (the attention kernel then reads it in place, no copy per pass)."""
 
-  k: jax.Array  # [B, S, K, D]
-  v: jax.Array  # [B, S, K, D]
+  k: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
+  v: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
   limits: jax.Array  # [B, T] int32
+  layer: int | None = None
 
 
 class DraftLayer(DecoderLayer):
@@ -72,7 +75,7 @@ class DraftLayer(DecoderLayer):
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
-    out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, impl=impl)
+    out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=cross.layer, impl=impl)
     return self.add_attention(x, out, self.cross_o[...])
 
 

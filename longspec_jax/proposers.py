@@ -88,7 +88,6 @@ class LongSpecDraft:
     cfg = draft.config
     buffer_shape = (cfg.num_layers, batch, n, cfg.num_kv_heads, cfg.head_dim)
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
-    cross_k, cross_v = cache.k[cfg.cross_layer], cache.v[cfg.cross_layer]
     hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
     for depth, width in enumerate(self.widths, start=1):
       log_probs = jax.nn.log_softmax(target.logits(hidden), axis=-1)  # [B, F, V]
@@ -107,7 +106,8 @@ class LongSpecDraft:
           target, new_tokens, node_positions,
           SelfAttend(mask=ancestors[:, nodes] & drafted, ring=ring, ring_limit=lengths + 1,
                      buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width)))),
-          CrossAttend(k=cross_k, v=cross_v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
+          CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width)),
+                      layer=cfg.cross_layer),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     tree = Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
@@ -126,7 +126,7 @@ class LongSpecDraft:
     hidden, (k, v) = draft(
         target, tokens, positions,
         SelfAttend(mask=causal_block_mask(positions, valid, cfg.window), ring=ring, ring_limit=positions[:, 0]),
-        CrossAttend(k=cache.k[cfg.cross_layer], v=cache.v[cfg.cross_layer], limits=jnp.maximum(limits, 0)),
+        CrossAttend(k=cache.k, v=cache.v, limits=jnp.maximum(limits, 0), layer=cfg.cross_layer),
     )
     if ring is None:
       ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype)

@@ -81,20 +81,21 @@ class Transformer(nnx.Module):
     layer_def, layer_state = nnx.split(self.layers)
 
     def block(x, xs):
-      state, k_prefix, v_prefix = xs  # this layer's params and committed cache [B, S, K, D]
+      state, index = xs  # this layer's params and its index in the stacked cache
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if cache is None:
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
+        # The whole stacked cache goes in with the layer's index, not a slice of it (which
+        # XLA would copy before a kernel reads it).
         out = attention.hybrid_attention(
-            q, k_prefix, v_prefix, cache.lengths, k, v, mask, positions,
-            window=c.sliding_window, impl=self.attention,
+            q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
+            window=c.sliding_window, layer=index, impl=self.attention,
         )
       return layer.add_mlp(layer.add_attention(x, out)), (k, v)
 
-    prefix = (None, None) if cache is None else (cache.k, cache.v)
-    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, *prefix))  # k_new [L, B, T, K, D]
+    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)))  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), k_new, v_new
 
   def logits(self, hidden: jax.Array) -> jax.Array:

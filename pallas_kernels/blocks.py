@@ -40,9 +40,10 @@ def per_row(x: jax.Array, g: int, rows: int) -> jax.Array:
 
 
 def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int, visible, scale: float,
-                  full=(0, 0)):
+                  full=(0, 0), lead=()):
   """Online softmax of q [R, D] over key blocks begin, begin + block_k, ... (num_blocks of
-  them) of k_ref/v_ref [S, D]; `visible(slots [block_k], i)` -> [R, block_k] bool.
+  them) of k_ref/v_ref [*lead, S, D] at the leading indices `lead` (e.g. a layer of a
+  stacked cache); `visible(slots [block_k], i)` -> [R, block_k] bool.
   Blocks full[0] <= i < full[1] are known to lie inside the keys and to be visible to
   every row: they skip the bounds and the mask, which cost as much as the softmax.
   Returns (out f32 [R, D] normalized, lse f32 [R]; rows that saw nothing: 0 and -inf)."""
@@ -52,12 +53,12 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
   def body(masked: bool):
     def step(i, carry):
       acc, m, denom = carry
-      keys = pl.ds(begin + i * block_k, block_k)
+      keys = (*lead, pl.ds(begin + i * block_k, block_k), slice(None))
       slots = begin + i * block_k + jnp.arange(block_k)
       in_range = (slots < seq_len)[:, None]
 
       def load(ref):
-        return plgpu.load(ref.at[keys, :], mask=in_range, other=0.0) if masked else ref[keys, :]
+        return plgpu.load(ref.at[keys], mask=in_range, other=0.0) if masked else ref[keys]
 
       s = plgpu.dot(q, load(k_ref), trans_b=True, allow_tf32=not exact) * scale  # [R, block_k] f32
       if masked:

@@ -1,5 +1,10 @@
 """Flash decoding: a few queries (one AR token, or a tree's nodes) over a long cached prefix.
 
+The cache may be the stacked [L, B, S, K, D] of every layer, with the layer chosen by an
+index the kernel reads at run time: inside the target's layer scan, a per-layer slice
+handed to a custom call is a copy XLA makes of the whole slice (every allocated slot, twice
+the bytes the pass needs), so the kernel reads the layer in place instead.
+
 The key axis is split into `splits` contiguous ranges processed by separate programs
 (split-K), so that even one sequence with a few KV heads fills the GPU; each program runs
 an online softmax over its range in blocks and writes a normalized partial (out, lse);
@@ -23,8 +28,9 @@ from pallas_kernels import blocks
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
-def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, seq_len, scale):
+def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, seq_len, scale):
   out_ref, lse_ref = refs[-2:]  # (earlier refs: initial output buffers, when given)
+  layer = layer_ref[0]  # k_ref, v_ref [L, S, D]
   lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
   start = pl.program_id(2) * split_len
   split_end = jnp.minimum(start + split_len, seq_len)
@@ -36,17 +42,22 @@ def _kernel(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, s
   visible = lambda slots, i: (
       (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end))
   out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len, visible, scale,
-                                  full=(full_begin, full_end))
+                                  full=(full_begin, full_end), lead=(layer,))
   out_ref[...] = out
   lse_ref[...] = lse
 
 
-def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, initial=None):
-  """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D]; lo, hi [B, R]
-  int32. Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R].
+def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, initial=None, layer=None):
+  """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D], or [L, B, S, K, D]
+  with `layer` (an int or int32 scalar) naming the one to read; lo, hi [B, R] int32.
+  Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R].
   `initial`: buffers the outputs are written into (tests poison them with NaN)."""
+  if layer is None:
+    k, v, layer = k[None], v[None], 0
   b, kv_heads, r, d = rows.shape
-  seq_len = k.shape[1]
+  num_layers, _, seq_len = k.shape[:3]
+  if isinstance(layer, int):
+    layer %= num_layers  # (-1: the last layer)
   split_len = split_length(seq_len, params)
   splits = pl.cdiv(seq_len, split_len)
   kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
@@ -60,9 +71,10 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
       kernel,
       grid=(b * kv_heads, r // params.block_rows, splits),
       in_specs=[
+          pl.BlockSpec((1,), lambda bh, i, s: (0,)),
           pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i, s: (*head(bh), i, 0)),
-          pl.BlockSpec((None, seq_len, None, d), lambda bh, i, s: (head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((None, seq_len, None, d), lambda bh, i, s: (head(bh)[0], 0, head(bh)[1], 0)),
+          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
+          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
           pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
           pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
       ] + ([] if initial is None else out_specs),
@@ -72,10 +84,10 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
           jax.ShapeDtypeStruct((splits, b, kv_heads, r), jnp.float32),
       ],
       compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      input_output_aliases={} if initial is None else {5: 0, 6: 1},
+      input_output_aliases={} if initial is None else {6: 0, 7: 1},
       interpret=interpret,
       name="flash_decode",
-  )(rows, k, v, lo, hi, *(initial or ()))
+  )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, lo, hi, *(initial or ()))
 
 
 def split_length(seq_len: int, params: KernelParams) -> int:
@@ -90,14 +102,14 @@ def bounds(lengths, q_positions, window, t: int):
   return lo.astype(jnp.int32), hi.astype(jnp.int32)
 
 
-def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, params: KernelParams | None = None,
+def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, layer=None, params: KernelParams | None = None,
                  interpret: bool | None = None):
-  """q [B, T, K, G, D] over k, v [B, S, K, D] at slots < lengths ([B], or [B, T] per
-  query) and, with `window`, > q_positions - window. Returns (out f32 [B, T, K, G, D],
-  lse [B, T, K, G])."""
+  """q [B, T, K, G, D] over k, v [B, S, K, D] (or layer `layer` of [L, B, S, K, D]) at
+  slots < lengths ([B], or [B, T] per query) and, with `window`, > q_positions - window.
+  Returns (out f32 [B, T, K, G, D], lse [B, T, K, G])."""
   b, t, kv_heads, g, d = q.shape
-  params = params or params_for(Pass.PREFIX, t * g, d, k.shape[1], b * kv_heads)
+  params = params or params_for(Pass.PREFIX, t * g, d, k.shape[-3], b * kv_heads)
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
-  return blocks.merge([prefix_partials(rows, k, v, lo, hi, params, interpret)], t, g)
+  return blocks.merge([prefix_partials(rows, k, v, lo, hi, params, interpret, layer=layer)], t, g)

@@ -1,5 +1,6 @@
 """The flash-decoding kernel (interpret mode on CPU) against the jnp reference."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,3 +62,20 @@ def test_every_output_element_is_written(splits):
   poison = (jnp.full((splits, 2, 2, rows.shape[2], 64), jnp.nan), jnp.full((splits, 2, 2, rows.shape[2]), jnp.nan))
   out, lse = prefix_partials(rows, k, v, lo, hi, params, interpret=True, initial=poison)
   assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
+
+
+def test_layer_of_a_stacked_cache():
+  """Layer `layer` of a stacked [L, B, S, K, D] cache, the index traced (as in the layer
+  scan) or a negative int (the draft's cross layer -1), reads what that layer's slice reads."""
+  rng = np.random.default_rng(3)
+  q, _, _ = random_attention_inputs(rng, 2, 3, 1, 2, 4, 64, jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((3, 2, 45, 2, 64)), jnp.float32) for _ in "kv")
+  lengths = jnp.asarray([45, 17], jnp.int32)
+  params = KernelParams(block_rows=16, block_keys=16, num_warps=4, num_stages=2, splits=2)
+  traced = jax.jit(lambda layer: flash_decode(q, k, v, lengths, layer=layer, params=params, interpret=True)[0])
+  for layer in range(3):
+    ref, _ = prefix_attention_reference(q, k[layer], v[layer], lengths)
+    np.testing.assert_allclose(np.asarray(traced(jnp.int32(layer))), np.asarray(ref), atol=2e-5)
+  out, _ = flash_decode(q, k, v, lengths, layer=-1, params=params, interpret=True)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(prefix_attention_reference(q, k[2], v[2], lengths)[0]),
+                             atol=2e-5)
