@@ -33,7 +33,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from infer.plots import plot
-from infer.timing import LLAMA_31_8B, loop_seconds, measure_bandwidth, median_seconds
+from infer.shapes import LLAMA_31_8B
+from infer.timing import loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax import attention
 from longspec_jax.attention import Impl
 from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main

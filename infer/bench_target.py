@@ -26,7 +26,8 @@ from flax import nnx
 
 from infer.plots import plot
 from infer.prompts import code_prompts
-from infer.timing import LLAMA_31_8B, SHAPES, SMOLLM2_135M, loop_seconds, measure_bandwidth, median_seconds
+from infer.shapes import LLAMA_31_8B, SHAPES, SMOLLM2_135M
+from infer.timing import loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax import cli
 from longspec_jax.cache import KVCache
 from longspec_jax.engine import DecodeState, Decoding, decode_chunk, generate

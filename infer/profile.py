@@ -9,9 +9,12 @@ emits without a source (e.g. its GPU top-k) are "unattributed". Also reports how
 the loop's span the device sat idle (launch gaps, host syncs). On a GPU, run with
 `XLA_FLAGS=--xla_gpu_enable_command_buffer=` for per-kernel names: inside CUDA graphs the
 profiler sees only the graph (and the idle share is then the graph's, not the kernels').
-Writes `profile.json`, `profile.png` and the raw trace under --out.
+Writes `profile.json`, `profile.png` and the raw trace under --out. `--shape` profiles a
+random-weight model of a real model's shape (e.g. Llama-3.1-8B) on random prompt tokens,
+with a random draft: what a round costs at that size (its tau means nothing).
 
   python -m infer.profile --method longspec --draft default --set code --length 4096 --out prof/
+  python -m infer.profile --method longspec --shape llama-3.1-8b --draft random --length 32768 --out prof8b/
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from infer.cli import METHODS, add_sampling_flags, sampling_config, tree_widths
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
+from infer.shapes import SHAPES
 from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
@@ -117,12 +121,18 @@ def main(argv=None):
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
   p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
   p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+  p.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight target of this shape, random prompt tokens")
+  p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   add_attention_flag(p)
   p.add_argument("--top", type=positive_int, default=25, help="how many ops to list")
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, required=True, help="a directory: profile.json, profile.png, the trace, HLO")
   args = p.parse_args(argv)
+  if args.shape and args.target:
+    p.error("give --target or --shape, not both")
+  if args.shape and args.method in ("longspec",) and args.draft != "random":
+    p.error("a --shape target has random weights: its draft must be --draft random")
   output_path(args.out, "directory")
   dump_dir = args.out / "hlo"
   if "jax" in sys.modules:
@@ -131,24 +141,34 @@ def main(argv=None):
                              f" --xla_dump_hlo_module_re=.*{LOOP}.*").strip()
 
   import jax
+  import numpy as np
 
   from longspec_jax.engine import Decoding, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
-  from longspec_jax.weights import default, load_target
+  from longspec_jax.target import random_model
   from longspec_jax.weights.drafts import load_draft
 
   impl = attention_impl(args.attention)
-  target_name = args.target or default.NAME
   dtype = resolve_dtype(args.dtype)
-  target = load_target(target_name, dtype, attention=impl)
-  draft = (load_draft(args.draft, target.config, dtype, target_name, attention=impl)
+  if args.shape:  # (no weights to read: the GGUF reader is not imported)
+    target_name = f"random {args.shape}"
+    config = SHAPES[args.shape]
+    model = random_model(config, dtype, attention=impl)
+    prompts = np.random.default_rng(args.seed).integers(0, config.vocab_size, (args.batch, args.length)).tolist()
+  else:
+    from longspec_jax.weights import default, load_target
+
+    target_name = args.target or default.NAME
+    target = load_target(target_name, dtype, attention=impl)
+    model, config = target.model, target.config
+    prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.batch)
+  draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
            if args.method in DRAFT_METHODS else None)
   proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
   decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
-  prompt = PROMPT_SETS[args.set](target.tokenizer, args.length, 1)[0]
 
   def run():
-    return generate(target.model, [prompt], args.new_tokens, decoding, proposer_params, seed=args.seed)
+    return generate(model, prompts, args.new_tokens, decoding, proposer_params, seed=args.seed)
 
   run()  # compiles
   trace_dir = args.out / "trace"
@@ -160,14 +180,15 @@ def main(argv=None):
   summary = summarize(list(device_events(Path(xspace[-1]))), op_names(dump_dir), args.top)
   stats = result.stats
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
-            "set": args.set, "prefill_tokens": len(prompt), "new_tokens": stats.num_new_tokens,
+            "target": target_name, "set": None if args.shape else args.set,
+            "batch": args.batch, "prefill_tokens": len(prompts[0]), "new_tokens": stats.num_new_tokens,
             "rounds": stats.rounds, "tau": stats.mean_accepted_length, "decode_ms": 1e3 * stats.decode_seconds,
             **summary}
   (args.out / "profile.json").write_text(json.dumps(report, indent=1))
   plot(report, args.out / "profile.png")
 
   rounds = max(stats.rounds, 1)
-  print(f"{args.method} on {report['device']}: {len(prompt)} prefill tokens, {stats.num_new_tokens} new in {rounds}"
+  print(f"{args.method} on {report['device']}: {len(prompts[0])} prefill tokens, {stats.num_new_tokens} new in {rounds}"
         f" rounds (tau {stats.mean_accepted_length:.2f}); decode {report['decode_ms']:.1f} ms, device kernels"
         f" {summary['kernel_ms']:.1f} ms, idle {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
   print("scope    | ms per round | share")
