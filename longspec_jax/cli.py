@@ -20,6 +20,7 @@ from longspec_jax.errors import UserError
 # The values of `longspec_jax.attention.Impl`, listed here free of JAX so that flags are
 # checked before JAX is imported (tests/test_cli.py keeps the two equal).
 ATTENTION = ("reference", "pallas")
+GEMM = ("xla", "cublas")  # likewise `longspec_jax.gemm.Gemm`
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).
@@ -133,6 +134,19 @@ def attention_impl(name: str | None):
   from longspec_jax.attention import Impl
 
   return Impl(name) if name else Impl.default()
+
+
+def add_gemm_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--gemm", choices=GEMM, help="GEMM code on a GPU: XLA's Triton fusions or cuBLAS (the default;"
+                                              " longspec_jax/gemm.py)")
+
+
+def set_gemm(model, name: str | None) -> None:
+  """Gives `model` the `gemm.Gemm` a flag names; None keeps its default."""
+  from longspec_jax.gemm import Gemm
+
+  if name:
+    model.gemm = Gemm(name)
 
 
 def resolve_dtype(name: str | None):

@@ -17,7 +17,6 @@ host (Ctrl-C included) gets control back as often.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from longspec_jax import gemm
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
@@ -123,7 +123,7 @@ def _left_aligned(prompts: Sequence[Sequence[int]], width: int) -> np.ndarray:
   return rows
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+@gemm.jit(static_argnames=("graphdef",), donate_argnames=("cache",))
 def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden):
   """Runs prompt tokens [B, C] at positions start..start+C; keeps each sequence's hidden
   state at its last prompt token in `last_hidden [B, E]`."""
@@ -152,7 +152,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
-    cache, last_hidden = _prefill_chunk(
+    cache, last_hidden = _prefill_chunk[model.gemm](
         graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
     )
     if on_progress:
@@ -161,7 +161,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   return cache, last_hidden
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer"))
+@gemm.jit(static_argnames=("graphdef", "proposer"))
 def _start_proposer(graphdef, params, proposer, proposer_params, cache, history):
   model = nnx.merge(graphdef, params)
   return proposer.start(proposer_params, target=model, cache=cache, history=history)
@@ -174,7 +174,7 @@ def propose(model: Transformer, proposer, proposer_params, state: DecodeState):
                           history=state.history, root=root)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
+@gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
 def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, proposer_params, limit, rounds,
                   max_rounds):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
@@ -253,7 +253,7 @@ def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConf
   return recent_tokens(state.history, state.cache.lengths, tail, sampling, vocab)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampling"))
+@gemm.jit(static_argnames=("graphdef", "sampling"))
 def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths):
   logits = nnx.merge(graphdef, params).logits(last_hidden)
   seen = None
@@ -290,12 +290,12 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
-  root, nonfinite = _first_token(graphdef, params, last_hidden, first_key, decoding.sampling, jnp.asarray(history),
-                                 jnp.asarray(lengths, jnp.int32))
+  root, nonfinite = _first_token[model.gemm](graphdef, params, last_hidden, first_key, decoding.sampling,
+                                             jnp.asarray(history), jnp.asarray(lengths, jnp.int32))
   first = np.asarray(root)
   history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
   history = jnp.asarray(history)
-  proposal = _start_proposer(graphdef, params, decoding.proposer, proposer_params, cache, history)
+  proposal = _start_proposer[model.gemm](graphdef, params, decoding.proposer, proposer_params, cache, history)
   jax.block_until_ready(proposal)
   done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
@@ -309,8 +309,8 @@ def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = De
   none, whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation."""
   graphdef, params = nnx.split(model)
-  return _decode_chunk(*_chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds,
-                                    max_rounds))
+  return _decode_chunk[model.gemm](*_chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
+                                                rounds, max_rounds))
 
 
 def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds):
@@ -336,10 +336,11 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
+  decode_fn = _decode_chunk[model.gemm]
   chunk_args = lambda state, rounds: _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
                                                  rounds, MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region
-  _decode_chunk.lower(*chunk_args(state, 1)).compile()
+  decode_fn.lower(*chunk_args(state, 1)).compile()
   compile_seconds = time.perf_counter() - tc
 
   t1 = time.perf_counter()
@@ -348,7 +349,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   while True:
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
-      state, out, finished = _decode_chunk(*chunk_args(state, rounds))
+      state, out, finished = decode_fn(*chunk_args(state, rounds))
       dispatched += rounds
       launched = (out, finished, rounds)
     if pending is not None:  # read the previous chunk while the device runs this one

@@ -72,6 +72,13 @@ def test_attention_choices_are_the_impls():
   assert set(ATTENTION) == {impl.value for impl in Impl}
 
 
+def test_gemm_choices_are_the_gemms():
+  from longspec_jax.cli import GEMM
+  from longspec_jax.gemm import Gemm
+
+  assert set(GEMM) == {gemm.value for gemm in Gemm}
+
+
 @pytest.mark.parametrize("module, argv", [
     ("infer.generate", ["--prompt", "x"]),
     ("train.run", ["--stage", "pretrain", "--data", "x", "--out", "y"]),
