@@ -229,14 +229,16 @@ SWEEP_SPLITS = (0.5, 1, 2, 4)  # times the split count the table derives
 
 def suite_sweep(args) -> list[dict]:
   """Times the prefix pass under candidate launch parameters around the table's choice:
-  key blocks, warps and stages, the split count, and the next row block size up."""
+  key blocks, warps and stages, the split count, and the next row block sizes down and up
+  (a smaller block can pay when the rows pad the table's block, e.g. a 69-node tree's 276
+  rows per KV head fill three 128-row blocks, 384 rows)."""
   rows = []
   for name, heads, kv_heads, head_dim, batch, seq_len, steps in shapes(args):
     group = heads // kv_heads
     q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, heads, kv_heads, head_dim, jnp.bfloat16)
     base = params_for(Pass.PREFIX, steps * group, head_dim, seq_len, batch * kv_heads)
     larger = min(2 * base.block_rows, MAX_BLOCK_ROWS, max(16, pl.next_power_of_2(steps * group)))
-    block_rows = {base.block_rows, larger}
+    block_rows = {max(16, base.block_rows // 2), base.block_rows, larger}
     candidates = {KernelParams(br, bk, warps, stages, max(1, min(round(base.splits * f), seq_len // bk)))
                   for br in block_rows for bk, warps, stages in SWEEP_BLOCKS for f in SWEEP_SPLITS}
     timed = []

@@ -29,8 +29,7 @@ from infer.prompts import code_prompts
 from infer.shapes import LLAMA_31_8B, SHAPES, SMOLLM2_135M
 from infer.timing import loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax import cli
-from longspec_jax.cache import KVCache
-from longspec_jax.engine import DecodeState, Decoding, decode_chunk, generate
+from longspec_jax.engine import Decoding, decode_chunk, generate
 
 
 def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict:
@@ -131,47 +130,141 @@ def _smollm2_row(row) -> str:
 
 
 def suite_floor(args) -> dict:
-  """Decode step of a random-weight model of a known shape at several contexts, against
-  the bytes it must read over the measured memory bandwidth."""
+  """Decode rounds of a random-weight model of a known shape, per batch, context and method
+  (AR; LongSpec with a random draft and its 69-node tree), against the bytes an AR step must
+  read over the measured memory bandwidth; prefill speed; and transformers' static-cache
+  decoding of the same shape, compiled, as a peer (run first, before JAX takes the GPU)."""
+  import numpy as np
+
+  from longspec_jax.engine import prefill, start
+  from longspec_jax.proposers import make_proposer
   from longspec_jax.target import random_model
+  from longspec_jax.weights.drafts import load_draft
 
   config = SHAPES[args.shape]
   dtype = cli.resolve_dtype(args.dtype)
+  steps, warmup, iters = 32, 2, 5
+  peers = {}
+  if args.transformers:
+    for batch in args.batches:
+      for context in args.contexts:
+        peers[batch, context] = transformers_decode(config, jnp.dtype(dtype).name, batch, context, 2 * steps)
+        step_ms = peers[batch, context]["step_ms"]
+        print(f"transformers static cache, batch {batch}, context {context}: "
+              + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]), flush=True)
   bandwidth = measure_bandwidth()
-  model = random_model(config, dtype, attention=cli.attention_impl(args.attention))
+  impl = cli.attention_impl(args.attention)
+  model = random_model(config, dtype, attention=impl)
+  cli.set_gemm(model, args.gemm)
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   itemsize = jnp.dtype(dtype).itemsize
   # One embedding row is read per token, not the table.
   weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
-  steps = 64
+  proposers = {"ar": make_proposer("ar")}
+  if "longspec" in args.methods:
+    proposers["longspec"] = make_proposer("longspec", load_draft("random", config, dtype, attention=impl))
+  rng = np.random.default_rng(0)
   rows = []
-  for context in args.contexts:
-    warmup, iters = 2, 5
-    cache = KVCache.create(config, 1, context + (warmup + iters + 1) * steps, dtype)
-    key_k, key_v = jax.random.split(jax.random.key(context))
-    cache = KVCache(
-        k=jax.random.normal(key_k, cache.k.shape, dtype), v=jax.random.normal(key_v, cache.v.shape, dtype),
-        lengths=jnp.full((1,), context, jnp.int32),
-    )
-    kv_bytes = 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
-    history = jnp.zeros((1, cache.max_len), jnp.int32)
-    state = [DecodeState.start(cache, history, jnp.ones((1,), jnp.int32), jnp.zeros((1,), bool), jax.random.key(0))]
-    del cache
+  for batch in args.batches:
+    for context in args.contexts:
+      prompts = rng.integers(0, config.vocab_size, (batch, context)).tolist()
+      kv_bytes = batch * 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
+      floor = (weight_bytes + kv_bytes) / bandwidth
+      prefill_rate = None
+      if batch == 1:  # (the second run: the first compiles)
+        run = lambda: prefill(model, prompts, context + 128)[1]
+        prefill_rate = context / median_seconds(run, warmup=1, iters=2)
+      for method in args.methods:
+        proposer, proposer_params = proposers[method]
+        decoding = Decoding(proposer=proposer)
+        # A random draft's tokens are rarely accepted; room for 4 tokens a round regardless.
+        state = [start(model, prompts, 4 * (warmup + iters + 1) * steps, decoding, proposer_params).state]
 
-    def decode():  # continues from the last state: the context grows by `steps` per call
-      state[0], tokens, _ = decode_chunk(model, state[0], Decoding(), max_new_tokens=1 << 30, rounds=steps,
-                                         max_rounds=steps)
-      return tokens
+        def decode():  # continues from the last state: the context grows with each call
+          state[0], tokens, _ = decode_chunk(model, state[0], decoding, proposer_params, max_new_tokens=1 << 30,
+                                             rounds=steps, max_rounds=steps)
+          return tokens
 
-    seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
-    floor = (weight_bytes + kv_bytes) / bandwidth
-    rows.append({"context": context, "step_ms": seconds * 1e3, "floor_ms": floor * 1e3,
-                 "fraction_of_floor": floor / seconds, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes})
-    print(f"{context:>7} | {seconds * 1e3:8.3f} ms | floor {floor * 1e3:7.3f} ms | {floor / seconds:6.1%}", flush=True)
+        seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
+        state.clear()  # frees the cache before the next run
+        row = {"method": method, "batch": batch, "context": context, "round_ms": seconds * 1e3,
+               "floor_ms": floor * 1e3, "fraction_of_floor": floor / seconds if method == "ar" else None,
+               "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "prefill_tokens_per_second": prefill_rate,
+               "transformers_step_ms": peers.get((batch, context), {}).get("step_ms") if method == "ar" else None}
+        rows.append(row)
+        print(_floor_row(row), flush=True)
+  ar = {(r["batch"], r["context"]): r["round_ms"] for r in rows if r["method"] == "ar"}
+  for r in rows:
+    r["ar_steps_per_round"] = r["round_ms"] / ar[r["batch"], r["context"]]
+    if r["transformers_step_ms"]:
+      r["speedup_vs_transformers"] = r["transformers_step_ms"] / r["round_ms"]
   return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth,
-          "attention": args.attention,
-          "steps_per_measure": steps, "rows": rows}
+          "attention": args.attention, "gemm": model.gemm.value, "steps_per_measure": steps,
+          "transformers": list(peers.values()), "rows": rows}
+
+
+def _floor_row(row) -> str:
+  fraction = f"{row['fraction_of_floor']:6.1%}" if row["fraction_of_floor"] else f"{'':6}"
+  peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
+  rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
+  return (f"{row['method']:8} | {row['batch']:5} | {row['context']:7} | {row['round_ms']:8.3f} ms |"
+          f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}")
+
+
+def transformers_decode(config, dtype_name: str, batch: int, context: int, new_tokens: int) -> dict:
+  """transformers' greedy decoding with its static cache (compiled) on a random-weight
+  `LlamaForCausalLM` of `config`'s shape: milliseconds per decode step, from generate runs
+  of 1 and of `new_tokens` tokens after a warm-up (the difference excludes the prefill)."""
+  import numpy as np
+  import torch
+  import transformers
+
+  rope = config.rope
+  scaling = None if rope.kind == "default" else {
+      "rope_type": rope.kind, "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+      "high_freq_factor": rope.high_freq_factor,
+      "original_max_position_embeddings": rope.original_max_position_embeddings}
+  hf = transformers.LlamaConfig(
+      vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+      num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
+      max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=config.tie_word_embeddings,
+      rope_theta=rope.theta, rope_scaling=scaling)
+  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  default_dtype = torch.get_default_dtype()
+  torch.set_default_dtype(torch_dtype)
+  try:
+    with torch.device(device):
+      model = transformers.LlamaForCausalLM(hf).eval()
+  finally:
+    torch.set_default_dtype(default_dtype)
+  ids = torch.tensor(np.random.default_rng(1).integers(0, config.vocab_size, (batch, context)), device=device)
+  kwargs = dict(do_sample=False, eos_token_id=None, min_new_tokens=None, cache_implementation="static")
+
+  def seconds(n):
+    sync()
+    t = time.perf_counter()
+    with torch.no_grad():
+      model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_length=0, **kwargs)
+    sync()
+    return time.perf_counter() - t
+
+  row = {"batch": batch, "context": context, "new_tokens": new_tokens, "step_ms": None,
+         "transformers": transformers.__version__, "torch": torch.__version__}
+  try:
+    seconds(new_tokens)  # warm-up: the static cache's forward compiles here
+    one = statistics.median(seconds(1) for _ in range(2))
+    full = statistics.median(seconds(new_tokens) for _ in range(2))
+    row["step_ms"] = 1e3 * (full - one) / (new_tokens - 1)
+  except torch.OutOfMemoryError:  # e.g. its prefill of 8 x 32k tokens on 80 GB
+    row["error"] = "out of memory"
+  model = None  # frees the weights before JAX takes the GPU
+  if device == "cuda":
+    torch.cuda.empty_cache()
+  return row
 
 
 def suite_topk(args) -> dict:
@@ -199,10 +292,14 @@ def main(argv=None):
   p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b", help="model shape for --suite floor")
   p.add_argument("--prompt-lengths", type=cli.positive_int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
+  p.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1], help="batch sizes for --suite floor")
+  p.add_argument("--methods", choices=("ar", "longspec"), nargs="+", default=["ar", "longspec"],
+                 help="methods for --suite floor (longspec with a random draft)")
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   cli.add_attention_flag(p)
+  cli.add_gemm_flag(p)
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
@@ -218,7 +315,7 @@ def main(argv=None):
     p.error(f"--contexts must stay below {args.shape}'s context of {SHAPES[args.shape].max_position_embeddings}")
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
-      "floor": "context | decode step | bandwidth floor | floor/step",
+      "floor": "method | batch | context | round | AR bandwidth floor | floor/step | transformers step | prefill tok/s",
       "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")

@@ -92,17 +92,32 @@ def _smollm2(result: dict, plt):
 
 
 def _floor(result: dict, plt):
+  """Per (batch, context): each method's round, the AR step's bytes floor and, where it
+  ran, transformers' step; the AR bar is labelled with its share of the floor."""
   rows = result["rows"]
-  labels = [f"{r['context']:,}" for r in rows]
-  fig, ax = plt.subplots(figsize=(6, 3.8))
-  xs = range(len(rows))
-  ax.bar([x - 0.2 for x in xs], [r["step_ms"] for r in rows], 0.4, label="decode step")
-  ax.bar([x + 0.2 for x in xs], [r["floor_ms"] for r in rows], 0.4, label="bytes / bandwidth")
-  for x, r in zip(xs, rows):
-    ax.text(x - 0.2, r["step_ms"], f"{r['fraction_of_floor']:.0%}", ha="center", va="bottom", fontsize=8)
-  ax.set(xticks=list(xs), xticklabels=labels, xlabel="context", ylabel="ms",
-         title=_title(result, f"{result.get('shape', '')} decode step vs its floor"))
-  ax.legend(fontsize=8)
+  groups = list(dict.fromkeys((r["batch"], r["context"]) for r in rows))
+  methods = list(dict.fromkeys(r["method"] for r in rows))
+  bars = [*methods, "floor", "transformers"]
+  width = 0.8 / len(bars)
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.6 + 1.4 * len(groups)), 3.8))
+  for i, bar in enumerate(bars):
+    heights = []
+    for group in groups:
+      at = [r for r in rows if (r["batch"], r["context"]) == group]
+      ar = next((r for r in at if r["method"] == "ar"), at[0])
+      value = {"floor": ar["floor_ms"], "transformers": ar.get("transformers_step_ms")}.get(
+          bar, next((r["round_ms"] for r in at if r["method"] == bar), None))
+      heights.append(value or 0.0)
+    xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+    label = {"floor": "AR bytes / bandwidth", "transformers": "transformers static cache"}.get(bar, f"{bar} round")
+    ax.bar(xs, heights, width, label=label)
+    if bar == "ar":
+      for x, group in zip(xs, groups):
+        r = next(r for r in rows if (r["batch"], r["context"]) == group and r["method"] == "ar")
+        ax.text(x, r["round_ms"], f"{r['fraction_of_floor']:.0%}", ha="center", va="bottom", fontsize=7)
+  ax.set(xticks=list(range(len(groups))), xticklabels=[f"B={b}\n{c:,}" for b, c in groups], xlabel="batch, context",
+         ylabel="ms", title=_title(result, f"{result.get('shape', '')} decode ({result.get('gemm', '')} GEMMs)"))
+  ax.legend(fontsize=7)
   ax.grid(alpha=0.3, axis="y")
   return fig
 

@@ -34,12 +34,14 @@ from infer.shapes import SHAPES
 from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
+  add_gemm_flag,
   attention_impl,
   number_type,
   output_path,
   positive_int,
   resolve_dtype,
   run_main,
+  set_gemm,
 )
 from longspec_jax.errors import UserError
 
@@ -125,6 +127,7 @@ def main(argv=None):
   p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   add_attention_flag(p)
+  add_gemm_flag(p)
   p.add_argument("--top", type=positive_int, default=25, help="how many ops to list")
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, required=True, help="a directory: profile.json, profile.png, the trace, HLO")
@@ -154,6 +157,7 @@ def main(argv=None):
     target_name = f"random {args.shape}"
     config = SHAPES[args.shape]
     model = random_model(config, dtype, attention=impl)
+    set_gemm(model, args.gemm)
     prompts = np.random.default_rng(args.seed).integers(0, config.vocab_size, (args.batch, args.length)).tolist()
   else:
     from longspec_jax.weights import default, load_target
@@ -161,6 +165,7 @@ def main(argv=None):
     target_name = args.target or default.NAME
     target = load_target(target_name, dtype, attention=impl)
     model, config = target.model, target.config
+    set_gemm(model, args.gemm)
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.batch)
   draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
            if args.method in DRAFT_METHODS else None)
