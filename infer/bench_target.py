@@ -131,7 +131,7 @@ def _smollm2_row(row) -> str:
 
 def suite_floor(args) -> dict:
   """Decode rounds of a random-weight model of a known shape, per batch, context and method
-  (AR; LongSpec with a random draft and its 69-node tree), against the bytes an AR step must
+  (AR; PLD; LongSpec with a random draft and its 69-node tree), against the bytes an AR step must
   read over the measured memory bandwidth; prefill speed; and transformers' static-cache
   decoding of the same shape, compiled, as a peer (run first, before JAX takes the GPU)."""
   import numpy as np
@@ -161,7 +161,7 @@ def suite_floor(args) -> dict:
   itemsize = jnp.dtype(dtype).itemsize
   # One embedding row is read per token, not the table.
   weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
-  proposers = {"ar": make_proposer("ar")}
+  proposers = {"ar": make_proposer("ar"), "pld": make_proposer("pld")}
   if "longspec" in args.methods:
     proposers["longspec"] = make_proposer("longspec", load_draft("random", config, dtype, attention=impl))
   rng = np.random.default_rng(0)
@@ -293,8 +293,9 @@ def main(argv=None):
   p.add_argument("--prompt-lengths", type=cli.positive_int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
   p.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1], help="batch sizes for --suite floor")
-  p.add_argument("--methods", choices=("ar", "longspec"), nargs="+", default=["ar", "longspec"],
-                 help="methods for --suite floor (longspec with a random draft)")
+  p.add_argument("--methods", choices=("ar", "pld", "longspec"), nargs="+", default=["ar", "longspec"],
+                 help="methods for --suite floor (longspec with a random draft; pld's rounds verify its whole"
+                      " copy whether or not the random prompt repeats)")
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
