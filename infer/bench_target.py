@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from infer.plots import plot
@@ -57,14 +58,18 @@ def load_transformers(gguf_path: Path, dtype_name: str):
   ).to(device).eval()
 
 
-def bench_transformers(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
-  """transformers `generate`, greedy, on the same weights: default and static (compiled) cache."""
+def bench_transformers(model, prompts: list[list[int]], new_tokens: int, repeats: int,
+                       caches=("dynamic", "static")) -> dict:
+  """transformers `generate`, greedy, on a batch of equal-length prompts, per cache
+  (default and static, compiled): prefill tokens/s, decode tokens/s per sequence (runs of
+  1 and of `new_tokens` tokens, the difference excludes the prefill) and the first
+  sequence's tokens."""
   import torch
 
   device = model.device.type
-  ids = torch.tensor([prompt], device=model.device)
+  ids = torch.tensor(prompts, device=model.device)
   results = {}
-  for cache in ("dynamic", "static"):
+  for cache in caches:
     kwargs = dict(do_sample=False, eos_token_id=None, min_new_tokens=None)
     if cache == "static":
       kwargs["cache_implementation"] = "static"
@@ -73,7 +78,8 @@ def bench_transformers(model, prompt: list[int], new_tokens: int, repeats: int) 
       if device == "cuda":
         torch.cuda.synchronize()
       t = time.perf_counter()
-      out = model.generate(ids, max_new_tokens=n, **kwargs)
+      with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **kwargs)
       if device == "cuda":
         torch.cuda.synchronize()
       return time.perf_counter() - t, out
@@ -83,9 +89,9 @@ def bench_transformers(model, prompt: list[int], new_tokens: int, repeats: int) 
     full = [run(new_tokens) for _ in range(repeats)]
     total = statistics.median(t for t, _ in full)
     results[cache] = {
-        "prefill_tokens_per_second": len(prompt) / prefill,
+        "prefill_tokens_per_second": ids.numel() / prefill,
         "decode_tokens_per_second": (new_tokens - 1) / max(total - prefill, 1e-9),
-        "token_ids": full[0][1][0, len(prompt):].tolist(),
+        "token_ids": full[0][1][0, ids.shape[1]:].tolist(),
     }
   return results
 
@@ -101,7 +107,7 @@ def suite_smollm2(args) -> dict:
   for length in args.prompt_lengths:
     prompt = code_prompts(target.tokenizer, length, 1)[0]
     ours = bench_ours(target, prompt, args.new_tokens, args.repeats)
-    theirs = bench_transformers(hf_model, prompt, args.new_tokens, args.repeats) if hf_model else {}
+    theirs = bench_transformers(hf_model, [prompt], args.new_tokens, args.repeats) if hf_model else {}
     best = max(theirs.values(), key=lambda r: r["decode_tokens_per_second"], default=None)
     rows.append({
         "prompt_tokens": length,
@@ -134,8 +140,6 @@ def suite_floor(args) -> dict:
   (AR; PLD; LongSpec with a random draft and its 69-node tree), against the bytes an AR step must
   read over the measured memory bandwidth; prefill speed; and transformers' static-cache
   decoding of the same shape, compiled, as a peer (run first, before JAX takes the GPU)."""
-  import numpy as np
-
   from longspec_jax.engine import prefill, start
   from longspec_jax.proposers import make_proposer
   from longspec_jax.target import random_model
@@ -213,10 +217,9 @@ def _floor_row(row) -> str:
 
 
 def transformers_decode(config, dtype_name: str, batch: int, context: int, new_tokens: int) -> dict:
-  """transformers' greedy decoding with its static cache (compiled) on a random-weight
-  `LlamaForCausalLM` of `config`'s shape: milliseconds per decode step, from generate runs
-  of 1 and of `new_tokens` tokens after a warm-up (the difference excludes the prefill)."""
-  import numpy as np
+  """transformers' greedy decoding with its static cache (compiled, `bench_transformers`)
+  on a random-weight `LlamaForCausalLM` of `config`'s shape and random prompts:
+  milliseconds per decode step."""
   import torch
   import transformers
 
@@ -231,34 +234,20 @@ def transformers_decode(config, dtype_name: str, batch: int, context: int, new_t
       num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
       max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=config.tie_word_embeddings,
       rope_theta=rope.theta, rope_scaling=scaling)
-  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
   default_dtype = torch.get_default_dtype()
-  torch.set_default_dtype(torch_dtype)
+  torch.set_default_dtype({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name])
   try:
     with torch.device(device):
       model = transformers.LlamaForCausalLM(hf).eval()
   finally:
     torch.set_default_dtype(default_dtype)
-  ids = torch.tensor(np.random.default_rng(1).integers(0, config.vocab_size, (batch, context)), device=device)
-  kwargs = dict(do_sample=False, eos_token_id=None, min_new_tokens=None, cache_implementation="static")
-
-  def seconds(n):
-    sync()
-    t = time.perf_counter()
-    with torch.no_grad():
-      model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_length=0, **kwargs)
-    sync()
-    return time.perf_counter() - t
-
+  prompts = np.random.default_rng(1).integers(0, config.vocab_size, (batch, context)).tolist()
   row = {"batch": batch, "context": context, "new_tokens": new_tokens, "step_ms": None,
          "transformers": transformers.__version__, "torch": torch.__version__}
   try:
-    seconds(new_tokens)  # warm-up: the static cache's forward compiles here
-    one = statistics.median(seconds(1) for _ in range(2))
-    full = statistics.median(seconds(new_tokens) for _ in range(2))
-    row["step_ms"] = 1e3 * (full - one) / (new_tokens - 1)
+    static = bench_transformers(model, prompts, new_tokens, repeats=2, caches=("static",))["static"]
+    row["step_ms"] = 1e3 / static["decode_tokens_per_second"]
   except torch.OutOfMemoryError:  # e.g. its prefill of 8 x 32k tokens on 80 GB
     row["error"] = "out of memory"
   model = None  # frees the weights before JAX takes the GPU

@@ -157,7 +157,6 @@ def main(argv=None):
     target_name = f"random {args.shape}"
     config = SHAPES[args.shape]
     model = random_model(config, dtype, attention=impl)
-    set_gemm(model, args.gemm)
     prompts = np.random.default_rng(args.seed).integers(0, config.vocab_size, (args.batch, args.length)).tolist()
   else:
     from longspec_jax.weights import default, load_target
@@ -165,8 +164,8 @@ def main(argv=None):
     target_name = args.target or default.NAME
     target = load_target(target_name, dtype, attention=impl)
     model, config = target.model, target.config
-    set_gemm(model, args.gemm)
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.batch)
+  set_gemm(model, args.gemm)
   draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
            if args.method in DRAFT_METHODS else None)
   proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
