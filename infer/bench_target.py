@@ -1,6 +1,7 @@
 """`python -m infer.bench_target`: AR speed of the target, ours vs transformers, and the
 decode step of a model shape (Llama-3.1-8B by default) against the memory-bandwidth floor,
-and the vocabulary top-k of the draft's beam search (`jax.lax.top_k` vs two-stage chunks).
+and the vocabulary top-k of the draft's beam search (`jax.lax.top_k` vs two-stage chunks;
+the LM head's product fused with it vs not).
 
 Every timing is a median after warm-up; ratios are taken between rows of one run.
 Prints tables and writes JSON (`--out`).
@@ -13,6 +14,7 @@ Prints tables and writes JSON (`--out`).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import platform
 import statistics
@@ -179,7 +181,8 @@ def suite_floor(args) -> dict:
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
         prefill_rate = context / median_seconds(run, warmup=1, iters=2)
-      for method in args.methods:
+      for method, numerics in itertools.product(args.methods, args.numerics):
+        model.batch_invariant = numerics == "invariant"
         proposer, proposer_params = proposers[method]
         decoding = Decoding(proposer=proposer)
         # A random draft's tokens are rarely accepted; room for 4 tokens a round regardless.
@@ -192,15 +195,19 @@ def suite_floor(args) -> dict:
 
         seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
         state.clear()  # frees the cache before the next run
-        row = {"method": method, "batch": batch, "context": context, "round_ms": seconds * 1e3,
-               "floor_ms": floor * 1e3, "fraction_of_floor": floor / seconds if method == "ar" else None,
+        row = {"method": method, "numerics": numerics, "batch": batch, "context": context,
+               "round_ms": seconds * 1e3, "floor_ms": floor * 1e3,
+               "fraction_of_floor": floor / seconds if method == "ar" else None,
                "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "prefill_tokens_per_second": prefill_rate,
-               "transformers_step_ms": peers.get((batch, context), {}).get("step_ms") if method == "ar" else None}
+               "transformers_step_ms": (peers.get((batch, context), {}).get("step_ms")
+                                        if method == "ar" and numerics == "fast" else None)}
         rows.append(row)
         print(_floor_row(row), flush=True)
-  ar = {(r["batch"], r["context"]): r["round_ms"] for r in rows if r["method"] == "ar"}
+  ar = {(r["batch"], r["context"], r["numerics"]): r["round_ms"] for r in rows if r["method"] == "ar"}
   for r in rows:
-    r["ar_steps_per_round"] = r["round_ms"] / ar[r["batch"], r["context"]]
+    r["ar_steps_per_round"] = r["round_ms"] / ar[r["batch"], r["context"], r["numerics"]]
+    if (fast := ar.get((r["batch"], r["context"], "fast"))) is not None:
+      r["fast_ar_steps_per_round"] = r["round_ms"] / fast
     if r["transformers_step_ms"]:
       r["speedup_vs_transformers"] = r["transformers_step_ms"] / r["round_ms"]
   return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth,
@@ -212,7 +219,8 @@ def _floor_row(row) -> str:
   fraction = f"{row['fraction_of_floor']:6.1%}" if row["fraction_of_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
   rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
-  return (f"{row['method']:8} | {row['batch']:5} | {row['context']:7} | {row['round_ms']:8.3f} ms |"
+  return (f"{row['method']:8} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
+          f" {row['round_ms']:8.3f} ms |"
           f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}")
 
 
@@ -272,7 +280,32 @@ def suite_topk(args) -> dict:
       rows.append(row)
       print(f"{vocab:>7} x {batch:>3} | " + " | ".join(f"{row[f'{n}_us']:7.1f}" for n in
             ["lax"] + [f"chunk_{c}" for c in chunks]), flush=True)
-  return {"chunks": list(chunks), "rows": rows}
+  return {"chunks": list(chunks), "rows": rows, "head": _head_top_k_rows()}
+
+
+def _head_top_k_rows() -> list[dict]:
+  """Microseconds per draft vocabulary pass (the LM head's product and the top-16
+  log-probs of a few rows), unfused (logits, log-softmax, two-stage top-k) and fused
+  (`topk.head_top_log_probs`), on SmolLM2's tied and Llama-3.1-8B's separate head, bf16."""
+  from longspec_jax.topk import head_top_log_probs, top_k
+
+  rows = []
+  for shape, tied in ((SMOLLM2_135M, True), (LLAMA_31_8B, False)):
+    e, v = shape.hidden_size, shape.vocab_size
+    head = jax.random.normal(jax.random.key(v), (v, e) if tied else (e, v), jnp.bfloat16) * e**-0.5
+    spec = "re,ve->rv" if tied else "re,ev->rv"
+    unfused = lambda x, w: top_k(jax.nn.log_softmax(jnp.einsum(spec, x, w).astype(jnp.float32), axis=-1), 16)
+    fused = lambda x, w: head_top_log_probs(x, w, 16, transposed=tied)
+    for count in (1, 4, 16):
+      x = jax.random.normal(jax.random.key(count), (count, e), jnp.bfloat16)
+      row = {"vocab": v, "hidden": e, "tied": tied, "rows": count, "k": 16}
+      for name, fn in (("unfused", unfused), ("fused", fused)):
+        step = lambda x, w, fn=fn: x + (1e-30 * fn(x, w)[0][:, :1]).astype(x.dtype)
+        row[f"{name}_us"] = 1e6 * loop_seconds(step, x, head)
+      rows.append(row)
+      print(f"head {v:>7} x {e:<5} rows {count:>2}: unfused {row['unfused_us']:7.1f} us | fused"
+            f" {row['fused_us']:7.1f} us", flush=True)
+  return rows
 
 
 def main(argv=None):
@@ -285,6 +318,9 @@ def main(argv=None):
   p.add_argument("--methods", choices=("ar", "pld", "longspec"), nargs="+", default=["ar", "longspec"],
                  help="methods for --suite floor (longspec with a random draft; pld's rounds verify its whole"
                       " copy whether or not the random prompt repeats)")
+  p.add_argument("--numerics", choices=("fast", "invariant"), nargs="+", default=["fast"],
+                 help="--suite floor: time rounds with the fastest kernels, with batch-invariant ones"
+                      " (--batch-invariant elsewhere), or both")
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -305,7 +341,8 @@ def main(argv=None):
     p.error(f"--contexts must stay below {args.shape}'s context of {SHAPES[args.shape].max_position_embeddings}")
   header = {
       "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
-      "floor": "method | batch | context | round | AR bandwidth floor | floor/step | transformers step | prefill tok/s",
+      "floor": "method | numerics | batch | context | round | AR bandwidth floor | floor/step | transformers step"
+               " | prefill tok/s",
       "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
   print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")

@@ -105,6 +105,7 @@ def main(argv=None):
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   cli.add_attention_flag(p)
+  cli.add_batch_invariant_flag(p)
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
@@ -135,9 +136,11 @@ def main(argv=None):
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
+  target.model.batch_invariant = args.batch_invariant
   draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
   device = jax.devices()[0].device_kind
-  print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}")
+  print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
+        f"{', batch-invariant rounds' if args.batch_invariant else ''}")
   print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
         " | stream gap s | same tokens as AR", flush=True)
   rows = []
@@ -149,7 +152,7 @@ def main(argv=None):
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "draft": draft_spec if draft is not None else None,
+        "batch_invariant": args.batch_invariant, "draft": draft_spec if draft is not None else None,
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
         "seed": args.seed, "rows": rows,
     }

@@ -11,7 +11,15 @@ import sys
 import time
 
 from infer.cli import METHODS, add_sampling_flags, encode_prompt, read_prompt, sampling_config, tree_widths
-from longspec_jax.cli import ArgumentParser, add_attention_flag, attention_impl, positive_int, resolve_dtype, run_main
+from longspec_jax.cli import (
+    ArgumentParser,
+    add_attention_flag,
+    add_batch_invariant_flag,
+    attention_impl,
+    positive_int,
+    resolve_dtype,
+    run_main,
+)
 from longspec_jax.weights import default
 
 
@@ -35,6 +43,7 @@ def parse_args(argv=None):
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)
+  add_batch_invariant_flag(p)
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
   if args.method in ("ar", "pld"):
@@ -137,6 +146,7 @@ def main(argv=None) -> None:
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
   target = load_target(path, dtype, tokenizer, attention=impl)
+  target.model.batch_invariant = args.batch_invariant
   draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if method in DRAFT_METHODS else None
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
@@ -161,6 +171,7 @@ def main(argv=None) -> None:
         "target": args.target,
         "dtype": jnp.dtype(dtype).name,
         "attention": impl.value,
+        "batch_invariant": args.batch_invariant,
         "draft": draft_spec if method in DRAFT_METHODS else None,
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),

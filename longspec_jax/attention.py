@@ -41,6 +41,20 @@ class Impl(enum.Enum):
     return cls.PALLAS if jax.default_backend() == "gpu" else cls.REFERENCE
 
 
+class Invariance(enum.Enum):
+  """What a hybrid attention's bits may depend on, besides the queries' own inputs.
+
+  NONE: anything (the fastest launch for each shape). CACHE: not the cache's allocated
+  length (the kernels, interpreted off a GPU, with fixed split-K ranges): prefill under
+  batch-invariant decoding, so that the prompt's cached K/V are the same bits whatever
+  room a method's trees need after it. FULL: neither that nor the call's other queries:
+  batch-invariant decoding rounds (`pallas_kernels.hybrid.invariant_hybrid_attention`)."""
+
+  NONE = "none"
+  CACHE = "cache"
+  FULL = "full"
+
+
 def _softmax_pass(scores: jnp.ndarray, visible: jnp.ndarray, v: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Softmax over the last axis of scores [B, K, G, T, S] where visible; rows with no
   visible key give out = 0 and lse = -inf, so they vanish in `merge`."""
@@ -149,13 +163,27 @@ def hybrid_attention(
     *,
     layer=None,
     impl: Impl,
+    invariance: Invariance = Invariance.NONE,
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix (layer `layer` of a stacked
-  cache, if given) plus the new block; returns out [B, T, K, G, D] in float32."""
-  if impl is Impl.PALLAS:
-    from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
+  cache, if given) plus the new block; returns out [B, T, K, G, D] in float32.
 
-    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window, layer=layer)
+  `invariance` other than NONE runs the kernels whatever `impl` says (`Invariance`); FULL
+  is for decoding rounds (`mask` then a tree's ancestor mask): each query's bits depend on
+  its position, its path and the cache's contents only, so a tree node computes exactly
+  what an AR step at its position does."""
+  if invariance is Invariance.FULL:
+    from pallas_kernels.hybrid import invariant_hybrid_attention
+
+    return invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window,
+                                      layer=layer)
+  if impl is Impl.PALLAS or invariance is Invariance.CACHE:
+    from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
+    from pallas_kernels.tuning import INVARIANT_SPLIT_KEYS
+
+    split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
+    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window, layer=layer,
+                         split_keys=split_keys)
   k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)

@@ -1,7 +1,8 @@
 """Command-line plumbing every CLI of the project uses (`infer` and `train` alike): argparse
 that reports a bad flag as one sentence, checked number types, one-line errors with exit
 code 2 (a `UserError`, or a missing optional package named with the extra that installs
-it), Ctrl-C that ends a command at once, and the dtype and attention-code flags.
+it), Ctrl-C that ends a command at once, and the dtype, attention-code, GEMM-code and
+batch-invariance flags.
 """
 
 from __future__ import annotations
@@ -147,6 +148,13 @@ def set_gemm(model, name: str | None) -> None:
 
   if name:
     model.gemm = Gemm(name)
+
+
+def add_batch_invariant_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--batch-invariant", action="store_true",
+                 help="decoding rounds compute each token's logits the same bits whatever else the call holds"
+                      " (verification = AR steps, bit for bit, in tests and at 8B/SmolLM2 shapes); costs speed, and"
+                      " bf16 token identity with AR on real prompts is not yet reached (docs/benchmarks.md)")
 
 
 def resolve_dtype(name: str | None):

@@ -152,7 +152,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
-    cache, last_hidden = _prefill_chunk[model.gemm](
+    cache, last_hidden = _prefill_chunk[model.compilation()](
         graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
     )
     if on_progress:
@@ -276,12 +276,23 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
     )
 
 
+def check_invariant_depth(model: Transformer, proposer) -> None:
+  """Batch-invariant decoding takes a query's last RECENT positions from its own path, so
+  its trees must be shallower than that."""
+  from pallas_kernels.hybrid import RECENT
+
+  if model.batch_invariant and proposer.depth >= RECENT:
+    raise UserError(f"batch-invariant decoding verifies trees at most {RECENT - 1} tokens deep; this proposer's"
+                    f" trees reach depth {proposer.depth}.")
+
+
 def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int, decoding: Decoding = Decoding(),
           proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
           on_prefill: Callable[[int, int], None] | None = None) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
   `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one tree."""
   check_capacity(model.config, prompts, max_new_tokens)
+  check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
   max_len = -(-(longest + max_new_tokens + decoding.proposer.tree_size) // 128) * 128
@@ -290,12 +301,12 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
-  root, nonfinite = _first_token[model.gemm](graphdef, params, last_hidden, first_key, decoding.sampling,
+  root, nonfinite = _first_token[model.compilation()](graphdef, params, last_hidden, first_key, decoding.sampling,
                                              jnp.asarray(history), jnp.asarray(lengths, jnp.int32))
   first = np.asarray(root)
   history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
   history = jnp.asarray(history)
-  proposal = _start_proposer[model.gemm](graphdef, params, decoding.proposer, proposer_params, cache, history)
+  proposal = _start_proposer[model.compilation()](graphdef, params, decoding.proposer, proposer_params, cache, history)
   jax.block_until_ready(proposal)
   done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
@@ -309,8 +320,8 @@ def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = De
   none, whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation."""
   graphdef, params = nnx.split(model)
-  return _decode_chunk[model.gemm](*_chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
-                                                rounds, max_rounds))
+  args = _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds)
+  return _decode_chunk[model.compilation(rounds=True)](*args)
 
 
 def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds):
@@ -336,7 +347,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
-  decode_fn = _decode_chunk[model.gemm]
+  decode_fn = _decode_chunk[model.compilation(rounds=True)]
   chunk_args = lambda state, rounds: _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
                                                  rounds, MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region

@@ -19,12 +19,14 @@ Measured on an H100, bf16, in the same runs (docs/benchmarks.md, "GEMM choice"):
 
 cuBLAS is as fast or faster for every shape and row count measured (1-row steps, 69-row
 verification, 512-row prefill chunks), so it is the default on a GPU. The engine's
-jitted functions that run a model are compiled once per choice (`jit`) and called with
-their model's `Transformer.gemm`.
+jitted functions that run a model are compiled once per `Compilation` (`jit`: the GEMM
+choice and whether bf16 rounding is exact) and called with their model's
+`Transformer.compilation()`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -48,11 +50,29 @@ class Gemm(enum.Enum):
     return {"xla_gpu_enable_triton_gemm": False} if self is Gemm.CUBLAS else None
 
 
-def jit(**jit_kwargs) -> Callable[[Callable], dict[Gemm, Callable]]:
-  """Decorator: the function jitted once per `Gemm` (`jax.jit` keywords as given), as a
-  mapping; call `f[model.gemm](...)`."""
+@dataclasses.dataclass(frozen=True)
+class Compilation:
+  """How the engine compiles a model's functions: the GEMM code, and `exact`: XLA rounds
+  every bf16 intermediate as the program writes it. By default XLA may keep some in
+  float32 inside a fusion (`xla_allow_excess_precision`), and which ones depends on its
+  fusion decisions, which change with the call's shape: a row's bits then depend on how
+  many rows the call has (measured: `python -m infer.check_invariance`), so
+  batch-invariant decoding compiles exact."""
 
-  def wrap(fn: Callable) -> dict[Gemm, Callable]:
-    return {gemm: jax.jit(fn, compiler_options=gemm.compiler_options(), **jit_kwargs) for gemm in Gemm}
+  gemm: Gemm
+  exact: bool = False
+
+  def compiler_options(self) -> dict[str, Any] | None:
+    options = {**(self.gemm.compiler_options() or {}), **({"xla_allow_excess_precision": False} if self.exact else {})}
+    return options or None
+
+
+def jit(**jit_kwargs) -> Callable[[Callable], dict[Compilation, Callable]]:
+  """Decorator: the function jitted once per `Compilation` (`jax.jit` keywords as given),
+  as a mapping; call `f[model.compilation()](...)`."""
+
+  def wrap(fn: Callable) -> dict[Compilation, Callable]:
+    return {c: jax.jit(fn, compiler_options=c.compiler_options(), **jit_kwargs)
+            for c in (Compilation(gemm, exact) for gemm in Gemm for exact in (False, True))}
 
   return wrap

@@ -1,10 +1,18 @@
-"""Primitives both models are built from: RMSNorm, the decoder block (attention
-projections with RoPE, output projection, SwiGLU MLP), layers stacked for `lax.scan`,
-and random initialisation. The target (`target.py`) and the draft (`draft.py`) import
-these; neither imports the other's model.
+"""Primitives both models are built from: RMSNorm, the weight products, the decoder block
+(attention projections with RoPE, output projection, SwiGLU MLP), layers stacked for
+`lax.scan`, and random initialisation. The target (`target.py`) and the draft
+(`draft.py`) import these; neither imports the other's model.
+
+A stacked module's methods take `layer`, the index of the layer to run, for the
+batch-invariant products: every weight is then read as that layer of its stack, in place
+(a per-layer slice handed to a Pallas kernel is a copy of the layer's weights each call).
+XLA's own products run on the layer scan's per-layer slices (`layer` None), which its
+cuBLAS calls read in place.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +31,31 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return weight * normed.astype(x.dtype)
 
 
+def linear(x: jax.Array, w: jax.Array, contract: int = 1, *, layer=None, invariant: bool = False) -> jax.Array:
+  """x [..., *C] @ w [*C, *O] -> [..., *O], contracting the last `contract` axes of x with
+  the first of w; with `layer`, w is a stack [L, *C, *O] and `layer` names the one to use.
+
+  `invariant`: through the batch-invariant Pallas matmul (`pallas_kernels/matmul.py`,
+  interpreted off a GPU), whose rows compute the same bits whatever the number of rows;
+  else XLA's dot (cuBLAS or a Triton fusion, per `gemm.Gemm`)."""
+  stack = () if layer is None else w.shape[:1]
+  weight_shape = w.shape[len(stack):]
+  c_shape, o_shape = weight_shape[:contract], weight_shape[contract:]
+  if not invariant:
+    return jnp.tensordot(x, w if layer is None else w[layer], axes=contract)
+  from pallas_kernels.matmul import matmul
+
+  lead = x.shape[: x.ndim - contract]
+  flat = w.reshape(*stack, math.prod(c_shape), math.prod(o_shape))
+  y = matmul(x.reshape(*lead, -1), flat, layer, interpret=jax.default_backend() != "gpu")
+  return y.reshape(*lead, *o_shape)
+
+
+def _at(param: nnx.Param, layer) -> jax.Array:
+  """A parameter's array, or layer `layer` of it in a stacked module."""
+  return param[...] if layer is None else param[layer]
+
+
 class DecoderLayer(nnx.Module):
   """One pre-norm decoder block; `Transformer` stacks L of them on a leading axis."""
 
@@ -38,33 +71,37 @@ class DecoderLayer(nnx.Module):
     self.gate_up = nnx.Param(init_weight(rngs.params(), (e, 2, f), dtype))
     self.down = nnx.Param(init_weight(rngs.params(), (f, e), dtype))
 
-  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
-    """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k."""
+  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, layer=None, invariant: bool = False):
+    """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k.
+    (`layer`, `invariant`: see the module docstring and `linear`.)"""
     c = self.config
-    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps)
-    qkv = jnp.einsum("bte,end->btnd", h, self.qkv[...])  # [B, T, H + 2K, D]
+    h = rms_norm(x, _at(self.attn_norm, layer), c.rms_norm_eps)
+    qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, H + 2K, D]
     if self.qkv_bias is not None:
-      qkv = qkv + self.qkv_bias[...]
+      qkv = qkv + _at(self.qkv_bias, layer)
     q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     b, t = x.shape[:2]
     return q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim), k, v
 
-  def add_attention(self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None) -> jax.Array:
+  def add_attention(self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None, *, layer=None,
+                    invariant: bool = False) -> jax.Array:
     """Residual plus the output projection `o [H, D, E]` (this layer's by default) of
     attn_out [B, T, K, G, D]."""
     c = self.config
     b, t = x.shape[:2]
     attn_out = attn_out.reshape(b, t, c.num_heads, c.head_dim).astype(x.dtype)
-    return x + jnp.einsum("bthd,hde->bte", attn_out, self.o[...] if o is None else o)
+    if o is None:
+      o = self.o[...]
+    return x + linear(attn_out, o, 2, layer=layer, invariant=invariant)
 
-  def add_mlp(self, x: jax.Array) -> jax.Array:
+  def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False) -> jax.Array:
     """Residual plus the SwiGLU MLP of the normed x [B, T, E]."""
-    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps)
-    gate_up = jnp.einsum("bte,ecf->btcf", h, self.gate_up[...])  # [B, T, 2, F]
+    h = rms_norm(x, _at(self.mlp_norm, layer), self.config.rms_norm_eps)
+    gate_up = linear(h, self.gate_up[...], layer=layer, invariant=invariant)  # [B, T, 2, F]
     h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
-    return x + jnp.einsum("btf,fe->bte", h, self.down[...])
+    return x + linear(h, self.down[...], layer=layer, invariant=invariant)
 
 
 def stacked_layers(layer_class, config, dtype, rngs: nnx.Rngs) -> nnx.Module:

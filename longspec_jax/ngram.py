@@ -23,6 +23,10 @@ class PromptLookup:
   def tree_size(self) -> int:
     return self.num_tokens + 1
 
+  @property
+  def depth(self) -> int:
+    return self.num_tokens
+
   def start(self, params, *, target, cache, history):
     return None
 

@@ -8,14 +8,14 @@ travel separately: `params` (e.g. draft weights, a pytree) and a per-sequence `s
   propose(params, state, *, target, cache, history, root) -> (Tree, state)
 
 `history [B, S]` holds each sequence's tokens with the root (the newest token, not yet in
-the cache) at index `cache.lengths`. `tree_size` is the static node budget.
+the cache) at index `cache.lengths`. `tree_size` is the static node budget and `depth`
+the deepest a node can be (the root is at depth 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -31,6 +31,7 @@ class RootOnly:
   """The AR "proposal": a tree of just the root, so every round emits one target token."""
 
   tree_size: int = dataclasses.field(default=1, init=False)
+  depth: int = dataclasses.field(default=0, init=False)
 
   def start(self, params, *, target, cache, history):
     return None
@@ -57,6 +58,10 @@ class LongSpecDraft:
   @property
   def tree_size(self) -> int:
     return beam_offsets(self.widths)[-1]
+
+  @property
+  def depth(self) -> int:
+    return len(self.widths)
 
   def start(self, params, *, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
@@ -90,8 +95,8 @@ class LongSpecDraft:
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
     hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
     for depth, width in enumerate(self.widths, start=1):
-      log_probs = jax.nn.log_softmax(target.logits(hidden), axis=-1)  # [B, F, V]
-      rank, new_tokens, scores = best_children(log_probs, scores, width)
+      top_lp, top_tokens = target.top_log_probs(hidden, min(width, target.config.vocab_size))  # [B, F, k]
+      rank, new_tokens, scores = best_children(top_lp, top_tokens, scores, width)
       nodes = jnp.arange(offsets[depth], offsets[depth] + width)  # [width]
       new_parents = offsets[depth - 1] + rank  # [B, width]
       tokens = tokens.at[:, nodes].set(new_tokens)

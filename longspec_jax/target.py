@@ -8,20 +8,31 @@ projection `[E, H + 2K, D]` and gate/up another `[E, 2, F]`: one matrix product 
 Every forward takes explicit positions and a mask over the step's own tokens, and
 attends to the committed prefix of the KV cache through `attention.hybrid_attention`:
 the same call serves prefill chunks, AR decode and tree verification.
+
+Batch-invariant decoding (`Transformer.batch_invariant`): a decoding round's forward and
+logits run every product through the batch-invariant Pallas matmul and every attention
+through the batch-invariant hybrid pass, so a token's logits at a position are the same
+bits whether AR decoding computes it alone or a verification computes it among a tree's
+nodes: bf16 speculative output then equals bf16 AR output token for token, not only up
+to near-ties. Prefill, which both share, keeps its fast products; its attention only
+stops depending on the cache's allocated length (`attention.Invariance.CACHE`), which a
+speculative run sizes for its trees.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from longspec_jax import attention
-from longspec_jax.attention import Impl
+from longspec_jax import attention, topk
+from longspec_jax.attention import Impl, Invariance
 from longspec_jax.cache import KVCache, write_block
 from longspec_jax.config import TargetConfig
-from longspec_jax.gemm import Gemm
-from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.gemm import Compilation, Gemm
+from longspec_jax.layers import DecoderLayer, build_random, init_weight, linear, rms_norm, stacked_layers
 from longspec_jax.rope import inverse_frequencies, rope_tables
 
 
@@ -29,13 +40,16 @@ class Transformer(nnx.Module):
   """The target model. Call it with tokens, positions, a block mask and (optionally) a
   cache. `attention` picks the code every attention of the model runs (`attention.Impl`;
   by default the Pallas kernels on a GPU, the jnp reference elsewhere); `gemm` the code of
-  its matrix products in the engine's compiled functions (`gemm.Gemm`; cuBLAS on a GPU)."""
+  its matrix products in the engine's compiled functions (`gemm.Gemm`; cuBLAS on a GPU);
+  `batch_invariant` whether decoding rounds compute batch-invariantly (module docstring;
+  the engine passes it to `__call__` and `logits` for its rounds)."""
 
   def __init__(self, config: TargetConfig, dtype=jnp.float32, *, rngs: nnx.Rngs,
-               attention: attention.Impl | None = None, gemm: Gemm | None = None):
+               attention: attention.Impl | None = None, gemm: Gemm | None = None, batch_invariant: bool = False):
     self.config = config
     self.attention = attention or Impl.default()
     self.gemm = gemm or Gemm.default()
+    self.batch_invariant = batch_invariant
     self.embed = nnx.Param(init_weight(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
 
     self.layers = stacked_layers(DecoderLayer, config, dtype, rngs)
@@ -45,6 +59,16 @@ class Transformer(nnx.Module):
         if config.tie_word_embeddings
         else nnx.Param(init_weight(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
     )
+
+  def compilation(self, rounds: bool = False) -> Compilation:
+    """How the engine compiles this model's functions (`gemm.jit`): its `gemm`, exact bf16
+    rounding under batch-invariant decoding (`gemm.Compilation`), and for decoding rounds
+    (`rounds`) under batch-invariant decoding XLA's own GEMM choice: every product of the
+    target is then the Pallas matmul, and rounds compiled with cuBLAS for XLA's remaining
+    dots were measured to give some positions different bits from an AR step (H100,
+    SmolLM2 shape, before exact rounding: 39 of 330 chain nodes; none with XLA's choice)."""
+    gemm = Gemm.XLA if rounds and self.batch_invariant else self.gemm
+    return Compilation(gemm, exact=self.batch_invariant)
 
   @property
   def dtype(self):
@@ -56,13 +80,17 @@ class Transformer(nnx.Module):
       positions: jax.Array,
       mask: jax.Array,
       cache: KVCache | None = None,
+      *,
+      invariant: bool = False,
   ) -> tuple[jax.Array, KVCache | None]:
-    """tokens, positions [B, T]; mask [B, T, T] over this step's tokens.
+    """tokens, positions [B, T]; mask [B, T, T] over this step's tokens (with `invariant`,
+    batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
+    docstring).
 
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
-    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache)
+    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant)
     if cache is not None:
       # The cache is only read inside the layer scan; all layers' new K/V are written
       # after it, in place, so no layer ever copies the cache.
@@ -73,7 +101,7 @@ class Transformer(nnx.Module):
       )
     return x, cache
 
-  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None):
+  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
     cache the attention is the masked pass alone (not differentiable with pallas)."""
@@ -82,36 +110,58 @@ class Transformer(nnx.Module):
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)
+    invariance = Invariance.FULL if invariant else Invariance.CACHE if self.batch_invariant else Invariance.NONE
 
     def block(x, xs):
-      state, index = xs  # this layer's params and its index in the stacked cache
-      layer = nnx.merge(layer_def, state)
-      q, k, v = layer.project_qkv(x, cos, sin)
+      state, index = xs  # this layer's params (the scan's slice of the stack) and its index
+      if invariant:
+        # The Pallas matmul reads each layer's weights from the stack by index, in place (a
+        # slice handed to it would be copied first).
+        layer, weights = nnx.merge(layer_def, layer_state), dict(layer=index, invariant=True)
+      else:
+        # XLA's cuBLAS calls read the scan's own slices in place (offsets at the loop's counter).
+        layer, weights = nnx.merge(layer_def, state), {}
+      q, k, v = layer.project_qkv(x, cos, sin, **weights)
       if cache is None:
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
-        # The whole stacked cache goes in with the layer's index, not a slice of it (which
-        # XLA would copy before a kernel reads it).
-        out = attention.hybrid_attention(
-            q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
-            window=c.sliding_window, layer=index, impl=self.attention,
-        )
-      return layer.add_mlp(layer.add_attention(x, out)), (k, v)
+        # The whole stacked cache goes in with the layer's index, not a slice of it.
+        out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
+                                         window=c.sliding_window, layer=index, impl=self.attention,
+                                         invariance=invariance)
+      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
 
     x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)))  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), k_new, v_new
 
-  def logits(self, hidden: jax.Array) -> jax.Array:
-    """hidden [..., E] -> float32 logits [..., V] through the (possibly tied) LM head.
+  def logits(self, hidden: jax.Array, *, invariant: bool = False) -> jax.Array:
+    """hidden [..., E] -> float32 logits [..., V] through the (possibly tied) LM head
+    (with `invariant`, the batch-invariant matmul).
 
     The product comes out in the model's dtype (float32 accumulation), as transformers
     computes it, and is widened after: asked for float32 out of bf16 operands, XLA's
     cuBLAS path first widens the whole [E, V] head to float32 (1.4 ms a step at 8B)."""
-    if self.lm_head is None:
-      logits = jnp.einsum("...e,ve->...v", hidden, self.embed[...])
+    if self.lm_head is not None:
+      return linear(hidden, self.lm_head[...], invariant=invariant).astype(jnp.float32)
+    if invariant:
+      from pallas_kernels.matmul import matmul
+
+      logits = matmul(hidden, self.embed[...], transposed=True, interpret=jax.default_backend() != "gpu")
     else:
-      logits = jnp.einsum("...e,ev->...v", hidden, self.lm_head[...])
+      logits = jnp.einsum("...e,ve->...v", hidden, self.embed[...])
     return logits.astype(jnp.float32)
+
+  def top_log_probs(self, hidden: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k most likely next tokens after hidden [..., E] and their log-probabilities,
+    largest first (lower token first among equals), each [..., k]: what a draft's beam
+    search keeps of a vocabulary pass. For a few rows on a GPU, the head's product fused
+    with the top-k, the logits never in HBM (`topk.head_top_log_probs`); else the logits,
+    a log-softmax and `topk.top_k`."""
+    rows = math.prod(hidden.shape[:-1])
+    if topk.fused_head_pays(rows):
+      tied = self.lm_head is None
+      return topk.head_top_log_probs(hidden, self.embed[...] if tied else self.lm_head[...], k, transposed=tied)
+    return topk.top_k(jax.nn.log_softmax(self.logits(hidden), axis=-1), k)
 
 
 def abstract_model(config: TargetConfig, dtype, attention: Impl | None = None) -> Transformer:

@@ -1,4 +1,5 @@
-"""Exact top-k over a vocabulary-sized last axis, in two stages.
+"""Exact top-k over a vocabulary-sized last axis, in two stages; and the LM head's top-k
+log-probabilities of a few rows, fused with the head's product on a GPU.
 
 XLA's GPU top-k of a few rows of 49k logits (the beam search's frontier) takes ~170 us on
 an H100, for one row as for sixteen (`python -m infer.profile`). Taking the top k of each
@@ -39,3 +40,25 @@ def top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, ja
   index = index + (jnp.arange(chunks) * chunk)[:, None]
   best, pick = jax.lax.top_k(values.reshape(*lead, chunks * k), k)  # [..., k]
   return best, jnp.take_along_axis(index.reshape(*lead, chunks * k), pick, axis=-1)
+
+
+def fused_head_pays(rows: int) -> bool:
+  """Whether the fused head + top-k pass (`head_top_log_probs`) beats the logits, a
+  log-softmax and `top_k` for `rows` rows: on a GPU, for a draft's few frontier rows."""
+  return jax.default_backend() == "gpu" and rows <= MAX_ROWS
+
+
+def head_top_log_probs(hidden: jax.Array, head: jax.Array, k: int, *, transposed: bool):
+  """The k most likely next tokens after each row of hidden [..., E] under the LM head
+  (w [E, V], or [V, E] with `transposed`) and their log-probabilities, largest first:
+  `top_k(log_softmax(logits), k)` without the logits in HBM
+  (`pallas_kernels/head_topk.py`; interpreted off a GPU). Returns (log_probs, tokens),
+  each [..., k]."""
+  from pallas_kernels.head_topk import head_candidates
+
+  lead, e = hidden.shape[:-1], hidden.shape[-1]
+  values, tokens, lse = head_candidates(hidden.reshape(-1, e), head, k, transposed=transposed,
+                                       interpret=jax.default_backend() != "gpu")
+  best, pick = top_k(values, k)
+  tokens = jnp.take_along_axis(tokens, pick, axis=-1)
+  return (best - lse[:, None]).reshape(*lead, k), tokens.reshape(*lead, k)

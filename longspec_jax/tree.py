@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from longspec_jax.config import MAX_TREE_NODES
-from longspec_jax.topk import top_k
 
 
 def node_budget(vocab_size: int, batch: int = 1) -> int:
@@ -106,18 +105,19 @@ def beam_offsets(widths: tuple[int, ...]) -> tuple[int, ...]:
   return (0,) + tuple(int(x) for x in np.cumsum((1,) + tuple(widths)))
 
 
-def best_children(log_probs: jax.Array, scores: jax.Array, width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def best_children(top_lp: jax.Array, top_tokens: jax.Array, scores: jax.Array,
+                  width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One depth of LongSpec's dynamic beam search: of all children of the frontier nodes,
   the `width` with the highest cumulative log-probability. A frontier node may get many
   children or none; nodes left without children simply stop growing (nothing moves).
 
-  log_probs [B, F, V]: each frontier node's next-token log-probs; scores [B, F]: their
-  cumulative log-probs. Returns (parent rank in the frontier, token, cumulative score),
-  each [B, width], best first; siblings are distinct tokens.
+  top_lp, top_tokens [B, F, k]: each frontier node's k = min(width, V) most likely next
+  tokens and their log-probs, best first (no node can contribute more than `width`
+  children; `Transformer.top_log_probs`); scores [B, F]: the frontier's cumulative
+  log-probs. Returns (parent rank in the frontier, token, cumulative score), each
+  [B, width], best first; siblings are distinct tokens.
   """
-  batch, frontier, vocab = log_probs.shape
-  per_node = min(width, vocab)  # no node can contribute more than `width` children
-  top_lp, top_tokens = top_k(log_probs, per_node)  # [B, F, k]
+  batch, frontier, per_node = top_lp.shape
   total = (scores[:, :, None] + top_lp).reshape(batch, frontier * per_node)
   best, flat = jax.lax.top_k(total, width)  # [B, width]
   tokens = jnp.take_along_axis(top_tokens.reshape(batch, frontier * per_node), flat, axis=1)

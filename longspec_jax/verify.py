@@ -30,10 +30,12 @@ from longspec_jax.tree import Tree
 def verify(model: Transformer, tree: Tree, cache: KVCache) -> tuple[jax.Array, jax.Array, KVCache]:
   """Runs the target over all tree nodes (node i at slot lengths + i, position lengths +
   depth i). Returns float32 logits [B, N, V], the ancestor mask [B, N, N] and the cache
-  with the nodes' K/V written after the prefix (lengths unchanged)."""
+  with the nodes' K/V written after the prefix (lengths unchanged). With the model's
+  `batch_invariant`, each node's logits are the bits an AR step at its position computes."""
   ancestors = tree.ancestor_mask()
-  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache)
-  return model.logits(hidden), ancestors, cache
+  invariant = model.batch_invariant
+  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, invariant=invariant)
+  return model.logits(hidden, invariant=invariant), ancestors, cache
 
 
 @jax.tree_util.register_dataclass

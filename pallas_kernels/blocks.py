@@ -8,6 +8,8 @@ serves all query heads of its group (GQA: K/V read once per row block).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -60,13 +62,17 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
       def load(ref):
         return plgpu.load(ref.at[keys], mask=in_range, other=0.0) if masked else ref[keys]
 
-      s = plgpu.dot(q, load(k_ref), trans_b=True, allow_tf32=not exact) * scale  # [R, block_k] f32
+      # Scores stay unscaled until after the max is taken off: a product feeding a subtraction
+      # could become one fused multiply-add in this loop and not in the other (the mask's
+      # select sits between them there), and a row's bits would then depend on which of its
+      # blocks the call's other rows leave whole.
+      s = plgpu.dot(q, load(k_ref), trans_b=True, allow_tf32=not exact)  # [R, block_k] f32, unscaled
       if masked:
         s = jnp.where(visible(slots, i), s, NEG_INF)
       m_new = jnp.maximum(m, jnp.max(s, axis=1))
       m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)  # rows with nothing visible yet
-      correction = jnp.exp(m - m_safe)
-      p = jnp.exp(s - m_safe[:, None])
+      correction = jnp.exp((m - m_safe) * scale)
+      p = jnp.exp((s - m_safe[:, None]) * scale)
       v = load(v_ref)
       acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=not exact)
       return acc, m_new, denom * correction + jnp.sum(p, axis=1)
@@ -82,7 +88,7 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
   acc, m, denom = jax.lax.fori_loop(end_full, num_blocks, body(masked=True), carry)
   seen = denom > 0
   out = acc / jnp.where(seen, denom, 1.0)[:, None]
-  return out, jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
+  return out, jnp.where(seen, m * scale + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
 
 
 def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
@@ -95,4 +101,19 @@ def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
   lse = jax.nn.logsumexp(jnp.concatenate([lse for _, lse in parts]), axis=0)  # [B, K, T * G]
   safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
   out = sum(jnp.sum(out * jnp.exp(part_lse - safe)[..., None], axis=0) for out, part_lse in parts)
+  return from_rows(out, t, g), from_rows(lse, t, g)
+
+
+def merge_in_order(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
+  """`merge`, with every sum over the parts taken one part after another in list order,
+  as elementwise operations: an element's result depends on its own inputs alone, never
+  on how many rows the call has (a reduction over a parts axis may be tiled by the row
+  count). parts: (out [B, K, R_pad, D], lse [B, K, R_pad]) pairs in one row layout."""
+  parts = [(out[..., : t * g, :], lse[..., : t * g]) for out, lse in parts]
+  peak = functools.reduce(jnp.maximum, [lse for _, lse in parts])
+  peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for _, lse in parts])
+  lse = peak + jnp.log(total)  # log(0) = -inf: rows that saw nothing
+  safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+  out = functools.reduce(jnp.add, [out * jnp.exp(part_lse - safe)[..., None] for out, part_lse in parts])
   return from_rows(out, t, g), from_rows(lse, t, g)

@@ -34,7 +34,9 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, s
   lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
   start = pl.program_id(2) * split_len
   split_end = jnp.minimum(start + split_len, seq_len)
-  begin = jnp.maximum(start, jnp.min(lo))
+  # Blocks start at whole multiples of block_keys from the split's start whatever the rows'
+  # windows are, so a row's keys fall in the same blocks and lanes in every call.
+  begin = start + jnp.maximum(jnp.min(lo) - start, 0) // block_keys * block_keys
   num_blocks = pl.cdiv(jnp.maximum(jnp.minimum(split_end, jnp.max(hi)) - begin, 0), block_keys)
   # Blocks inside every row's range need no mask: all of them but the edges, usually.
   full_begin = pl.cdiv(jnp.maximum(jnp.max(lo) - begin, 0), block_keys)
@@ -91,7 +93,10 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
 
 
 def split_length(seq_len: int, params: KernelParams) -> int:
-  """Keys per split-K program: `params.splits` ranges rounded up to whole key blocks."""
+  """Keys per split-K program: `params.split_keys` when fixed, else `params.splits` ranges
+  rounded up to whole key blocks."""
+  if params.split_keys:
+    return params.split_keys
   return pl.cdiv(pl.cdiv(seq_len, params.splits), params.block_keys) * params.block_keys
 
 

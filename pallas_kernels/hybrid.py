@@ -5,6 +5,11 @@ The tree pass's (out, lse) joins the prefix pass's split-K partials as one more 
 the merge of the two passes costs nothing beyond the merge of splits the prefix pass
 needs anyway.
 
+`invariant_hybrid_attention` computes the same function so that a query's bits do not
+depend on the call: the same token at the same position gets the same output whether it
+is an AR step's one query or a node among a tree's, so verification computes exactly
+what AR decoding computes (module docstring there).
+
 Reference twin: `longspec_jax.attention.hybrid_attention` with impl="reference".
 """
 
@@ -13,22 +18,29 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, prefix_partials
 from pallas_kernels.tree_attention import tree_partial
-from pallas_kernels.tuning import Pass, params_for
+from pallas_kernels.tuning import Pass, invariant_prefix_params, params_for
+
+# Batch-invariant attention takes each query's last RECENT positions (itself included) from
+# its own path, so trees may be at most RECENT - 1 deep.
+RECENT = 32
 
 
 def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *, layer=None,
-                     interpret: bool | None = None):
+                     split_keys: int = 0, interpret: bool | None = None):
   """q [B, T, K, G, D] over the cache k/v [B, S, K, D] (or layer `layer` of the stacked
   [L, B, S, K, D], read in place; slots < lengths [B], within `window` of each query's
   position) and the step's own k_new/v_new [B, T, K, D] under mask [B, T, T]. Returns
-  out f32 [B, T, K, G, D]."""
+  out f32 [B, T, K, G, D]. `split_keys`: a fixed split-K range for the prefix pass, its
+  partials merged in order (the bits then do not depend on S), else one from the shape."""
   b, t, kv_heads, g, d = q.shape
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-  prefix = params_for(Pass.PREFIX, t * g, d, k_cache.shape[-3], b * kv_heads)
+  prefix = dataclasses.replace(params_for(Pass.PREFIX, t * g, d, k_cache.shape[-3], b * kv_heads),
+                               split_keys=split_keys)
   tree = params_for(Pass.TREE, t * g, d, t, b * kv_heads)
   block_rows = max(prefix.block_rows, tree.block_rows)  # one row layout for both passes
   rows = blocks.to_rows(q, block_rows)
@@ -37,5 +49,64 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
                                 interpret, layer=layer)
   mask_rows = blocks.per_row(mask, g, rows.shape[2])
   tree_part = tree_partial(rows, k_new, v_new, mask_rows, dataclasses.replace(tree, block_rows=block_rows), interpret)
+  if split_keys:  # as many splits as the cache allows: merged one by one, each adding zeros past a query's keys
+    (prefix_out, prefix_lse), (tree_out, tree_lse) = prefix_part, tree_part
+    parts = [(prefix_out[s], prefix_lse[s]) for s in range(prefix_out.shape[0])] + [(tree_out[0], tree_lse[0])]
+    return blocks.merge_in_order(parts, t, g)[0]
   return blocks.merge([prefix_part, tree_part], t, g)[0]
 
+
+def invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *,
+                               layer=None, interpret: bool | None = None):
+  """`hybrid_attention` (same arguments; `mask` must be the tree's ancestor mask, node
+  itself included, and the step's tokens sit at depths q_positions - lengths < RECENT),
+  computed so that a query's output depends only on its position, its path and the
+  cache's contents, bit for bit, never on the other queries of the call or on how many
+  slots the cache has.
+
+  Where a query's keys come from differs between calls: for AR at position p every earlier
+  key is in the cache; for a tree node at p, those after the round's start are its
+  ancestors. So a query at p splits its keys by position, not by where they lie: the far
+  part, slots < p - RECENT + 1, all committed, by the split-K prefix pass with one launch
+  for every call (fixed splits and blocks, aligned to absolute slots); the near part, positions
+  p - RECENT + 1 .. p, gathered into RECENT lanes (lane i: position p - RECENT + 1 + i)
+  from the cache or from the query's own ancestors, attended one query per program. The
+  parts are merged one after another in a fixed order."""
+  b, t, kv_heads, g, d = q.shape
+  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  if layer is None:
+    k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
+  seq_len = k_cache.shape[2]
+  params = invariant_prefix_params()
+  rows = blocks.to_rows(q, params.block_rows)
+  lo, _ = bounds(lengths, q_positions, window, t)
+  far_end = jnp.clip(q_positions - (RECENT - 1), 0, lengths[:, None]).astype(jnp.int32)  # [B, T]
+  lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in (lo, far_end))
+  far_out, far_lse = prefix_partials(rows, k_cache, v_cache, lo, hi, params, interpret, layer=layer)
+
+  # The near lanes: from the cache before the round's start, else from the query's ancestor at that depth.
+  lanes = q_positions[:, :, None] - (RECENT - 1) + jnp.arange(RECENT)  # [B, T, W] positions
+  lane_depth = lanes - lengths[:, None, None]  # < 0: committed
+  node_depth = q_positions - lengths[:, None]  # [B, T]
+  at_depth = mask[:, :, :, None] & (node_depth[:, None, :, None] == jnp.arange(RECENT))  # [B, T, T, W]
+  ancestor = jnp.take_along_axis(jnp.argmax(at_depth, axis=2), jnp.clip(lane_depth, 0, RECENT - 1), axis=2)
+  batch = jnp.arange(b)[:, None, None]
+  slot = jnp.clip(lanes, 0, seq_len - 1)
+  committed = (lane_depth < 0)[..., None, None]
+
+  def near(cache, new):  # [B * T, W, K, D]
+    keys = jnp.where(committed, cache[layer, batch, slot], new[batch, ancestor])  # [B, T, W, K, D]
+    return keys.reshape(b * t, RECENT, kv_heads, d)
+
+  visible = lanes >= 0
+  if window is not None:
+    visible &= q_positions[:, :, None] - lanes < window
+  tree = params_for(Pass.TREE, g, d, RECENT, b * t * kv_heads)  # one query's rows, whatever T is
+  near_rows = blocks.to_rows(q.reshape(b * t, 1, kv_heads, g, d), tree.block_rows)
+  near_mask = blocks.per_row(visible.reshape(b * t, 1, RECENT), g, near_rows.shape[2])
+  near_out, near_lse = tree_partial(near_rows, near(k_cache, k_new), near(v_cache, v_new), near_mask, tree, interpret)
+  near_out = blocks.to_rows(blocks.from_rows(near_out[0], 1, g).reshape(b, t, kv_heads, g, d), params.block_rows)
+  near_lse = blocks.to_rows(blocks.from_rows(near_lse[0, ..., None], 1, g).reshape(b, t, kv_heads, g, 1),
+                            params.block_rows)[..., 0]
+  parts = [(far_out[s], far_lse[s]) for s in range(far_out.shape[0])] + [(near_out, near_lse)]
+  return blocks.merge_in_order(parts, t, g)[0]

@@ -3,17 +3,24 @@ M of decoding (1 row), a tree verification (16-128 rows) and a draft pass, where
 weights are the bytes that matter and must be read once, at memory bandwidth.
 
 The grid is (N / block_n, splits): program (j, s) streams w[K_s, j-th column block] for
-its share K_s of the contraction, multiplies it with all M rows of x (padded to a
-power of two, at least 16), accumulates in float32 over block_k steps in order, and writes a
-float32 partial [M, block_n]; the partials of the splits are then added in split order.
-Enough programs to fill the GPU come from the column blocks times the splits, never from
-the rows.
+its share K_s of the contraction, one block_k step at a time; each step's weight tile is
+loaded once and multiplied with every 16-row block of x in turn, each into its own
+float32 accumulator; the program writes a float32 partial [M, block_n], and the partials
+of the splits are then added in split order. Enough programs to fill the GPU come from
+the column blocks times the splits, never from the rows.
+
+The weights may be a layer of a stack [L, K, N] named by an index read at run time (as
+the attention kernels read a layer of the stacked KV cache): inside the model's layer
+scan, a slice handed to a custom call would be a copy of that layer's weights per call.
+They may also be stored transposed, [N, K] (a tied LM head is the embedding [V, E]).
+Nothing of the weights is padded or copied: the edges of K and N are masked loads.
 
 Batch-invariant: every output element's sum runs over the same block_k steps, then the
-same splits, in the same order, whatever M is (the parameters depend on K and N only, and
-zero padding adds exact zeros). So a row computes the same bits alone, as in AR decoding,
-and among a tree's 69 rows, as in verification: speculative output can equal AR output
-exactly in bf16, not only up to ties.
+same splits, in the same order, through a product of the same 16-row tile shape, whatever
+M is (the parameters depend on K and N only, and zero rows are never mixed into a real
+row's sum). So a row computes the same bits alone, as in AR decoding, and among a tree's
+69 rows, as in verification: speculative output can equal AR output exactly in bf16, not
+only up to ties.
 
 Reference twin: `matmul_reference` (XLA's dot with float32 accumulation).
 """
@@ -28,7 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-MIN_ROWS = 16  # rows are padded to a power of two (Triton's blocks), at least a tensor-core tile
+BLOCK_ROWS = 16  # the row tile of every product, whatever M is (a tensor-core tile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,60 +47,89 @@ class MatmulParams:
   num_stages: int = 3
 
 
-def matmul_reference(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [..., K] @ w [K, N] with float32 accumulation, in x's dtype."""
-  return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+def matmul_reference(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+  """x [..., K] @ w [K, N] (or w [N, K] with `transposed`) with float32 accumulation, in
+  x's dtype."""
+  spec = "...k,nk->...n" if transposed else "...k,kn->...n"
+  return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def default_params(k: int, n: int, programs: int = 132) -> MatmulParams:
   """Parameters from the weight's shape alone (so that they, and the sums, do not depend
-  on the row count): column blocks of 64, and splits of the contraction until about
-  `programs` programs (one wave; an H100 has 132 SMs) or splits of 512 columns."""
-  block_n, block_k = 64, 128
+  on the row count): column blocks of 64, the widest contraction step of 128/64/32/16
+  that divides K (no masked edge), and splits of the contraction until about `programs`
+  programs (one wave; an H100 has 132 SMs) or splits of 512 columns."""
+  block_n = 64
+  block_k = next((b for b in (128, 64, 32, 16) if k % b == 0), 128)
   column_blocks = pl.cdiv(n, block_n)
   splits = max(1, min(programs // column_blocks, k // 512))
   return MatmulParams(block_n=block_n, block_k=block_k, splits=splits)
 
 
-def _kernel(x_ref, w_ref, out_ref, *, block_k: int, steps: int, exact: bool):
-  # x_ref [M_pad, K_s], w_ref [K_s, block_n], out_ref [M_pad, block_n] float32.
-  def step(i, acc):
+def _kernel(layer_ref, x_ref, w_ref, out_ref, *, block_k: int, block_n: int, steps: int, steps_per_split: int,
+            k: int, n: int, transposed: bool, exact: bool):
+  # x_ref [M_pad, K_pad] (zero-padded); w_ref [L, K, N] or [L, N, K]; out_ref [M_pad, block_n] f32.
+  layer = layer_ref[0]
+  j, s = pl.program_id(0), pl.program_id(1)
+  cols = pl.ds(j * block_n, block_n)
+  col_ok = j * block_n + jnp.arange(block_n) < n
+  row_blocks = out_ref.shape[0] // BLOCK_ROWS
+
+  def step(i, accs):
     ks = pl.ds(i * block_k, block_k)
-    return acc + plgpu.dot(x_ref[:, ks], w_ref[ks, :], allow_tf32=not exact)
+    k_ok = i * block_k + jnp.arange(block_k) < k
+    if transposed:
+      tile, mask = w_ref.at[layer, cols, ks], col_ok[:, None] & k_ok[None, :]  # [block_n, block_k]
+    else:
+      tile, mask = w_ref.at[layer, ks, cols], k_ok[:, None] & col_ok[None, :]  # [block_k, block_n]
+    w = plgpu.load(tile, mask=mask, other=0.0) if k % block_k or n % block_n else tile[...]
+    return tuple(
+        acc + plgpu.dot(x_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), ks], w, trans_b=transposed, allow_tf32=not exact)
+        for r, acc in enumerate(accs))
 
-  out_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros(out_ref.shape, jnp.float32))
+  first = s * steps_per_split
+  accs = jax.lax.fori_loop(first, jnp.minimum(first + steps_per_split, steps), step,
+                           tuple(jnp.zeros((BLOCK_ROWS, block_n), jnp.float32) for _ in range(row_blocks)))
+  for r, acc in enumerate(accs):
+    out_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), :] = acc
 
 
-@functools.partial(jax.jit, static_argnames=("params", "interpret"))
-def matmul(x: jax.Array, w: jax.Array, *, params: MatmulParams | None = None, interpret: bool = False) -> jax.Array:
-  """x [..., K] @ w [K, N] -> [..., N] in x's dtype, float32 accumulation, batch-invariant
-  (see the module docstring); `params` default to `default_params(K, N)`."""
+@functools.partial(jax.jit, static_argnames=("transposed", "params", "interpret"))
+def matmul(x: jax.Array, w: jax.Array, layer=None, *, transposed: bool = False, params: MatmulParams | None = None,
+           interpret: bool = False) -> jax.Array:
+  """x [..., K] @ w -> [..., N] in x's dtype, float32 accumulation, batch-invariant (see
+  the module docstring). w is [K, N], or [N, K] with `transposed`; with `layer` (an int
+  or an int32 scalar), w is a stack [L, ...] of such weights and `layer` names the one
+  to use, read in place. `params` default to `default_params(K, N)`."""
+  if layer is None:
+    w, layer = w[None], 0
   *lead, k = x.shape
-  n = w.shape[1]
+  n = w.shape[1] if transposed else w.shape[2]
   params = params or default_params(k, n)
   rows = x.reshape(-1, k)
   m = rows.shape[0]
-  m_pad = max(MIN_ROWS, pl.next_power_of_2(m))
-  span = params.splits * params.block_k  # K is padded to whole steps of every split
-  k_pad = pl.cdiv(k, span) * span
+  m_pad = pl.cdiv(m, BLOCK_ROWS) * BLOCK_ROWS
+  steps = pl.cdiv(k, params.block_k)
+  steps_per_split = pl.cdiv(steps, params.splits)
+  rows = jnp.pad(rows, ((0, m_pad - m), (0, steps * params.block_k - k)))  # x is small; w is never padded
   n_pad = pl.cdiv(n, params.block_n) * params.block_n
-  rows = jnp.pad(rows, ((0, m_pad - m), (0, k_pad - k)))
-  w = jnp.pad(w, ((0, k_pad - k), (0, n_pad - n)))
-  k_split = k_pad // params.splits
-  kernel = functools.partial(_kernel, block_k=params.block_k, steps=k_split // params.block_k,
+  kernel = functools.partial(_kernel, block_k=params.block_k, block_n=params.block_n, steps=steps,
+                             steps_per_split=steps_per_split, k=k, n=n, transposed=transposed,
                              exact=x.dtype == jnp.float32)
   partials = pl.pallas_call(
       kernel,
       grid=(n_pad // params.block_n, params.splits),
       in_specs=[
-          pl.BlockSpec((m_pad, k_split), lambda j, s: (0, s)),
-          pl.BlockSpec((k_split, params.block_n), lambda j, s: (s, j)),
+          pl.BlockSpec((1,), lambda j, s: (0,)),
+          pl.BlockSpec(rows.shape, lambda j, s: (0, 0)),
+          pl.BlockSpec(w.shape, lambda j, s: (0, 0, 0)),
       ],
       out_specs=pl.BlockSpec((None, m_pad, params.block_n), lambda j, s: (s, 0, j)),
       out_shape=jax.ShapeDtypeStruct((params.splits, m_pad, n_pad), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
       interpret=interpret,
-  )(rows, w)
+      name="matmul",
+  )(jnp.asarray(layer, jnp.int32).reshape(1), rows, w)
   out = partials[0]
   for s in range(1, params.splits):  # in split order, whatever M is
     out = out + partials[s]

@@ -15,6 +15,9 @@ import jax
 from jax.experimental import pallas as pl
 
 MIN_KEYS_PER_SPLIT = 256
+# Batch-invariant decoding's split-K range (a fixed length, never derived from the cache's
+# allocated size): 8 programs per KV head at 4k keys, 64 at 32k.
+INVARIANT_SPLIT_KEYS = 512
 # Programs in one wave where the device does not say (interpreted on a CPU): an H100's SMs.
 DEFAULT_WAVE = 132
 
@@ -43,6 +46,7 @@ class KernelParams:
   num_warps: int
   num_stages: int
   splits: int = 1
+  split_keys: int = 0  # keys per split-K range, when fixed (then `splits` is ignored): see `split_length`
 
 
 # (pass, largest query rows per KV head, head_dim) -> (block_rows, block_keys, warps, stages).
@@ -77,3 +81,13 @@ def params_for(kind: Pass, rows: int, head_dim: int, seq_len: int, batch_heads: 
     programs = batch_heads * pl.cdiv(rows, block_rows)
     splits = max(1, min(wave_programs() // programs, seq_len // MIN_KEYS_PER_SPLIT))
   return KernelParams(block_rows, block_keys, warps, stages, splits)
+
+
+def invariant_prefix_params() -> KernelParams:
+  """The prefix pass's launch for batch-invariant decoding: one row tile, key block and
+  split range for every call, so a query's sums run in the same order whatever else is in
+  the call and however long the cache is allocated (a speculative run allocates room for
+  its tree; AR does not). Splits are INVARIANT_SPLIT_KEYS keys from slot 0; those past a
+  query's keys add exact zeros. 64 x 64 tiles are the sweep's choice for 64+ rows and cost
+  an AR step little (its few rows are padded)."""
+  return KernelParams(block_rows=64, block_keys=64, num_warps=4, num_stages=3, split_keys=INVARIANT_SPLIT_KEYS)

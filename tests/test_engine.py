@@ -190,6 +190,24 @@ def test_pallas_attention_gives_the_same_tokens(tiny):
   assert tiny.attention is Impl.REFERENCE  # (the fixture is untouched)
 
 
+def test_batch_invariant_bf16_speculation_emits_the_ar_tokens(tmp_path):
+  """bf16 with batch-invariant rounds (kernels interpreted on CPU): PLD and LongSpec emit
+  AR's tokens, though their caches are allocated longer (108 + 16 tokens fit in 128 slots
+  with AR's one-node tree, not with their trees); a tree deeper than the invariant pass
+  allows is refused in one sentence."""
+  model, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "llama"), jnp.bfloat16)
+  model.batch_invariant = True
+  rng = np.random.default_rng(12)
+  pattern = rng.integers(3, 211, size=7).tolist()
+  prompts = [pattern * 5, rng.integers(3, 211, size=108).tolist()]
+  reference = generate(model, prompts, 16).token_ids
+  assert generate(model, prompts, 16, Decoding(proposer=PromptLookup(num_tokens=6))).token_ids == reference
+  proposer, params = longspec(model, widths=(2, 2, 2), window=8)
+  assert generate(model, prompts, 16, Decoding(proposer=proposer), params).token_ids == reference
+  with pytest.raises(UserError, match="at most 31 tokens deep"):
+    generate(model, prompts, 4, Decoding(proposer=PromptLookup(num_tokens=40)))
+
+
 def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
   prompt = np.random.default_rng(8).integers(3, 211, size=15).tolist()
   free = generate(tiny, [prompt], 16).token_ids[0]

@@ -7,7 +7,7 @@ import numpy as np
 from longspec_jax import gemm
 from longspec_jax.config import TargetConfig
 from longspec_jax.engine import generate
-from longspec_jax.gemm import Gemm
+from longspec_jax.gemm import Compilation, Gemm
 from longspec_jax.target import random_model
 
 TINY = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -19,15 +19,18 @@ def test_one_compilation_per_choice_computes_the_same():
   def product(x, w, scale):
     return scale * x @ w
 
-  assert set(product) == set(Gemm)
+  assert set(product) == {Compilation(choice, exact) for choice in Gemm for exact in (False, True)}
   x, w = jax.random.normal(jax.random.key(0), (3, 5)), jax.random.normal(jax.random.key(1), (5, 7))
-  for choice in Gemm:
-    np.testing.assert_allclose(product[choice](x, w, scale=2.0), 2.0 * x @ w, rtol=1e-6)
+  for compilation in product:
+    np.testing.assert_allclose(product[compilation](x, w, scale=2.0), 2.0 * x @ w, rtol=1e-6)
 
 
 def test_options_and_default():
   assert Gemm.XLA.compiler_options() is None
   assert Gemm.CUBLAS.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
+  assert Compilation(Gemm.XLA).compiler_options() is None
+  assert Compilation(Gemm.CUBLAS, exact=True).compiler_options() == {"xla_gpu_enable_triton_gemm": False,
+                                                                     "xla_allow_excess_precision": False}
   assert Gemm.default() is (Gemm.CUBLAS if jax.default_backend() == "gpu" else Gemm.XLA)
 
 

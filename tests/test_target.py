@@ -85,3 +85,17 @@ def test_bfloat16_close_to_float32(tmp_path):
   tokens = np.random.default_rng(2).integers(0, config.vocab_size, size=(2, 24))
   a, b = run_cached(m32, tokens, 16), run_cached(m16, tokens, 16)
   assert np.abs(a - b).max() / np.abs(a).max() < 3e-2
+
+
+def test_batch_invariant_prefill_does_not_depend_on_the_cache_length(tmp_path):
+  """With `batch_invariant`, the prompt's cached K/V are the same bits in a cache of any
+  allocated length (AR and a method with trees allocate differently), bf16."""
+  from longspec_jax.engine import prefill
+
+  model, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "llama"), jnp.bfloat16)
+  model.batch_invariant = True
+  prompt = np.random.default_rng(2).integers(3, 211, size=(1, 300)).tolist()
+  (short, hidden_a), (long, hidden_b) = (prefill(model, prompt, n, chunk=128) for n in (384, 1152))  # 1 or 3 splits
+  np.testing.assert_array_equal(np.asarray(hidden_a), np.asarray(hidden_b))
+  for a, b in ((short.k, long.k), (short.v, long.v)):
+    np.testing.assert_array_equal(np.asarray(a[:, :, :300]), np.asarray(b[:, :, :300]))

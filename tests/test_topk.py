@@ -25,3 +25,18 @@ def test_bfloat16_rows():
   x = jax.random.normal(jax.random.key(0), (4, 49152), jnp.bfloat16)
   got, want = top_k(x, 16, chunk=1024), jax.lax.top_k(x, 16)
   np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+def test_head_top_log_probs_equal_log_softmax_and_top_k():
+  """The fused head pass (interpreted) gives the log-probs and tokens of the unfused one,
+  for a separate head and a tied embedding, with leading axes."""
+  from longspec_jax.topk import head_top_log_probs
+
+  rng = np.random.default_rng(3)
+  hidden = jnp.asarray(rng.standard_normal((2, 3, 40)), jnp.float32)
+  head = jnp.asarray(rng.standard_normal((40, 700)), jnp.float32)
+  want = top_k(jax.nn.log_softmax(jnp.einsum("bfe,ev->bfv", hidden, head), axis=-1), 5)
+  for weights, transposed in ((head, False), (head.T, True)):
+    got = head_top_log_probs(hidden, weights, 5, transposed=transposed)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

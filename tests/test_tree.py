@@ -84,7 +84,8 @@ def test_best_children_are_the_best_of_all_children(seed, frontier, width):
   log_probs = np.asarray(jax.nn.log_softmax(rng.standard_normal((2, frontier, vocab)) * 3, axis=-1), np.float32)
   scores = (rng.standard_normal((2, frontier)) * 2).astype(np.float32)
   width = min(width, frontier * vocab)
-  parent, token, best = map(np.asarray, best_children(jnp.asarray(log_probs), jnp.asarray(scores), width))
+  top_lp, top_tokens = jax.lax.top_k(jnp.asarray(log_probs), min(width, vocab))
+  parent, token, best = map(np.asarray, best_children(top_lp, top_tokens, jnp.asarray(scores), width))
   for b in range(2):
     every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)),
                    reverse=True)

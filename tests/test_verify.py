@@ -1,5 +1,5 @@
 """Greedy acceptance on random trees against a slow pure-Python walk; the sampled walk's
-exact law against AR sampling."""
+exact law against AR sampling; batch-invariant verification against AR steps, bit for bit."""
 
 import functools
 import itertools
@@ -8,13 +8,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tree import random_tree
 
+from longspec_jax.engine import prefill
 from longspec_jax.sampling import SamplingConfig, probs
 from longspec_jax.tree import Tree, chain
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, walk_outcomes
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
+from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
 
 
 def reference_accept(parents, valid, tokens, target):
@@ -229,3 +234,35 @@ def test_a_draw_follows_the_walks_law():
     counts[key] = counts.get(key, 0) + 1
   for key, p in law.items():  # 4000 draws: within 4.5 standard deviations
     assert abs(counts.get(key, 0) / 4000 - p) < 4.5 * np.sqrt(p * (1 - p) / 4000) + 1e-3, key
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # a separate LM head; a tied one with q/k/v biases
+def test_batch_invariant_verification_computes_the_ar_bits(kind, tmp_path):
+  """bf16: with `batch_invariant`, every node on a random tree's paths gets the logits an
+  AR step at its position computes alone, bit for bit (the kernels interpreted on CPU),
+  after a 400-token prefill (the cache spans two split-K ranges)."""
+  model, _ = load_hf_dir(save_tiny_hf_model(kind, tmp_path / kind), jnp.bfloat16)
+  model.batch_invariant = True
+  graphdef, params = nnx.split(model)
+  run = jax.jit(lambda params, tree, cache: verify(nnx.merge(graphdef, params), tree, cache)[::2])
+  rng = np.random.default_rng(4)
+  cache, _ = prefill(model, rng.integers(3, 211, size=(2, 400)).tolist(), 512)
+  tree = random_tree(rng, 2, 12, 211)[0]
+  tree = Tree(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, valid=jnp.ones_like(tree.valid))
+  many, _ = run(params, tree, cache)  # [B, N, V]
+  depths, parents = np.asarray(tree.depths), np.asarray(tree.parents)
+  deepest = depths.argmax(axis=1)
+  paths = []
+  for b, node in enumerate(deepest):
+    path = [int(node)]
+    while parents[b, path[-1]] >= 0:
+      path.append(int(parents[b, path[-1]]))
+    paths.append(path[::-1])
+  for depth in range(max(map(len, paths))):  # AR along each sequence's deepest path
+    nodes = [path[min(depth, len(path) - 1)] for path in paths]
+    alone, cache = run(params, chain(tree.tokens[jnp.arange(2), jnp.asarray(nodes)], jnp.zeros((2, 0), jnp.int32)),
+                       cache)
+    for b, path in enumerate(paths):
+      if depth < len(path):
+        np.testing.assert_array_equal(np.asarray(alone[b, 0]), np.asarray(many[b, nodes[b]]))
+    cache = cache.advance(1)
