@@ -32,7 +32,7 @@ from longspec_jax.attention import Impl, Invariance
 from longspec_jax.cache import KVCache, write_block
 from longspec_jax.config import TargetConfig
 from longspec_jax.gemm import Compilation, Gemm
-from longspec_jax.layers import DecoderLayer, build_random, init_weight, linear, rms_norm, stacked_layers
+from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
 from longspec_jax.rope import inverse_frequencies, rope_tables
 
 
@@ -134,6 +134,12 @@ class Transformer(nnx.Module):
     x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)))  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), k_new, v_new
 
+  def _head(self) -> tuple[jax.Array, bool]:
+    """The LM head's weights and whether they are stored [V, E] (the tied embedding)
+    rather than [E, V]."""
+    tied = self.lm_head is None
+    return (self.embed[...] if tied else self.lm_head[...]), tied
+
   def logits(self, hidden: jax.Array, *, invariant: bool = False) -> jax.Array:
     """hidden [..., E] -> float32 logits [..., V] through the (possibly tied) LM head
     (with `invariant`, the batch-invariant matmul).
@@ -141,14 +147,13 @@ class Transformer(nnx.Module):
     The product comes out in the model's dtype (float32 accumulation), as transformers
     computes it, and is widened after: asked for float32 out of bf16 operands, XLA's
     cuBLAS path first widens the whole [E, V] head to float32 (1.4 ms a step at 8B)."""
-    if self.lm_head is not None:
-      return linear(hidden, self.lm_head[...], invariant=invariant).astype(jnp.float32)
+    head, transposed = self._head()
     if invariant:
       from pallas_kernels.matmul import matmul
 
-      logits = matmul(hidden, self.embed[...], transposed=True, interpret=jax.default_backend() != "gpu")
+      logits = matmul(hidden, head, transposed=transposed, interpret=jax.default_backend() != "gpu")
     else:
-      logits = jnp.einsum("...e,ve->...v", hidden, self.embed[...])
+      logits = jnp.einsum("...e,ve->...v" if transposed else "...e,ev->...v", hidden, head)
     return logits.astype(jnp.float32)
 
   def top_log_probs(self, hidden: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -157,10 +162,9 @@ class Transformer(nnx.Module):
     search keeps of a vocabulary pass. For a few rows on a GPU, the head's product fused
     with the top-k, the logits never in HBM (`topk.head_top_log_probs`); else the logits,
     a log-softmax and `topk.top_k`."""
-    rows = math.prod(hidden.shape[:-1])
-    if topk.fused_head_pays(rows):
-      tied = self.lm_head is None
-      return topk.head_top_log_probs(hidden, self.embed[...] if tied else self.lm_head[...], k, transposed=tied)
+    if topk.fused_head_pays(math.prod(hidden.shape[:-1])):
+      head, transposed = self._head()
+      return topk.head_top_log_probs(hidden, head, k, transposed=transposed)
     return topk.top_k(jax.nn.log_softmax(self.logits(hidden), axis=-1), k)
 
 

@@ -105,15 +105,16 @@ def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
 
 
 def merge_in_order(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
-  """`merge`, with every sum over the parts taken one part after another in list order,
-  as elementwise operations: an element's result depends on its own inputs alone, never
-  on how many rows the call has (a reduction over a parts axis may be tiled by the row
-  count). parts: (out [B, K, R_pad, D], lse [B, K, R_pad]) pairs in one row layout."""
-  parts = [(out[..., : t * g, :], lse[..., : t * g]) for out, lse in parts]
-  peak = functools.reduce(jnp.maximum, [lse for _, lse in parts])
+  """`merge` (same arguments), with every sum over the partials taken one partial after
+  another (each part's in order, the parts in list order) as elementwise operations: an
+  element's result depends on its own inputs alone, never on how many rows the call has
+  or how many partials there are (a reduction over a partials axis may be tiled by either;
+  a partial that saw nothing adds exact zeros)."""
+  partials = [(out[i, ..., : t * g, :], lse[i, ..., : t * g]) for out, lse in parts for i in range(out.shape[0])]
+  peak = functools.reduce(jnp.maximum, [lse for _, lse in partials])
   peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
-  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for _, lse in parts])
+  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for _, lse in partials])
   lse = peak + jnp.log(total)  # log(0) = -inf: rows that saw nothing
   safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-  out = functools.reduce(jnp.add, [out * jnp.exp(part_lse - safe)[..., None] for out, part_lse in parts])
+  out = functools.reduce(jnp.add, [out * jnp.exp(part_lse - safe)[..., None] for out, part_lse in partials])
   return from_rows(out, t, g), from_rows(lse, t, g)

@@ -49,11 +49,9 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
                                 interpret, layer=layer)
   mask_rows = blocks.per_row(mask, g, rows.shape[2])
   tree_part = tree_partial(rows, k_new, v_new, mask_rows, dataclasses.replace(tree, block_rows=block_rows), interpret)
-  if split_keys:  # as many splits as the cache allows: merged one by one, each adding zeros past a query's keys
-    (prefix_out, prefix_lse), (tree_out, tree_lse) = prefix_part, tree_part
-    parts = [(prefix_out[s], prefix_lse[s]) for s in range(prefix_out.shape[0])] + [(tree_out[0], tree_lse[0])]
-    return blocks.merge_in_order(parts, t, g)[0]
-  return blocks.merge([prefix_part, tree_part], t, g)[0]
+  # Fixed splits: as many as the cache allows, merged one by one (those past a query's keys add zeros).
+  merge = blocks.merge_in_order if split_keys else blocks.merge
+  return merge([prefix_part, tree_part], t, g)[0]
 
 
 def invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *,
@@ -108,5 +106,4 @@ def invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask,
   near_out = blocks.to_rows(blocks.from_rows(near_out[0], 1, g).reshape(b, t, kv_heads, g, d), params.block_rows)
   near_lse = blocks.to_rows(blocks.from_rows(near_lse[0, ..., None], 1, g).reshape(b, t, kv_heads, g, 1),
                             params.block_rows)[..., 0]
-  parts = [(far_out[s], far_lse[s]) for s in range(far_out.shape[0])] + [(near_out, near_lse)]
-  return blocks.merge_in_order(parts, t, g)[0]
+  return blocks.merge_in_order([(far_out, far_lse), (near_out[None], near_lse[None])], t, g)[0]
