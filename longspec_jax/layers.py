@@ -24,11 +24,20 @@ from longspec_jax.rope import apply_rope
 init_weight = nnx.initializers.normal(0.02)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm in float32, rounded to x.dtype before the gain (as HF does)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, layer=None, invariant: bool = False) -> jax.Array:
+  """RMSNorm in float32, rounded to x.dtype before the gain (as HF does); with `layer`,
+  weight is a stack [L, E] and `layer` names the one to use.
+
+  `invariant`: through the batch-invariant Pallas kernel (`pallas_kernels/rms_norm.py`,
+  interpreted off a GPU), whose rows sum their squares in one order whatever the number
+  of rows; XLA picks its reduction's order from the shape."""
+  if invariant:
+    from pallas_kernels.rms_norm import rms_norm as invariant_rms_norm
+
+    return invariant_rms_norm(x, weight, eps, layer, interpret=jax.default_backend() != "gpu")
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return weight * normed.astype(x.dtype)
+  return (weight if layer is None else weight[layer]) * normed.astype(x.dtype)
 
 
 def linear(x: jax.Array, w: jax.Array, contract: int = 1, *, layer=None, invariant: bool = False) -> jax.Array:
@@ -75,7 +84,7 @@ class DecoderLayer(nnx.Module):
     """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k.
     (`layer`, `invariant`: see the module docstring and `linear`.)"""
     c = self.config
-    h = rms_norm(x, _at(self.attn_norm, layer), c.rms_norm_eps)
+    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps, layer=layer, invariant=invariant)
     qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, H + 2K, D]
     if self.qkv_bias is not None:
       qkv = qkv + _at(self.qkv_bias, layer)
@@ -98,7 +107,7 @@ class DecoderLayer(nnx.Module):
 
   def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False) -> jax.Array:
     """Residual plus the SwiGLU MLP of the normed x [B, T, E]."""
-    h = rms_norm(x, _at(self.mlp_norm, layer), self.config.rms_norm_eps)
+    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps, layer=layer, invariant=invariant)
     gate_up = linear(h, self.gate_up[...], layer=layer, invariant=invariant)  # [B, T, 2, F]
     h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
     return x + linear(h, self.down[...], layer=layer, invariant=invariant)

@@ -10,13 +10,14 @@ attends to the committed prefix of the KV cache through `attention.hybrid_attent
 the same call serves prefill chunks, AR decode and tree verification.
 
 Batch-invariant decoding (`Transformer.batch_invariant`): a decoding round's forward and
-logits run every product through the batch-invariant Pallas matmul and every attention
-through the batch-invariant hybrid pass, so a token's logits at a position are the same
-bits whether AR decoding computes it alone or a verification computes it among a tree's
-nodes: bf16 speculative output then equals bf16 AR output token for token, not only up
-to near-ties. Prefill, which both share, keeps its fast products; its attention only
-stops depending on the cache's allocated length (`attention.Invariance.CACHE`), which a
-speculative run sizes for its trees.
+logits run every product through the batch-invariant Pallas matmul, every norm through
+the batch-invariant Pallas RMSNorm and every attention through the batch-invariant hybrid
+pass, so a token's logits at a position are the same bits whether AR decoding computes
+it alone or a verification computes it among a tree's nodes: bf16 speculative output
+then equals bf16 AR output token for token, not only up to near-ties. Prefill, which
+both share, keeps its fast products; its attention only stops depending on the cache's
+allocated length (`attention.Invariance.CACHE`), which a speculative run sizes for its
+trees.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class Transformer(nnx.Module):
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
 
     x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)))  # k_new [L, B, T, K, D]
-    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), k_new, v_new
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new
 
   def _head(self) -> tuple[jax.Array, bool]:
     """The LM head's weights and whether they are stored [V, E] (the tied embedding)
