@@ -98,6 +98,8 @@ def main(argv=None):
   p.add_argument("--draft", help="draft for longspec: 'default' (the default), 'random' or a checkpoint dir")
   p.add_argument("--tree-widths", type=tree_widths, nargs="+",
                  help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
+  p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
+                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value (default: 0, none)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3)
@@ -110,18 +112,22 @@ def main(argv=None):
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   if not set(args.methods) & set(DRAFT_METHODS):
-    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
+    draft_flags = ("--draft", args.draft), ("--tree-widths", args.tree_widths), ("--copy-tokens", args.copy_tokens)
+    for flag, value in draft_flags:
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
   if args.out:
     cli.output_path(args.out)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
-  variants = []  # (label, method, tree widths): a draft method once per tree
+  variants = []  # (label, method, tree widths, copy tokens): a draft method once per tree and copy length
   for m in methods:
-    if m in DRAFT_METHODS and args.tree_widths:
-      variants += [(f"{m}[{','.join(map(str, w))}]", m, w) for w in args.tree_widths]
-    else:
-      variants.append((m, m, None))
+    if m not in DRAFT_METHODS:
+      variants.append((m, m, None, 0))
+      continue
+    for w in args.tree_widths or [None]:
+      for copies in args.copy_tokens or [0]:
+        label = m + (f"[{','.join(map(str, w))}]" if w else "") + (f"+copy{copies}" if copies else "")
+        variants.append((label, m, w, copies))
   sampling = sampling_config(args)
   dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
@@ -141,8 +147,8 @@ def main(argv=None):
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
         f"{', batch-invariant rounds' if args.batch_invariant else ''}")
-  print("set  | prefill | method   | tau  | tokens/s | speedup vs AR | draft/verify/other | cache MiB target+draft"
-        " | stream gap s | same tokens as AR", flush=True)
+  print("set  | prefill | method         | tau  | tokens/s | speedup vs AR | draft/verify/other"
+        " | cache MiB target+draft | stream gap s | same tokens as AR", flush=True)
   rows = []
 
   def save() -> None:  # after every row: a crash loses nothing measured
@@ -163,14 +169,15 @@ def main(argv=None):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, widths in variants:
-        proposer, draft_params = make_proposer(method, draft, widths)
+      for label, method, widths, copies in variants:
+        proposer, draft_params = make_proposer(method, draft, widths, copies)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
-            **({"tree_widths": list(widths or draft.config.tree_widths)} if method in DRAFT_METHODS else {}),
+            **({"tree_widths": list(widths or draft.config.tree_widths), "copy_tokens": copies}
+               if method in DRAFT_METHODS else {}),
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
@@ -187,7 +194,7 @@ def main(argv=None):
         rows.append(row)
         save()
         split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
-        print(f"{set_name:4} | {length:7} | {label:8} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
+        print(f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
               f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
               flush=True)

@@ -16,10 +16,12 @@ from longspec_jax.cli import (
     add_attention_flag,
     add_batch_invariant_flag,
     attention_impl,
+    nonnegative_int,
     positive_int,
     resolve_dtype,
     run_main,
 )
+from longspec_jax.errors import UserError
 from longspec_jax.weights import default
 
 
@@ -39,6 +41,8 @@ def parse_args(argv=None):
   p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
   p.add_argument("--tree-widths", type=tree_widths,
                  help="longspec: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
+  p.add_argument("--copy-tokens", type=nonnegative_int, default=0,
+                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree (default 0)")
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
@@ -47,7 +51,8 @@ def parse_args(argv=None):
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
   if args.method in ("ar", "pld"):
-    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths)):
+    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths),
+                        ("--copy-tokens", args.copy_tokens or None)):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method == "longspec":
@@ -140,6 +145,9 @@ def main(argv=None) -> None:
   check_capacity(config, [prompt], args.max_new_tokens)
   if method in DRAFT_METHODS:
     resolve_draft(draft_spec, args.target)
+  if args.copy_tokens and method not in DRAFT_METHODS:
+    raise UserError(f"--copy-tokens grafts copies into a draft's tree, but the method here is {method}"
+                    " (give --method longspec)")
   if args.tree_widths:
     check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size))
   t0 = time.perf_counter()
@@ -151,7 +159,7 @@ def main(argv=None) -> None:
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  proposer, draft_params = make_proposer(method, draft, args.tree_widths)
+  proposer, draft_params = make_proposer(method, draft, args.tree_widths, args.copy_tokens)
   with PrefillBar() as on_prefill:
     decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
@@ -173,6 +181,8 @@ def main(argv=None) -> None:
         "attention": impl.value,
         "batch_invariant": args.batch_invariant,
         "draft": draft_spec if method in DRAFT_METHODS else None,
+        **({"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
+           if method in DRAFT_METHODS else {}),
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
         "token_ids": token_ids,

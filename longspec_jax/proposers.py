@@ -23,7 +23,7 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.tree import Tree, beam_offsets, best_children, chain
+from longspec_jax.tree import Tree, beam_offsets, best_children, chain, graft_chain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +50,23 @@ class LongSpecDraft:
   distribution; then one pass per depth over the new nodes, each attending to the ring
   and to its tree ancestors (a small K/V buffer of the tree's own nodes). Cross-attention
   sees the committed target cache only.
+
+  `copy_tokens` > 0: prompt lookup's continuation of that many tokens (`PromptLookup`)
+  joins the tree as a branch under the root (`tree.graft_chain`), verified in the same
+  pass, so a round gets whichever of copying and drafting is right.
   """
 
   graphdef: nnx.GraphDef
   widths: tuple[int, ...]
+  copy_tokens: int = 0
 
   @property
   def tree_size(self) -> int:
-    return beam_offsets(self.widths)[-1]
+    return beam_offsets(self.widths)[-1] + self.copy_tokens
 
   @property
   def depth(self) -> int:
-    return len(self.widths)
+    return max(len(self.widths), self.copy_tokens)
 
   def start(self, params, *, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
@@ -81,12 +86,12 @@ class LongSpecDraft:
     batch = root.shape[0]
     # Catch up: the drafted tokens accepted last round (at most depth of them) and the new root.
     first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
-    positions = first[:, None] + jnp.arange(len(self.widths) + 1)[None, :]
+    positions = first[:, None] + jnp.arange(self.depth + 1)[None, :]
     hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
     root_hidden = jnp.take_along_axis(hidden, (lengths - first)[:, None, None], axis=1)  # [B, 1, E]
 
     offsets = beam_offsets(self.widths)
-    n = self.tree_size
+    n = offsets[-1]
     tokens = jnp.zeros((batch, n), jnp.int32).at[:, 0].set(root)
     parents = jnp.full((batch, n), -1, jnp.int32)
     ancestors = jnp.broadcast_to(jnp.eye(n, dtype=bool), (batch, n, n))  # rows filled as nodes appear
@@ -117,6 +122,8 @@ class LongSpecDraft:
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     tree = Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
                 valid=jnp.ones((batch, n), bool), ancestors=ancestors)
+    if self.copy_tokens:
+      tree = graft_chain(tree, *PromptLookup(num_tokens=self.copy_tokens).lookup(history, lengths))
     return tree, ring
 
   @staticmethod
@@ -144,11 +151,12 @@ PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft}
 DRAFT_METHODS = ("longspec",)
 
 
-def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None):
+def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
+                  copy_tokens: int = 0):
   """(proposer, proposer_params) for `generate`: a draft method's proposer holds the
-  draft's graphdef and tree (`tree_widths`, by default the draft's own) and its params
-  are the draft's; the others have none."""
+  draft's graphdef and tree (`tree_widths`, by default the draft's own; `copy_tokens`
+  of prompt lookup grafted in) and its params are the draft's; the others have none."""
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
-    return PROPOSERS[method](graphdef, tuple(tree_widths or draft.config.tree_widths)), params
+    return PROPOSERS[method](graphdef, tuple(tree_widths or draft.config.tree_widths), copy_tokens), params
   return PROPOSERS[method](), None

@@ -82,6 +82,41 @@ def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -
   )
 
 
+def graft_chain(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
+  """The tree with a chain of drafted tokens [B, G] under its root merged in as a trie:
+  the chain follows the tree's own nodes while its tokens match them (siblings stay
+  distinct) and leaves them at its first new token, as G extra nodes after the tree's
+  (those it shares with the tree, and `valid` [B, G] False ones with all after them,
+  are unused). How prompt-lookup copies join a draft's tree: one verification then
+  accepts whichever of the two is right, and a sampled walk that accepts a shared node
+  keeps the copy's continuation under it."""
+  batch, n = tree.tokens.shape
+  gamma = drafted.shape[1]
+  size = n + gamma
+  ancestors = jnp.pad(tree.ancestor_mask(), ((0, 0), (0, gamma), (0, gamma)))  # [B, N + G, N + G]
+  tokens = jnp.pad(tree.tokens, ((0, 0), (0, gamma)))
+  parents = jnp.pad(tree.parents, ((0, 0), (0, gamma)), constant_values=-1)
+  depths = jnp.pad(tree.depths, ((0, 0), (0, gamma)))
+  node_valid = jnp.pad(tree.valid, ((0, 0), (0, gamma)))
+  rows = jnp.arange(batch)
+  at = jnp.zeros((batch,), jnp.int32)  # the node the chain has reached (the root first)
+  alive = jnp.ones((batch,), bool)
+  for i in range(gamma):
+    token, node = drafted[:, i], n + i
+    alive &= valid[:, i]
+    same = node_valid & (parents == at[:, None]) & (tokens == token[:, None])  # [B, N + G]: at most one
+    shared = jnp.any(same, axis=1)
+    new = alive & ~shared
+    tokens = tokens.at[:, node].set(token)
+    parents = parents.at[:, node].set(jnp.where(new, at, -1))
+    depths = depths.at[:, node].set(i + 1)
+    node_valid = node_valid.at[:, node].set(new)
+    own = jnp.arange(size)[None, :] == node
+    ancestors = ancestors.at[:, node].set(jnp.where(new[:, None], ancestors[rows, at] | own, False))
+    at = jnp.where(alive & shared, jnp.argmax(same, axis=1), jnp.where(new, node, at)).astype(jnp.int32)
+  return Tree(tokens=tokens, parents=parents, depths=depths, valid=node_valid, ancestors=ancestors)
+
+
 def static_topology(branching: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Parents, depths and child ranks of a full tree with `branching[d]` children per node
   at depth d (e.g. TokenSwift's (1, 3, 3, 3)), nodes in breadth-first order."""

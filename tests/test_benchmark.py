@@ -13,11 +13,13 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "longspec", "--draft", "random",
             "--sets", "code", "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32",
             "--tree-widths", "2,2", "1,1,1"]
-  assert run_cli(main, common + ["--out", str(tmp_path / "greedy.json")], PROG) == 0, capsys.readouterr().err
+  greedy = common + ["--copy-tokens", "0", "4", "--out", str(tmp_path / "greedy.json")]
+  assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
-  assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[1,1,1]"]
+  assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[2,2]+copy4", "longspec[1,1,1]",
+                                         "longspec[1,1,1]+copy4"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
-  assert rows[3]["tree_widths"] == [1, 1, 1]
+  assert rows[4]["tree_widths"] == [1, 1, 1] and rows[5]["copy_tokens"] == 4
   for row in rows:  # the phase split is a partition of the decode time
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9

@@ -12,12 +12,13 @@ from flax import nnx
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
-from longspec_jax.engine import Decoding, generate
+from longspec_jax.engine import Decoding, generate, propose, start
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import Tree, static_topology
+from longspec_jax.verify import accept_greedy, verify
 from longspec_jax.weights.drafts import load_draft
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -159,12 +160,13 @@ def test_prompt_lookup_is_lossless(tiny):
   assert result.stats.rounds < 2 * 23  # rounds, over both sequences
 
 
-def longspec(target, widths=(2, 3, 3), seed=0, attention=None, **draft_config):
-  """A LongSpec proposer and its random draft's params."""
+def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, **draft_config):
+  """A LongSpec proposer (with `copy_tokens` of prompt lookup grafted in) and its random
+  draft's params."""
   draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed,
                        attention=attention)
   graphdef, params = nnx.split(draft)
-  return LongSpecDraft(graphdef, widths), params
+  return LongSpecDraft(graphdef, widths, copy_tokens), params
 
 
 def test_longspec_with_a_random_draft_is_lossless(tiny):
@@ -175,6 +177,31 @@ def test_longspec_with_a_random_draft_is_lossless(tiny):
   proposer, params = longspec(tiny, num_layers=2, window=8)
   result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
+
+
+def test_longspec_with_copy_branches_is_lossless_and_accepts_the_better_branch(tiny):
+  """Prompt lookup grafted into the random draft's tree: AR's tokens; and from each of
+  several states a round accepts exactly as many tokens as the better of the beam tree
+  and the copy chain verified alone (the grafted tree's paths are the union of theirs)."""
+  rng = np.random.default_rng(7)
+  pattern = rng.integers(3, 211, size=9).tolist()
+  prompts = [pattern * 4, rng.integers(3, 211, size=30).tolist()]
+  reference = generate(tiny, prompts, 24).token_ids
+  alone, params = longspec(tiny, widths=(2, 2), window=8)
+  copying, _ = longspec(tiny, widths=(2, 2), window=8, copy_tokens=6)
+  assert copying.tree_size == alone.tree_size + 6 and copying.depth == 6
+  assert generate(tiny, prompts, 24, Decoding(proposer=copying), params, rounds_per_chunk=3).token_ids == reference
+
+  def accepted(proposer, prompt):
+    state = start(tiny, [prompt], 8, Decoding(proposer=proposer), params).state
+    tree, _ = propose(tiny, proposer, params, state)
+    logits, ancestors, _ = verify(tiny, tree, state.cache)
+    return int(accept_greedy(tree, jnp.argmax(logits, -1), ancestors).count[0])
+
+  counts = []
+  for prompt in [pattern * 3 + pattern[:4], prompts[1], prompts[0] + reference[0][:5]]:
+    counts.append((accepted(copying, prompt), accepted(alone, prompt), accepted(PromptLookup(num_tokens=6), prompt)))
+  assert all(both == max(beam, copy) for both, beam, copy in counts), counts
 
 
 def test_pallas_attention_gives_the_same_tokens(tiny):
@@ -202,7 +229,7 @@ def test_batch_invariant_bf16_speculation_emits_the_ar_tokens(tmp_path):
   prompts = [pattern * 5, rng.integers(3, 211, size=108).tolist()]
   reference = generate(model, prompts, 16).token_ids
   assert generate(model, prompts, 16, Decoding(proposer=PromptLookup(num_tokens=6))).token_ids == reference
-  proposer, params = longspec(model, widths=(2, 2, 2), window=8)
+  proposer, params = longspec(model, widths=(2, 2, 2), window=8, copy_tokens=6)
   assert generate(model, prompts, 16, Decoding(proposer=proposer), params).token_ids == reference
   with pytest.raises(UserError, match="at most 31 tokens deep"):
     generate(model, prompts, 4, Decoding(proposer=PromptLookup(num_tokens=40)))
@@ -220,7 +247,8 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD,
   LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
-  time) and an oracle tree with decoys emit exactly the AR tokens for 80 new tokens."""
+  time, prompt lookup's copies grafted in) and an oracle tree with decoys emit exactly the
+  AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -230,7 +258,7 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   pld = generate(target.model, prompts, 80, Decoding(proposer=PromptLookup()))
   assert pld.token_ids == reference
   proposer, params = make_proposer("longspec", load_draft("default", target.config, jnp.float32, "smollm2-135m"),
-                                   tree_widths=(2, 2, 2))
+                                   tree_widths=(2, 2, 2), copy_tokens=10)
   longspec_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round

@@ -69,6 +69,8 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft tree, but --draft"),
         (["--prompt", "x", "--method", "pld", "--draft", "default"], "--method pld uses no draft tree, but --draft"),
         (["--prompt", "x", "--method", "ar", "--tree-widths", "2,2"], "--method ar uses no draft tree, but --tree-w"),
+        (["--prompt", "x", "--method", "pld", "--copy-tokens", "4"], "--method pld uses no draft tree, but --copy-t"),
+        (["--prompt", "x", "--copy-tokens", "-1"], "an integer >= 0"),
         (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
         (["--prompt", "x", "--tree-widths", "0,4"], "tree widths must be one or more positive integers, got [0, 4]"
                                                     " (see --help)."),
@@ -103,6 +105,8 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
     (["--prompt", "x", "--tree-widths", "49152"], "49153 nodes, over the limit of 1024 on this machine"),
     (["--prompt", "x", "--tree-widths", "2000,2000"], "4001 nodes, over the limit of 1024 on this machine"),
     (["--prompt", "x", "--draft", "/no/such/draft"], "the draft '/no/such/draft' does not exist"),
+    (["--prompt", "x", "--copy-tokens", "4"], "--copy-tokens grafts copies into a draft's tree, but the method here"
+                                              " is ar (give --method longspec)"),
 ])
 def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, capsys):
   """Errors that need the target's config (context, vocabulary) or a path come before the
@@ -134,13 +138,15 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   results = {}
   for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
                       ("random", ["--method", "longspec", "--draft", "random"]),
+                      ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # longspec: the draft's method
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "random", "checkpoint"):
+  for name in ("pld", "random", "copies", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "longspec" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
+  assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.tree import Tree, beam_offsets, best_children, chain, static_topology
+from longspec_jax.tree import Tree, beam_offsets, best_children, chain, graft_chain, static_topology
 
 
 def random_tree(rng, batch, size, vocab):
@@ -55,6 +55,44 @@ def test_ancestors_and_positions_match_python_reference(seed, batch, size):
   np.testing.assert_array_equal(np.asarray(tree.positions(jnp.asarray(lengths))), lengths[:, None] + depths)
   for b in range(batch):
     np.testing.assert_array_equal(ancestors[b], reference_ancestors(parents[b], valid[b]))
+
+
+def paths_of(tree: Tree, b: int) -> set[tuple[int, ...]]:
+  """Every valid node's token path from the root (root excluded)."""
+  parents, tokens, valid = (np.asarray(x[b]) for x in (tree.parents, tree.tokens, tree.valid))
+  paths = {}
+  for i in range(len(tokens)):
+    if valid[i]:
+      paths[i] = () if parents[i] < 0 else paths[parents[i]] + (int(tokens[i]),)
+  return set(paths.values())
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 16), gamma=st.integers(1, 6))
+def test_graft_chain_is_a_trie_insert(seed, batch, size, gamma):
+  """The grafted tree holds the tree's paths plus every prefix of the chain's valid part,
+  each once (siblings distinct); its depths, ancestor mask and node order are consistent."""
+  rng = np.random.default_rng(seed)
+  tree, *_ = random_tree(rng, batch, size, vocab=16)
+  # Chains that often follow the tree's own paths for a while, then leave them.
+  drafted = np.asarray(rng.integers(0, 16, (batch, gamma)))
+  for b in range(batch):
+    path = sorted(paths_of(tree, b), key=len)[-1]
+    follow = int(rng.integers(0, len(path) + 1))
+    drafted[b, : min(follow, gamma)] = path[: min(follow, gamma)]
+  valid = np.arange(gamma)[None, :] < rng.integers(0, gamma + 1, (batch, 1))
+  grafted = graft_chain(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
+  assert grafted.size == size + gamma
+  for b in range(batch):
+    used = int(valid[b].sum())
+    want = paths_of(tree, b) | {tuple(int(t) for t in drafted[b, :i]) for i in range(used + 1)}
+    assert paths_of(grafted, b) == want
+    assert sum(map(bool, np.asarray(grafted.valid[b]))) == len(want)  # no path twice
+    parents = np.asarray(grafted.parents[b])
+    ok = np.asarray(grafted.valid[b])
+    np.testing.assert_array_equal(np.asarray(grafted.ancestors[b]), reference_ancestors(parents, ok))
+    for i in np.flatnonzero(ok)[1:]:
+      assert parents[i] < i and grafted.depths[b, i] == grafted.depths[b, parents[i]] + 1
 
 
 def test_chain_with_partial_draft():

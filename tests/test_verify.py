@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from test_tree import random_tree
 
 from longspec_jax.engine import prefill
+from longspec_jax.ngram import PromptLookup
 from longspec_jax.sampling import SamplingConfig, probs
-from longspec_jax.tree import Tree, chain
+from longspec_jax.tree import Tree, chain, graft_chain
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -146,6 +147,22 @@ def beam_tree(context):
   return [(1.0, nodes)]
 
 
+def copy_tree(context):
+  """`beam_tree` with prompt lookup's 3-token continuation of the context grafted in, as
+  LongSpec with copy branches builds it (`tree.graft_chain`; shared nodes merged, so a
+  copy may continue under a beam node or add none)."""
+  nodes = beam_tree(context)[0][1]
+  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
+              parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
+              depths=jnp.asarray([[0, 1, 1, 2, 2, 2, 2]], jnp.int32), valid=jnp.ones((1, len(nodes)), bool))
+  history = jnp.asarray([list(context) + [0] * 8], jnp.int32)  # the engine's history has room past the root
+  drafted, valid = PromptLookup(num_tokens=3).lookup(history, jnp.asarray([len(context) - 1]))
+  grafted = graft_chain(tree, drafted, valid)
+  keep = [i for i in range(grafted.size) if bool(grafted.valid[0, i])]
+  index = {old: new for new, old in enumerate(keep)}
+  return [(1.0, [(index.get(int(grafted.parents[0, i]), -1), int(grafted.tokens[0, i]), None) for i in keep])]
+
+
 def random_tree_of_context(context, size=6):
   """Random shape, random tokens (repeated siblings included), deterministic children."""
   rng = np.random.default_rng([3, *context])
@@ -179,7 +196,7 @@ CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6, top_
                                                                                  penalty_window=2)]
 
 
-@pytest.mark.parametrize("trees", [chain_tree, beam_tree, random_tree_of_context, cape_tree, sampled_tree])
+@pytest.mark.parametrize("trees", [chain_tree, beam_tree, copy_tree, random_tree_of_context, cape_tree, sampled_tree])
 @pytest.mark.parametrize("config", CONFIGS, ids=["t1", "top-k", "top-p,min-p", "penalty"])
 def test_emitted_tokens_follow_the_target_exactly(trees, config):
   want = ar_law(config)
