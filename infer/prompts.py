@@ -3,16 +3,31 @@
 - `code`: complete a Python source file from a long prefix (files of this interpreter's
   standard library, longest first);
 - `docs`: summarize a long document through the chat template (licenses and package
-  documentation under /usr/share, then the standard library's module docstrings).
+  documentation under /usr/share, then the standard library's module docstrings);
+- `c-code`: complete a C header from a long prefix (/usr/include, longest first);
+- `pod-docs`: summarize a Perl POD document through the chat template;
+- `pod-qa`: answer a question about a Perl POD document through the chat template; the
+  question names a section heading of the part of the document the prompt holds.
+
+The last three are held out: the project never trains on /usr/include or the Perl library
+and its documentation, and the shipped draft saw no C (docs/training.md), so they measure
+a draft on text unlike its training data.
 """
 
 from __future__ import annotations
 
+import re
 import sysconfig
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DOC_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/README*", "/usr/share/doc/*/*.txt")
+POD_GLOBS = ("/usr/share/perl/*/pod/*.pod", "/usr/share/perl/*/*.pod", "/usr/share/perl/*/*/*.pod",
+             "/usr/share/perl/*/*/*/*.pod")
 SUMMARY_REQUEST = "Summarize the following document in a few paragraphs.\n\n"
+QUESTION = "Read the document below, then answer the question after it.\n\n{document}\n\nQuestion: what does the" \
+           " document say under the heading \"{heading}\"? Answer in a few sentences."
+POD_HEADING = re.compile(r"^=head[1-4]\s+(.+)$", re.MULTILINE)
 
 
 def _read(path: Path) -> str | None:
@@ -22,49 +37,91 @@ def _read(path: Path) -> str | None:
     return None
 
 
+def _files(patterns: Iterable[str], min_chars: int = 2000) -> list[str]:
+  """The readable texts of the files the glob patterns match, longest file first, each
+  text once (packages install the same license or README under several names)."""
+  paths = sorted({p for pattern in patterns for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
+                 key=lambda p: (-p.stat().st_size, str(p)))
+  return list(dict.fromkeys(t for t in map(_read, paths) if t and len(t) > min_chars))
+
+
 def _python_sources() -> list[str]:
   files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"), key=lambda p: -p.stat().st_size)
   return [t for t in map(_read, files) if t]
 
 
-def _documents() -> list[str]:
-  paths = sorted({p for pattern in DOC_GLOBS for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
-                 key=lambda p: -p.stat().st_size)
-  return [t for t in map(_read, paths) if t and len(t) > 2000]
-
-
-def code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
-  """`count` prompts of exactly `length` tokens, each the start of a different source file
-  (short files are joined with the next ones)."""
+def _completion_prompts(texts: list[str], what: str, tokenizer, length: int, count: int) -> list[list[int]]:
+  """`count` prompts of exactly `length` tokens, each the start of a different text (short
+  texts are joined with the next ones)."""
   prompts, pending = [], []
-  for text in _python_sources():
+  for text in texts:
     pending.extend(tokenizer(text).input_ids)
     if len(pending) >= length:
       prompts.append(pending[:length])
       pending = []
       if len(prompts) == count:
         return prompts
-  raise RuntimeError(f"not enough local Python source for {count} prompts of {length} tokens")
+  raise RuntimeError(f"not enough local {what} for {count} prompts of {length} tokens")
+
+
+def _chat_prompts(texts: list[str], what: str, request: Callable[[str], str | None], tokenizer, length: int,
+                  count: int) -> list[list[int]]:
+  """`count` chat prompts of about `length` tokens, each `request(document)` for a
+  different document, truncated (or joined with the next) to fit; `request` may turn a
+  document down (None)."""
+  template = tokenizer.apply_chat_template([{"role": "user", "content": request("") or ""}], tokenize=False,
+                                           add_generation_prompt=True)
+  budget = length - len(tokenizer(template, add_special_tokens=False).input_ids)
+  prompts, pending = [], []
+  for text in texts:
+    pending.extend(tokenizer(text, add_special_tokens=False).input_ids)
+    if len(pending) < budget:
+      continue
+    content = request(tokenizer.decode(pending[:budget]))
+    pending = []
+    if content is None:
+      continue
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompts.append(tokenizer(chat, add_special_tokens=False).input_ids)
+    if len(prompts) == count:
+      return prompts
+  raise RuntimeError(f"not enough local {what} for {count} prompts of {length} tokens")
+
+
+def _question(document: str) -> str | None:
+  """The question about a heading from the middle of the document's headings (None for
+  a document without one, or the empty document the template is measured with)."""
+  if not document:
+    return QUESTION.format(document="", heading="")
+  headings = [h.strip() for h in POD_HEADING.findall(document) if h.strip()]
+  if not headings:
+    return None
+  return QUESTION.format(document=document, heading=headings[len(headings) // 2])
+
+
+def code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _completion_prompts(_python_sources(), "Python source", tokenizer, length, count)
 
 
 def document_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
-  """`count` chat prompts of about `length` tokens asking for a summary of a document
-  (documents are truncated, or joined, to fit)."""
-  empty = tokenizer.apply_chat_template([{"role": "user", "content": SUMMARY_REQUEST}], tokenize=False,
-                                        add_generation_prompt=True)
-  budget = length - len(tokenizer(empty, add_special_tokens=False).input_ids)
-  prompts, pending = [], []
-  for text in _documents() + _python_sources():
-    pending.extend(tokenizer(text, add_special_tokens=False).input_ids)
-    if len(pending) >= budget:
-      document = tokenizer.decode(pending[:budget])
-      chat = tokenizer.apply_chat_template([{"role": "user", "content": SUMMARY_REQUEST + document}],
-                                           tokenize=False, add_generation_prompt=True)
-      prompts.append(tokenizer(chat, add_special_tokens=False).input_ids)
-      pending = []
-      if len(prompts) == count:
-        return prompts
-  raise RuntimeError(f"not enough local text for {count} document prompts of {length} tokens")
+  return _chat_prompts(_files(DOC_GLOBS) + _python_sources(), "text", lambda d: SUMMARY_REQUEST + d, tokenizer,
+                       length, count)
 
 
-PROMPT_SETS = {"code": code_prompts, "docs": document_prompts}
+def c_code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _completion_prompts(_files(["/usr/include/*.h", "/usr/include/*/*.h"]), "C headers", tokenizer, length,
+                             count)
+
+
+def pod_document_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _chat_prompts(_files(POD_GLOBS), "Perl documentation", lambda d: SUMMARY_REQUEST + d, tokenizer, length,
+                       count)
+
+
+def pod_question_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _chat_prompts(_files(POD_GLOBS), "Perl documentation", _question, tokenizer, length, count)
+
+
+PROMPT_SETS = {"code": code_prompts, "docs": document_prompts, "c-code": c_code_prompts,
+               "pod-docs": pod_document_prompts, "pod-qa": pod_question_prompts}

@@ -1,0 +1,40 @@
+"""The benchmark prompt sets, from this machine's own text, with the real tokenizer."""
+
+import re
+
+import pytest
+
+from infer.prompts import PROMPT_SETS
+from longspec_jax.weights import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_gguf):
+  return load_tokenizer(smollm2_gguf)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPT_SETS))
+def test_each_set_gives_distinct_prompts_of_the_length(tokenizer, name):
+  prompts = PROMPT_SETS[name](tokenizer, 512, 3)
+  assert len(prompts) == 3 and len({tuple(p) for p in prompts}) == 3  # no document twice
+  completion = name in ("code", "c-code")
+  for prompt in prompts:
+    assert len(prompt) == 512 if completion else abs(len(prompt) - 512) <= 16
+  text = tokenizer.decode(prompts[0])
+  if name == "c-code":
+    assert "#define" in text or "#include" in text
+  if not completion:
+    assert "<|im_start|>assistant" in text  # through the chat template
+
+
+def test_questions_name_a_heading_of_the_document_held(tokenizer):
+  for prompt in PROMPT_SETS["pod-qa"](tokenizer, 1024, 2):
+    text = tokenizer.decode(prompt)
+    document, question = text.split("\n\nQuestion: ")
+    heading = re.search(r'heading "(.+)"', question).group(1)
+    assert re.search(rf"^=head\d\s+{re.escape(heading)}\s*$", document, re.MULTILINE)
+
+
+def test_too_few_documents_is_one_sentence(tokenizer):
+  with pytest.raises(RuntimeError, match="not enough local C headers for 100000 prompts of 4096 tokens"):
+    PROMPT_SETS["c-code"](tokenizer, 4096, 100000)
