@@ -153,8 +153,8 @@ def set_gemm(model, name: str | None) -> None:
 def add_batch_invariant_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument("--batch-invariant", action="store_true",
                  help="decoding rounds compute each token's logits the same bits whatever else the call holds"
-                      " (verification = AR steps, bit for bit, in tests and at 8B/SmolLM2 shapes); costs speed, and"
-                      " bf16 token identity with AR on real prompts is not yet reached (docs/benchmarks.md)")
+                      " (verification = AR steps, bit for bit), so bf16 speculative output equals bf16 AR output;"
+                      " costs speed (docs/benchmarks.md)")
 
 
 def resolve_dtype(name: str | None):
