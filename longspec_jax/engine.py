@@ -167,11 +167,19 @@ def _start_proposer(graphdef, params, proposer, proposer_params, cache, history)
   return proposer.start(proposer_params, target=model, cache=cache, history=history)
 
 
+def verified_size(proposer) -> int:
+  """Nodes a round verifies: the proposer's tree, padded to rows the target's products
+  take as they are (`gemm.aligned_rows`)."""
+  return gemm.aligned_rows(proposer.tree_size)
+
+
 def propose(model: Transformer, proposer, proposer_params, state: DecodeState):
-  """One round's tree [B, N] and the proposer's next state, from the decode state."""
+  """One round's tree [B, `verified_size`] and the proposer's next state, from the decode
+  state."""
   root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
-  return proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
-                          history=state.history, root=root)
+  tree, proposal = proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
+                                    history=state.history, root=root)
+  return tree.padded(verified_size(proposer)), proposal
 
 
 @gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
@@ -185,7 +193,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
   proposer, sampling = decoding.proposer, decoding.sampling
   eos_ids = decoding.eos_array()
   batch = state.root.shape[0]
-  width = max_rounds * proposer.tree_size
+  width = max_rounds * verified_size(proposer)
   rows = jnp.arange(batch)[:, None]
   first_round = state.rounds
 
@@ -290,12 +298,12 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
           proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
           on_prefill: Callable[[int, int], None] | None = None) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
-  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one tree."""
+  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one verified tree."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
-  max_len = -(-(longest + max_new_tokens + decoding.proposer.tree_size) // 128) * 128
+  max_len = -(-(longest + max_new_tokens + verified_size(decoding.proposer)) // 128) * 128
   key, first_key = jax.random.split(jax.random.key(seed))
   t0 = time.perf_counter()
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)

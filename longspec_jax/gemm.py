@@ -67,6 +67,22 @@ class Compilation:
     return options or None
 
 
+# cuBLAS wants a bf16/f16 product's dimensions in multiples of this; XLA pads any other
+# row count itself, with a pad and a slice around every product (per layer and per round).
+_ROW_MULTIPLE = 8
+
+
+def aligned_rows(rows: int) -> int:
+  """How many rows a many-row decoding pass (a tree's verification, the draft's passes)
+  should run with: on a GPU, `rows` rounded up to cuBLAS's multiple, so that its products
+  need no padding copies (measured: a 69-node tree's verification on SmolLM2 spent ~0.2 ms
+  of a 2.8 ms round in them); one row stays one (a GEMV). Elsewhere `rows`: the padding
+  rows would be work for nothing."""
+  if rows == 1 or jax.default_backend() != "gpu":
+    return rows
+  return -(-rows // _ROW_MULTIPLE) * _ROW_MULTIPLE
+
+
 def jit(**jit_kwargs) -> Callable[[Callable], dict[Compilation, Callable]]:
   """Decorator: the function jitted once per `Compilation` (`jax.jit` keywords as given),
   as a mapping; call `f[model.compilation()](...)`."""

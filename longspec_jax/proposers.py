@@ -19,6 +19,7 @@ import dataclasses
 import jax.numpy as jnp
 from flax import nnx
 
+from longspec_jax import gemm
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
@@ -84,9 +85,10 @@ class LongSpecDraft:
     draft: Draft = nnx.merge(self.graphdef, params)
     lengths = cache.lengths
     batch = root.shape[0]
-    # Catch up: the drafted tokens accepted last round (at most depth of them) and the new root.
+    # Catch up: the drafted tokens accepted last round (at most depth of them) and the new
+    # root, in rows the draft's products take as they are (those past the root are unused).
     first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
-    positions = first[:, None] + jnp.arange(self.depth + 1)[None, :]
+    positions = first[:, None] + jnp.arange(gemm.aligned_rows(self.depth + 1))[None, :]
     hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
     root_hidden = jnp.take_along_axis(hidden, (lengths - first)[:, None, None], axis=1)  # [B, 1, E]
 

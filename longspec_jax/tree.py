@@ -65,6 +65,19 @@ class Tree:
     both_valid = self.valid[:, :, None] & self.valid[:, None, :]
     return (reach > 0) & both_valid
 
+  def padded(self, size: int) -> Tree:
+    """The tree with unused nodes appended up to `size` nodes (no token, parent or
+    ancestor, not even themselves): verification runs them and acceptance never takes
+    them. How a tree reaches a row count that its matrix products run without padding
+    copies (`gemm.aligned_rows`)."""
+    extra = size - self.size
+    if extra <= 0:
+      return self
+    pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
+    return Tree(tokens=pad(self.tokens, 0), parents=pad(self.parents, -1), depths=pad(self.depths, 0),
+                valid=pad(self.valid, False),
+                ancestors=jnp.pad(self.ancestor_mask(), ((0, 0), (0, extra), (0, extra))))
+
 
 def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -> Tree:
   """A single branch: root [B] followed by drafted tokens [B, gamma] (`valid` [B, gamma]

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from longspec_jax import gemm
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
-from longspec_jax.engine import Decoding, generate, propose, start
+from longspec_jax.engine import Decoding, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
@@ -202,6 +203,25 @@ def test_longspec_with_copy_branches_is_lossless_and_accepts_the_better_branch(t
   for prompt in [pattern * 3 + pattern[:4], prompts[1], prompts[0] + reference[0][:5]]:
     counts.append((accepted(copying, prompt), accepted(alone, prompt), accepted(PromptLookup(num_tokens=6), prompt)))
   assert all(both == max(beam, copy) for both, beam, copy in counts), counts
+
+
+def test_trees_padded_to_gpu_row_multiples_give_the_same_tokens(tiny, monkeypatch):
+  """On a GPU a round verifies its tree padded with unused nodes to cuBLAS's row multiple
+  (`gemm.aligned_rows`), and the draft's catch-up pass runs as many rows: forced here on
+  the CPU, greedy and sampled output stay AR's (trees and passes unique to this test, so
+  that no compilation of another test is reused)."""
+  monkeypatch.setattr(gemm, "aligned_rows", lambda rows: rows if rows == 1 else -(-rows // 8) * 8)
+  rng = np.random.default_rng(12)
+  pattern = rng.integers(3, 211, size=7).tolist()
+  prompts = [pattern * 3, rng.integers(3, 211, size=17).tolist()]
+  reference = generate(tiny, prompts, 16).token_ids
+  proposer, params = longspec(tiny, widths=(3, 2), window=8, copy_tokens=4)
+  assert verified_size(proposer) == 16
+  assert generate(tiny, prompts, 16, Decoding(proposer=proposer), params, rounds_per_chunk=4).token_ids == reference
+  lookup = PromptLookup(num_tokens=3)
+  assert generate(tiny, prompts, 16, Decoding(proposer=lookup)).token_ids == reference
+  sampled = Decoding(proposer=lookup, sampling=SamplingConfig(temperature=1e-4))
+  assert generate(tiny, prompts, 16, sampled, seed=3).token_ids == reference
 
 
 def test_pallas_attention_gives_the_same_tokens(tiny):

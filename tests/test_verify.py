@@ -231,6 +231,27 @@ def test_closed_form_walk_equals_the_sequential_one(seed):
   np.testing.assert_allclose(np.asarray(closed[0]).sum(-1), 1.0, atol=1e-5)
 
 
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), size=st.integers(1, 20), extra=st.integers(1, 9))
+def test_padded_trees_accept_and_walk_as_the_tree(seed, size, extra):
+  """Unused nodes appended for row alignment change neither the greedy acceptance nor
+  the sampled walk's law (they get no probability)."""
+  rng = np.random.default_rng(seed)
+  tree, *_, target = random_tree(rng, 2, size, vocab=64)
+  bigger = tree.padded(size + extra)
+  assert bigger.size == size + extra and tree.padded(size) is tree
+  target_padded = np.concatenate([target, rng.integers(0, 64, (2, extra))], axis=1)
+  a = accept_greedy(tree, jnp.asarray(target, jnp.int32), tree.ancestor_mask())
+  b = accept_greedy(bigger, jnp.asarray(target_padded, jnp.int32), bigger.ancestor_mask())
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y)[:, : x.shape[1]] if x.ndim > 1 else np.asarray(y))
+  p = jnp.asarray(rng.dirichlet(np.ones(64), (2, size + extra)), jnp.float32)
+  stop, residual = walk_outcomes(tree, p[:, :size], tree.ancestor_mask())
+  stop_padded, residual_padded = walk_outcomes(bigger, p, bigger.ancestor_mask())
+  np.testing.assert_allclose(np.asarray(stop_padded), np.pad(np.asarray(stop), ((0, 0), (0, extra))), atol=1e-7)
+  np.testing.assert_allclose(np.asarray(residual_padded)[:, :size], np.asarray(residual), atol=1e-7)
+
+
 def test_a_draw_follows_the_walks_law():
   config = SamplingConfig(temperature=1.0)
   nodes = beam_tree((0,))[0][1]
