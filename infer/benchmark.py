@@ -28,6 +28,7 @@ from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds
 from longspec_jax import cli
+from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import check_tree_widths
 from longspec_jax.engine import Decoding, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
@@ -44,11 +45,13 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   the run, on its final state, `infer.timing.phase_seconds`)."""
   generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed)  # warm-up
   stats, token_ids, phases = [], [], dict.fromkeys(PHASES[:2], 0.0)
+  adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)
   for prompt in prompts:
     result = generate(target.model, [prompt], new_tokens, decoding, draft_params, seed=seed)
-    per_round = phase_seconds(target.model, decoding, draft_params, result.state)
-    for phase, seconds in zip(PHASES[:2], per_round):
-      phases[phase] += seconds * int(result.state.rounds)
+    if not adaptive:
+      per_round = phase_seconds(target.model, decoding, draft_params, result.state)
+      for phase, seconds in zip(PHASES[:2], per_round):
+        phases[phase] += seconds * int(result.state.rounds)
     stats.append(result.stats)
     token_ids.append(result.token_ids[0])
     del result  # (its caches)
@@ -57,12 +60,14 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   # larger of the two, so each lies in [0, 1] and they sum to 1.
   whole = max(decode, sum(phases.values()))
   phases[PHASES[2]] = whole - sum(phases.values())
+  kinds = [s.rounds_by_kind for s in stats if s.rounds_by_kind]
   return {
+      **({"rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]}} if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
       "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
       "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
-      **{f"{phase}_share": seconds / whole for phase, seconds in phases.items()},
+      **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},
       "kv_cache_mib": max(s.kv_cache_bytes for s in stats) / 2**20,
       "draft_state_mib": max(s.proposer_state_bytes for s in stats) / 2**20,
       "token_ids": token_ids,
@@ -95,11 +100,13 @@ def same_tokens(row: dict) -> str:
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
-  p.add_argument("--draft", help="draft for longspec: 'default' (the default), 'random' or a checkpoint dir")
+  p.add_argument("--draft", help="draft for longspec and auto: 'default' (the default), 'random', a checkpoint dir,"
+                 " or 'none' (auto without a draft)")
   p.add_argument("--tree-widths", type=tree_widths, nargs="+",
                  help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
-                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value (default: 0, none)")
+                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value (default: 0, none);"
+                 " auto: the copy chain's length (default 10)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3)
@@ -111,17 +118,19 @@ def main(argv=None):
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  if not set(args.methods) & set(DRAFT_METHODS):
+  if not set(args.methods) & {*DRAFT_METHODS, "auto"}:
     draft_flags = ("--draft", args.draft), ("--tree-widths", args.tree_widths), ("--copy-tokens", args.copy_tokens)
     for flag, value in draft_flags:
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
+  if args.draft == "none" and set(args.methods) & set(DRAFT_METHODS):
+    p.error("--draft none leaves longspec without a draft")
   if args.out:
     cli.output_path(args.out)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
   variants = []  # (label, method, tree widths, copy tokens): a draft method once per tree and copy length
   for m in methods:
-    if m not in DRAFT_METHODS:
+    if m not in (*DRAFT_METHODS, "auto"):
       variants.append((m, m, None, 0))
       continue
     for w in args.tree_widths or [None]:
@@ -134,11 +143,11 @@ def main(argv=None):
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
   draft_spec = args.draft or "default"
-  uses_draft = bool(set(methods) & set(DRAFT_METHODS))
+  uses_draft = bool(set(methods) & {*DRAFT_METHODS, "auto"}) and draft_spec != "none"
   if uses_draft:
     resolve_draft(draft_spec, args.target)
   for widths in args.tree_widths or ():
-    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size))
+    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), max(args.copy_tokens or [0]))
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
@@ -177,7 +186,8 @@ def main(argv=None):
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
             **({"tree_widths": list(widths or draft.config.tree_widths), "copy_tokens": copies}
-               if method in DRAFT_METHODS else {}),
+               if method in DRAFT_METHODS or (method == "auto" and draft is not None) else {}),
+            **({"rounds_by_kind": result["rounds_by_kind"]} if "rounds_by_kind" in result else {}),
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
@@ -193,7 +203,8 @@ def main(argv=None):
           ]
         rows.append(row)
         save()
-        split = "/".join(f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES)
+        split = "/".join("-" if row[f"{phase}_share"] is None else f"{100 * row[f'{phase}_share']:.0f}"
+                         for phase in PHASES)
         print(f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
               f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",

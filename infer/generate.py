@@ -34,15 +34,17 @@ def parse_args(argv=None):
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
       "--draft",
-      help="draft for --method longspec: 'default' (shipped for the target), 'random', 'none', or a checkpoint dir",
+      help="draft for longspec and auto: 'default' (shipped for the target; auto uses it on a GPU), 'random',"
+           " 'none', or a checkpoint dir",
   )
-  # (Without --method: longspec when a draft is given, or shipped and on GPU: on a CPU its
-  # rounds cost more than they save, docs/benchmarks.md; else AR.)
-  p.add_argument("--method", choices=METHODS, help="decoding method (default: the best available)")
+  p.add_argument("--method", choices=METHODS, default="auto",
+                 help="decoding method; auto (default) chooses each round among AR, prompt lookup and the draft's"
+                      " tree by their measured cost and recent gain")
   p.add_argument("--tree-widths", type=tree_widths,
-                 help="longspec: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
+                 help="longspec, auto: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
   p.add_argument("--copy-tokens", type=nonnegative_int, default=0,
-                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree (default 0)")
+                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree (default 0);"
+                      " auto: the length of its copied chains (default 10)")
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
@@ -91,6 +93,20 @@ def json_stats(stats) -> dict:
   return record
 
 
+def tree_record(proposer) -> dict:
+  """The JSON's description of the trees a proposer verifies: a draft's beam widths and
+  copied tokens; for auto, also the chain's length (its rounds by kind are in the stats)."""
+  from longspec_jax.adaptive import Adaptive
+  from longspec_jax.proposers import LongSpecDraft
+
+  if isinstance(proposer, Adaptive):
+    widths = None if proposer.draft is None else list(proposer.draft.widths)
+    return {"tree_widths": widths, "copy_tokens": proposer.lookup.num_tokens}
+  if isinstance(proposer, LongSpecDraft):
+    return {"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
+  return {}
+
+
 def plural(n: int, noun: str) -> str:
   return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -132,9 +148,12 @@ def main(argv=None) -> None:
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft, resolve_draft
 
+  method = args.method
   draft_spec = args.draft or "default"
-  method = args.method or ("longspec" if draft_spec != "none" and (draft_spec != "default" or (
-      has_shipped_draft(args.target) and jax.default_backend() == "gpu")) else "ar")
+  # auto drafts with a draft that is named, or shipped when on a GPU (on a CPU a tree's
+  # rounds cost more than they save: docs/benchmarks.md).
+  uses_draft = method in DRAFT_METHODS or (method == "auto" and draft_spec != "none" and (
+      draft_spec != "default" or (has_shipped_draft(args.target) and jax.default_backend() == "gpu")))
   sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
   # Everything the prompt and flags can get wrong is checked before the weights load.
@@ -143,19 +162,18 @@ def main(argv=None) -> None:
   tokenizer = load_tokenizer(path)
   prompt = encode_prompt(tokenizer, prompt_text, args.chat)
   check_capacity(config, [prompt], args.max_new_tokens)
-  if method in DRAFT_METHODS:
+  if uses_draft:
     resolve_draft(draft_spec, args.target)
-  if args.copy_tokens and method not in DRAFT_METHODS:
-    raise UserError(f"--copy-tokens grafts copies into a draft's tree, but the method here is {method}"
-                    " (give --method longspec)")
+  if args.tree_widths and not uses_draft:
+    raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   if args.tree_widths:
-    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size))
+    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens)
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
   target = load_target(path, dtype, tokenizer, attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if method in DRAFT_METHODS else None
+  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
@@ -168,7 +186,8 @@ def main(argv=None) -> None:
   print(file=sys.stdout)
   print(
       f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
-      f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}",
+      f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
+      + (f"; rounds {', '.join(f'{k} {n}' for k, n in stats.rounds_by_kind.items())}" if stats.rounds_by_kind else ""),
       file=sys.stderr,
   )
   if args.json:
@@ -180,9 +199,8 @@ def main(argv=None) -> None:
         "dtype": jnp.dtype(dtype).name,
         "attention": impl.value,
         "batch_invariant": args.batch_invariant,
-        "draft": draft_spec if method in DRAFT_METHODS else None,
-        **({"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
-           if method in DRAFT_METHODS else {}),
+        "draft": draft_spec if uses_draft else None,
+        **tree_record(proposer),
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
         "token_ids": token_ids,

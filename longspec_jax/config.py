@@ -201,13 +201,16 @@ MAX_TREE_NODES = 1024
 
 
 def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
-                      max_nodes: int = MAX_TREE_NODES) -> None:
+                      max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0) -> None:
   """Beam widths per depth: positive, each at most the vocabulary (a depth picks its nodes
-  among the tokens), and 1 + sum(widths) nodes within `max_nodes`."""
+  among the tokens), and 1 + sum(widths) nodes, with `copy_tokens` grafted copies, within
+  `max_nodes`."""
   if not widths or any(w < 1 for w in widths):
     raise UserError(f"tree widths must be one or more positive integers, got {list(widths)}.")
   if vocab_size is not None and max(widths) > vocab_size:
     raise UserError(f"a tree width of {max(widths)} exceeds the vocabulary of {vocab_size} tokens.")
-  if 1 + sum(widths) > max_nodes:
-    raise UserError(f"tree widths {','.join(map(str, widths))} make {1 + sum(widths)} nodes, over the limit of"
+  nodes = 1 + sum(widths) + copy_tokens
+  if nodes > max_nodes:
+    copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
+    raise UserError(f"tree widths {','.join(map(str, widths))}{copies} make {nodes} nodes, over the limit of"
                     f" {max_nodes} on this machine.")

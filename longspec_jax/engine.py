@@ -17,6 +17,7 @@ host (Ctrl-C included) gets control back as often.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from longspec_jax import gemm
+from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
@@ -96,6 +98,9 @@ class GenerationStats:
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
   max_stream_gap_seconds: float  # the longest wait between two streamed chunks
+  # `auto` (`adaptive.Adaptive`): rounds of each kind and their measured seconds per round
+  rounds_by_kind: dict[str, int] | None = None
+  round_seconds_by_kind: dict[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +198,8 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
   proposer, sampling = decoding.proposer, decoding.sampling
   eos_ids = decoding.eos_array()
   batch = state.root.shape[0]
-  width = max_rounds * verified_size(proposer)
+  size = verified_size(proposer)  # the nodes of the largest tree a round verifies
+  width = max_rounds * size
   rows = jnp.arange(batch)[:, None]
   first_round = state.rounds
 
@@ -201,32 +207,53 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     state, _, _ = carry
     return (state.rounds < first_round + rounds) & ~jnp.all(state.done)
 
-  def body(carry):
-    state, out, written = carry
+  def one_round(state, step_key, make_tree):
+    """propose -> verify -> accept for the tree `make_tree()` returns; the path and the
+    new tokens padded to `size` (every kind of round gives the same shapes)."""
     # (Named scopes: `python -m infer.profile` charges device time to them.)
     with jax.named_scope("propose"):
-      tree, proposal = propose(model, proposer, proposer_params, state)
+      tree, proposal = make_tree()
+      tree = tree.padded(gemm.aligned_rows(tree.size))
     with jax.named_scope("verify"):
       logits, ancestors, cache = verify(model, tree, state.cache)  # logits [B, N, V]
     with jax.named_scope("accept"):
-      key, step_key = jax.random.split(state.key)
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy:
         acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
-      new = emitted_tokens(tree, acceptance)  # [B, N]
+      pad = lambda x: jnp.pad(x, ((0, 0), (0, size - tree.size)))
+      new = pad(emitted_tokens(tree, acceptance))  # [B, size]
+    return pad(acceptance.path), acceptance.count, new, cache, jnp.all(jnp.isfinite(logits), axis=(1, 2)), proposal
+
+  def body(carry):
+    state, out, written = carry
+    key, step_key = jax.random.split(state.key)
+    root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
+    context = dict(target=model, cache=state.cache, history=state.history, root=root)
+    if isinstance(proposer, Adaptive):  # one branch per kind of round, chosen on device
+      plan = proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
+      branches = [
+          functools.partial(one_round, state, step_key, functools.partial(
+              proposer.propose, kind, proposer_params, state.proposal, plan, **context))
+          for kind in proposer.kinds
+      ]
+      path, accepted, new, cache, finite, proposal = jax.lax.switch(plan.kind, [lambda b=b: b() for b in branches])
+      proposal = proposer.observe(proposal, plan, accepted, new, ~state.done)
+    else:
+      path, accepted, new, cache, finite, proposal = one_round(state, step_key, functools.partial(
+          proposer.propose, proposer_params, state.proposal, **context))
     with jax.named_scope("commit"):
       # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
-      index = jnp.arange(tree.size)[None, :]
-      is_eos = jnp.isin(new, eos_ids) & (index < acceptance.count[:, None])
-      first_eos = jnp.min(jnp.where(is_eos, index, tree.size), axis=1)
-      count = jnp.minimum(jnp.minimum(acceptance.count, first_eos + 1), limit - state.emitted)
+      index = jnp.arange(size)[None, :]
+      is_eos = jnp.isin(new, eos_ids) & (index < accepted[:, None])
+      first_eos = jnp.min(jnp.where(is_eos, index, size), axis=1)
+      count = jnp.minimum(jnp.minimum(accepted, first_eos + 1), limit - state.emitted)
       count = jnp.where(state.done, 0, count)
       keep = index < count[:, None]
 
       lengths = cache.lengths
-      cache = cache.commit_path(acceptance.path, count)
+      cache = cache.commit_path(path, count)
       slots = jnp.where(keep, lengths[:, None] + 1 + index, state.history.shape[1])  # past the end: dropped
       history = state.history.at[rows, slots].set(new, mode="drop")
       out = out.at[rows, jnp.where(keep, written[:, None] + index, width)].set(new, mode="drop")
@@ -241,7 +268,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
           rounds=state.rounds + 1,
           active_rounds=state.active_rounds + ~state.done,
           key=key,
-          nonfinite=state.nonfinite | (~state.done & ~jnp.all(jnp.isfinite(logits), axis=(1, 2))),
+          nonfinite=state.nonfinite | (~state.done & ~finite),
           proposal=proposal,
       )
     return new_state, out, written + count
@@ -338,6 +365,34 @@ def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_toke
           max_rounds)
 
 
+# Timed rounds of each kind with which an `Adaptive` proposer's generation starts.
+CALIBRATION_ROUNDS = 4
+
+
+def _calibrate(proposer: Adaptive, run_chunk, state: DecodeState, chunks: list, on_tokens):
+  """The first rounds of a generation with an `Adaptive` proposer: one round of each kind
+  (the first run of each branch, untimed), then `CALIBRATION_ROUNDS` of each, timed on
+  the host, whose seconds per round become the proposer's costs. Every round emits its
+  tokens as usual. Returns (state, seconds per round by kind, whether every sequence is
+  done, rounds run)."""
+  seconds, ran = [], 0
+  for rounds in (1, CALIBRATION_ROUNDS):
+    for kind in proposer.kinds:
+      state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
+      jax.block_until_ready(state)
+      t0 = time.perf_counter()
+      state, out, finished = run_chunk(state, rounds)
+      chunks.append(np.asarray(out))
+      seconds.append((time.perf_counter() - t0) / rounds)
+      ran += rounds
+      if on_tokens:
+        on_tokens(chunks[-1])
+      if bool(finished):
+        return state, None, True, ran
+  measured = seconds[len(proposer.kinds):]
+  return dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, measured)), measured, False, ran
+
+
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              decoding: Decoding = Decoding(), proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
              rounds_per_chunk: int | None = None, on_tokens: Callable[[np.ndarray], None] | None = None,
@@ -365,6 +420,12 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   t1 = time.perf_counter()
   chunks = [first[:, None]]
   rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or 1, 0, None, t1, 0.0
+  round_seconds = None
+  if isinstance(decoding.proposer, Adaptive):  # its first rounds time each kind of round
+    state, round_seconds, finished, dispatched = _calibrate(
+        decoding.proposer, lambda state, rounds: decode_fn(*chunk_args(state, rounds)), state, chunks, on_tokens)
+    dispatched = max_new_tokens if finished else dispatched  # (nothing left to dispatch)
+    ready_at = time.perf_counter()
   while True:
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
@@ -408,5 +469,15 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
       tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       max_stream_gap_seconds=max_gap,
+      **_kind_stats(decoding.proposer, state.proposal, round_seconds),
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
+
+
+def _kind_stats(proposer, proposal, round_seconds) -> dict:
+  """An `Adaptive` proposer's rounds and measured costs by kind, for `GenerationStats`."""
+  if not isinstance(proposer, Adaptive):
+    return {}
+  names = [kind.name.lower() for kind in proposer.kinds]
+  return {"rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
+          "round_seconds_by_kind": None if round_seconds is None else dict(zip(names, round_seconds))}

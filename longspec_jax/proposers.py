@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from longspec_jax import gemm
+from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
@@ -83,15 +85,41 @@ class LongSpecDraft:
 
   def propose(self, params, ring: RingCache, *, target, cache, history, root):
     draft: Draft = nnx.merge(self.graphdef, params)
+    root_hidden, ring = self.catch_up(draft, target, cache, history, ring)
+    tree = self.grow(draft, target, cache, ring, root, root_hidden)
+    if self.copy_tokens:
+      tree = graft_chain(tree, *PromptLookup(num_tokens=self.copy_tokens).lookup(history, cache.lengths))
+    return tree, ring
+
+  def catch_up(self, draft: Draft, target, cache, history, ring: RingCache, *, lagging: bool = False):
+    """One draft pass over the tokens committed since the ring's last position and the
+    root (at most `depth` + 1 of them after a round of this tree), which joins them to the
+    ring. Returns the root's hidden state [B, 1, E] and the ring. With `lagging`, the ring
+    may be any number of tokens behind (rounds without the draft, `adaptive.Adaptive`): the
+    pass repeats until it reaches the root, starting where the window still matters."""
+    lengths = cache.lengths
+    span = gemm.aligned_rows(self.depth + 1)  # rows the draft's products take as they are
+
+    def step(ring):
+      first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
+      positions = first[:, None] + jnp.arange(span)[None, :]
+      hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
+      return jnp.take_along_axis(hidden, jnp.clip(lengths - first, 0, span - 1)[:, None, None], axis=1), ring
+
+    if not lagging:
+      return step(ring)
+    # Layer l's K/V at p depend on the l layers below over the window before p (as `start`).
+    oldest = jnp.maximum(lengths - draft.config.num_layers * draft.config.window, 0)
+    ring = dataclasses.replace(ring, length=jnp.maximum(ring.length, oldest))
+    hidden, ring = step(ring)
+    return jax.lax.while_loop(lambda carry: jnp.any(carry[1].length <= lengths), lambda carry: step(carry[1]),
+                              (hidden, ring))
+
+  def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+    """The beam-search tree from the root's hidden state [B, 1, E]: per depth, the
+    frontier's best children by cumulative log-prob, then one draft pass over them."""
     lengths = cache.lengths
     batch = root.shape[0]
-    # Catch up: the drafted tokens accepted last round (at most depth of them) and the new
-    # root, in rows the draft's products take as they are (those past the root are unused).
-    first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
-    positions = first[:, None] + jnp.arange(gemm.aligned_rows(self.depth + 1))[None, :]
-    hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
-    root_hidden = jnp.take_along_axis(hidden, (lengths - first)[:, None, None], axis=1)  # [B, 1, E]
-
     offsets = beam_offsets(self.widths)
     n = offsets[-1]
     tokens = jnp.zeros((batch, n), jnp.int32).at[:, 0].set(root)
@@ -122,11 +150,8 @@ class LongSpecDraft:
                       layer=cfg.cross_layer),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
-    tree = Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
+    return Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
                 valid=jnp.ones((batch, n), bool), ancestors=ancestors)
-    if self.copy_tokens:
-      tree = graft_chain(tree, *PromptLookup(num_tokens=self.copy_tokens).lookup(history, lengths))
-    return tree, ring
 
   @staticmethod
   def _append(draft: Draft, target, cache, history, ring: RingCache | None, positions, valid, keep=None):
@@ -148,8 +173,9 @@ class LongSpecDraft:
 
 
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
-# with no arguments; those in DRAFT_METHODS take the draft's graphdef.
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft}
+# with no arguments; those in DRAFT_METHODS take the draft's graphdef; `auto` uses a draft
+# when there is one.
+PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "auto": Adaptive}
 DRAFT_METHODS = ("longspec",)
 
 
@@ -157,7 +183,15 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
                   copy_tokens: int = 0):
   """(proposer, proposer_params) for `generate`: a draft method's proposer holds the
   draft's graphdef and tree (`tree_widths`, by default the draft's own; `copy_tokens`
-  of prompt lookup grafted in) and its params are the draft's; the others have none."""
+  of prompt lookup grafted in) and its params are the draft's; `auto` chooses each round
+  among AR, prompt lookup (chains of `copy_tokens`, by default `PromptLookup`'s) and the
+  draft's tree with the chain grafted in, if a draft is given; the others have no params."""
+  if method == "auto":
+    lookup = PromptLookup(num_tokens=copy_tokens) if copy_tokens else PromptLookup()
+    if draft is None:
+      return Adaptive(lookup), None
+    graphdef, params = nnx.split(draft)
+    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(tree_widths or draft.config.tree_widths))), params
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
     return PROPOSERS[method](graphdef, tuple(tree_widths or draft.config.tree_widths), copy_tokens), params

@@ -267,8 +267,8 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD,
   LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
-  time, prompt lookup's copies grafted in) and an oracle tree with decoys emit exactly the
-  AR tokens for 80 new tokens."""
+  time, prompt lookup's copies grafted in), auto with that draft and an oracle tree with
+  decoys emit exactly the AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -277,11 +277,15 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert all(len(r) == 80 for r in reference)
   pld = generate(target.model, prompts, 80, Decoding(proposer=PromptLookup()))
   assert pld.token_ids == reference
-  proposer, params = make_proposer("longspec", load_draft("default", target.config, jnp.float32, "smollm2-135m"),
-                                   tree_widths=(2, 2, 2), copy_tokens=10)
+  draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
+  proposer, params = make_proposer("longspec", draft, tree_widths=(2, 2, 2), copy_tokens=10)
   longspec_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
+  proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2))
+  auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
+  assert auto.token_ids == reference
+  assert all(n >= 5 for n in auto.stats.rounds_by_kind.values())  # each kind timed, then chosen
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
   result = generate(target.model, prompts, 80, Decoding(proposer=oracle))

@@ -31,7 +31,9 @@ def test_json_contract(tiny_with_tokenizer, capsys):
   for field in ("method", "text", "token_ids", "num_new_tokens", "mean_accepted_length", "steps",
                 "prefill_seconds", "decode_seconds", "tokens_per_second"):
     assert field in record
-  assert record["method"] == "ar" and record["num_new_tokens"] == len(record["token_ids"]) <= 7
+  # auto, with no draft shipped for this target: AR and prompt lookup rounds, chosen on device
+  assert record["method"] == "auto" and record["num_new_tokens"] == len(record["token_ids"]) <= 7
+  assert record["draft"] is None and record["copy_tokens"] == 10 and set(record["rounds_by_kind"]) <= {"ar", "copy"}
   assert out.startswith(record["text"])  # the same text was streamed first
   assert "tokens/s" in err
 
@@ -101,12 +103,13 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "hello " * 300, "--max-new-tokens", "400"], "exceeds the model's context of 512 tokens"),
-    (["--prompt", "x", "--tree-widths", "100000"], "100001 nodes, over the limit of 1024 on this machine"),
-    (["--prompt", "x", "--tree-widths", "49152"], "49153 nodes, over the limit of 1024 on this machine"),
-    (["--prompt", "x", "--tree-widths", "2000,2000"], "4001 nodes, over the limit of 1024 on this machine"),
+    (["--prompt", "x", "--draft", "random", "--tree-widths", "100000"], "100001 nodes, over the limit of 1024"),
+    (["--prompt", "x", "--draft", "random", "--tree-widths", "49152"], "49153 nodes, over the limit of 1024"),
+    (["--prompt", "x", "--draft", "random", "--tree-widths", "2000,2000"], "4001 nodes, over the limit of 1024"),
+    (["--prompt", "x", "--method", "longspec", "--draft", "random", "--tree-widths", "1000,20",
+      "--copy-tokens", "10"], "tree widths 1000,20 and 10 copied tokens make 1031 nodes, over the limit of 1024"),
     (["--prompt", "x", "--draft", "/no/such/draft"], "the draft '/no/such/draft' does not exist"),
-    (["--prompt", "x", "--copy-tokens", "4"], "--copy-tokens grafts copies into a draft's tree, but the method here"
-                                              " is ar (give --method longspec)"),
+    (["--prompt", "x", "--tree-widths", "2,2"], "--tree-widths shapes a draft's tree, but no draft is used here"),
 ])
 def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, capsys):
   """Errors that need the target's config (context, vocabulary) or a path come before the
@@ -139,13 +142,15 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
                       ("random", ["--method", "longspec", "--draft", "random"]),
                       ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
-                      ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # longspec: the draft's method
+                      ("auto", []),  # (no draft on a CPU unless one is named)
+                      ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "random", "copies", "checkpoint"):
+  for name in ("pld", "random", "copies", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
-  assert results["checkpoint"]["method"] == "longspec" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
+  assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
+  assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
   assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
 
 

@@ -141,5 +141,7 @@ def test_tree_width_limits():
     check_tree_widths((300,), vocab_size=211)
   with pytest.raises(UserError, match="make 65 nodes, over the limit of 64"):
     check_tree_widths((32, 32), max_nodes=64)
+  with pytest.raises(UserError, match="10 copied tokens make 75 nodes"):
+    check_tree_widths((32, 32), max_nodes=70, copy_tokens=10)
   assert 1 <= node_budget(128256, batch=8) <= node_budget(49152) == MAX_TREE_NODES  # this machine holds 1024
   assert node_budget(10**12) == 1  # a vocabulary no machine holds logits of

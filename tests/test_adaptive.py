@@ -1,0 +1,131 @@
+"""`auto`: the round-by-round choice, what it learns from a round, the draft's catch-up
+after rounds without it, and lossless output whatever it chooses."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
+from longspec_jax.cache import KVCache
+from longspec_jax.config import DraftConfig
+from longspec_jax.draft import random_draft
+from longspec_jax.engine import Decoding, generate, prefill
+from longspec_jax.ngram import PromptLookup
+from longspec_jax.proposers import LongSpecDraft
+from longspec_jax.sampling import SamplingConfig
+from longspec_jax.weights.hf import load_hf_dir
+
+from conftest import save_tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  model, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "llama"), jnp.float32)
+  return model
+
+
+def draft_for(target, widths=(2, 2), **config):
+  draft = random_draft(DraftConfig.for_target(target.config, window=8, **config), target.dtype)
+  graphdef, params = nnx.split(draft)
+  return LongSpecDraft(graphdef, widths), params, draft
+
+
+def state_with(gains, costs, force=-1, since_draft=0) -> AdaptiveState:
+  gains = jnp.asarray(gains, jnp.float32)
+  return AdaptiveState(ring=None, gains=gains, costs=jnp.asarray(costs, jnp.float32), force=jnp.int32(force),
+                       since_draft=jnp.int32(since_draft), rounds_by_kind=jnp.zeros((gains.shape[1],), jnp.int32))
+
+
+def plan_for(proposer, state, history, lengths, done=None):
+  cache = KVCache(k=jnp.zeros((1, 1, 1, 1, 1)), v=jnp.zeros((1, 1, 1, 1, 1)), lengths=jnp.asarray(lengths, jnp.int32))
+  done = jnp.zeros((len(lengths),), bool) if done is None else jnp.asarray(done)
+  return proposer.plan(state, cache=cache, history=jnp.asarray(history, jnp.int32), done=done)
+
+
+# history [2, 8]: row 0 repeats (prompt lookup finds "5 6" -> 7 8 9), row 1 has no repeat.
+HISTORY = [[5, 6, 7, 8, 9, 5, 6, 0], [1, 2, 3, 4, 10, 11, 12, 0]]
+
+
+def test_a_round_takes_the_most_tokens_per_second():
+  copy_only = Adaptive(PromptLookup(num_tokens=3))
+  # Row 0 copies 3 tokens a round at 1.5x an AR step's price: copying wins.
+  assert int(plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY[:1], [6]).kind) == Kind.COPY
+  # Row 1 has no match: a copy round is an AR step at a higher price.
+  assert int(plan_for(copy_only, state_with([[1, 3]], [1.0, 1.5]), HISTORY[1:], [6]).kind) == Kind.AR
+  # Summed over the batch: 3 + 1 tokens at 1.5 against 2 at 1.
+  assert int(plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY, [6, 6]).kind) == Kind.COPY
+  # A finished sequence counts for nothing.
+  plan = plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
+  assert int(plan.kind) == Kind.AR
+  np.testing.assert_array_equal(np.asarray(plan.copies[0]), [7, 8, 9])
+
+
+def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
+  proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0])
+  gains = [[1, 3, 5], [1, 3, 5]]
+  assert int(plan_for(proposer, state_with(gains, [1.0, 1.5, 2.0]), HISTORY, [6, 6]).kind) == Kind.DRAFT
+  poor = state_with([[1, 3, 1.2], [1, 3, 1.2]], [1.0, 1.5, 2.0])
+  assert int(plan_for(proposer, poor, HISTORY, [6, 6]).kind) == Kind.COPY
+  explore = dataclasses.replace(poor, since_draft=jnp.int32(proposer.explore_every))
+  assert int(plan_for(proposer, explore, HISTORY, [6, 6]).kind) == Kind.DRAFT
+  assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
+
+
+def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
+  proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], ema=0.5)
+  state = state_with([[1, 3, 4], [1, 3, 4]], [1, 1, 1])
+  copies = jnp.asarray([[7, 8, 9], [7, 8, 9]])
+  valid = jnp.asarray([[True, True, True], [False, False, False]])  # row 1: no match
+  new = jnp.asarray([[7, 8, 2, 0, 0, 0], [4, 4, 4, 4, 4, 0]])
+  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid)
+  after = proposer.observe(state, plan, jnp.asarray([5, 5]), new, jnp.asarray([True, True]))
+  # Draft gains move halfway to 5; row 0's chain agreed on 2 tokens (+ bonus = 3); row 1 had none.
+  np.testing.assert_allclose(np.asarray(after.gains), [[1, 3, 4.5], [1, 3, 4.5]])
+  assert int(after.since_draft) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
+  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid)
+  after = proposer.observe(after, plan, jnp.asarray([2, 1]), new, jnp.asarray([True, False]))
+  np.testing.assert_allclose(np.asarray(after.gains), [[1, 2.5, 4.5], [1, 3, 4.5]])  # row 1 inactive
+  assert int(after.since_draft) == 1
+
+
+def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny):
+  """A ring many tokens behind (AR and COPY rounds do not run the draft) caught up pass by
+  pass holds what a ring started at the new length holds, and the root's hidden state."""
+  proposer, params, draft = draft_for(tiny, num_layers=2)
+  rng = np.random.default_rng(3)
+  prompt = rng.integers(3, 211, size=40).tolist()
+  cache, _ = prefill(tiny, [prompt], 64)
+  history = jnp.asarray([prompt + [0] * 24], jnp.int32)
+  behind = proposer.start(params, target=tiny, cache=dataclasses.replace(cache, lengths=cache.lengths - 13),
+                          history=history)
+  cache = dataclasses.replace(cache, lengths=cache.lengths - 1)  # the last token is the root
+  hidden, ring = proposer.catch_up(draft, tiny, cache, history, behind, lagging=True)
+  fresh = proposer.start(params, target=tiny, cache=cache, history=history)
+  want, fresh = proposer.catch_up(draft, tiny, cache, history, fresh)
+  assert int(ring.length[0]) == int(fresh.length[0]) == 40
+  for a, b in ((hidden, want), (ring.k, fresh.k), (ring.v, fresh.v)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+  np.testing.assert_array_equal(np.asarray(ring.positions), np.asarray(fresh.positions))
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_auto_emits_the_ar_tokens(tiny, with_draft):
+  """Greedy auto on a repetitive and a random prompt (batched, unequal lengths, an EOS):
+  AR's tokens, with every kind of round run; near-zero temperature too."""
+  rng = np.random.default_rng(5)
+  pattern = rng.integers(3, 211, size=9).tolist()
+  prompts = [pattern * 4, rng.integers(3, 211, size=23).tolist()]
+  reference = generate(tiny, prompts, 40).token_ids
+  eos = reference[1][30]
+  draft, params, _ = draft_for(tiny, widths=(2, 3)) if with_draft else (None, None, None)
+  proposer = Adaptive(PromptLookup(num_tokens=4), draft)
+  result = generate(tiny, prompts, 40, Decoding(proposer=proposer, eos_ids=(eos,)), params)
+  assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
+  kinds = result.stats.rounds_by_kind
+  assert set(kinds) == {k.name.lower() for k in proposer.kinds} and min(kinds.values()) >= 5
+  assert set(result.stats.round_seconds_by_kind) == set(kinds)
+  sampled = Decoding(proposer=proposer, sampling=SamplingConfig(temperature=1e-4))
+  assert generate(tiny, prompts, 40, sampled, params, seed=2).token_ids == reference
