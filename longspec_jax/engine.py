@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from longspec_jax import gemm
+from longspec_jax import calibration, gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
@@ -98,9 +98,11 @@ class GenerationStats:
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
   max_stream_gap_seconds: float  # the longest wait between two streamed chunks
-  # `auto` (`adaptive.Adaptive`): rounds of each kind and their measured seconds per round
+  # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
+  # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
   round_seconds_by_kind: dict[str, float] | None = None
+  calibration_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,34 +367,6 @@ def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_toke
           max_rounds)
 
 
-# Timed rounds of each kind with which an `Adaptive` proposer's generation starts.
-CALIBRATION_ROUNDS = 4
-
-
-def _calibrate(proposer: Adaptive, run_chunk, state: DecodeState, chunks: list, on_tokens):
-  """The first rounds of a generation with an `Adaptive` proposer: one round of each kind
-  (the first run of each branch, untimed), then `CALIBRATION_ROUNDS` of each, timed on
-  the host, whose seconds per round become the proposer's costs. Every round emits its
-  tokens as usual. Returns (state, seconds per round by kind, whether every sequence is
-  done, rounds run)."""
-  seconds, ran = [], 0
-  for rounds in (1, CALIBRATION_ROUNDS):
-    for kind in proposer.kinds:
-      state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
-      jax.block_until_ready(state)
-      t0 = time.perf_counter()
-      state, out, finished = run_chunk(state, rounds)
-      chunks.append(np.asarray(out))
-      seconds.append((time.perf_counter() - t0) / rounds)
-      ran += rounds
-      if on_tokens:
-        on_tokens(chunks[-1])
-      if bool(finished):
-        return state, None, True, ran
-  measured = seconds[len(proposer.kinds):]
-  return dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, measured)), measured, False, ran
-
-
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              decoding: Decoding = Decoding(), proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
              rounds_per_chunk: int | None = None, on_tokens: Callable[[np.ndarray], None] | None = None,
@@ -420,12 +394,26 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   t1 = time.perf_counter()
   chunks = [first[:, None]]
   rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or 1, 0, None, t1, 0.0
-  round_seconds = None
-  if isinstance(decoding.proposer, Adaptive):  # its first rounds time each kind of round
-    state, round_seconds, finished, dispatched = _calibrate(
-        decoding.proposer, lambda state, rounds: decode_fn(*chunk_args(state, rounds)), state, chunks, on_tokens)
-    dispatched = max_new_tokens if finished else dispatched  # (nothing left to dispatch)
-    ready_at = time.perf_counter()
+  round_seconds, calibration_seconds = None, 0.0
+  if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
+    key = calibration.cost_key(model, decoding.proposer, proposer_params, len(prompts), state.history.shape[1])
+    round_seconds = calibration.known_costs(key)
+    if round_seconds is None:  # measured by the first rounds, which emit tokens as usual
+      def emit(tokens):
+        chunks.append(tokens)
+        if on_tokens:
+          on_tokens(tokens)
+
+      measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit)
+      state, round_seconds, dispatched = measured.state, measured.seconds, measured.rounds
+      if round_seconds is None:
+        dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
+      else:
+        calibration.remember(key, round_seconds)
+      ready_at = time.perf_counter()
+      calibration_seconds = ready_at - t1
+    else:
+      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, round_seconds))
   while True:
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
@@ -470,6 +458,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       max_stream_gap_seconds=max_gap,
       **_kind_stats(decoding.proposer, state.proposal, round_seconds),
+      calibration_seconds=calibration_seconds,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
 

@@ -12,6 +12,15 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+@pytest.fixture(autouse=True)
+def fresh_round_costs(tmp_path, monkeypatch):
+  """Every test measures `auto`'s round prices afresh: none from earlier tests or runs."""
+  from longspec_jax import calibration
+
+  monkeypatch.setattr(calibration, "_MEMORY", {})
+  monkeypatch.setattr(calibration, "cache_root", lambda: tmp_path / "cache")
+
+
 def real_texts(min_chars: int = 4000, limit: int = 40) -> list[str]:
   """Real local documents: licenses, Python stdlib sources and Debian docs."""
   import sysconfig
