@@ -62,7 +62,8 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   phases[PHASES[2]] = whole - sum(phases.values())
   kinds = [s.rounds_by_kind for s in stats if s.rounds_by_kind]
   return {
-      **({"rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]}} if kinds else {}),
+      **({"rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]},
+          "round_ms_by_kind": {kind: 1e3 * s for kind, s in stats[0].round_seconds_by_kind.items()}} if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
       "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
@@ -187,7 +188,7 @@ def main(argv=None):
             "set": set_name, "prefill_tokens": length, "method": label,
             **({"tree_widths": list(widths or draft.config.tree_widths), "copy_tokens": copies}
                if method in DRAFT_METHODS or (method == "auto" and draft is not None) else {}),
-            **({"rounds_by_kind": result["rounds_by_kind"]} if "rounds_by_kind" in result else {}),
+            **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},

@@ -9,12 +9,12 @@ Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
-The costs are measured on the device at hand, for this target and context: the engine
-runs the first rounds of a generation as each kind in turn and times them
-(`calibration_kinds`, `with_costs`). The gains are moving averages of what rounds of
-each kind emitted; the chain's gain also from draft rounds (how far it agreed with what
-was emitted), and it counts only when prompt lookup finds a match: without one a COPY
-round is an AR step at a higher price. A draft round runs at least every
+The costs are measured on the device at hand, for this target and context
+(`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
+draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
+(a 3-gram match predicts a good copy better than a 1-gram one), learnt in copy rounds and
+in draft rounds too (how far the chain agreed with what was emitted). Without a match a
+COPY round is an AR step at a higher price. A draft round runs at least every
 `explore_every` rounds, so that its gain follows the text. The choice depends on
 earlier rounds only, so every round's tokens keep the target's law (greedy: AR's
 tokens).
@@ -50,7 +50,8 @@ class Kind(enum.IntEnum):
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   ring: RingCache | None  # the draft's ring (None without a draft); behind after AR and COPY rounds
-  gains: jax.Array  # [B, K] float32: moving average of tokens a round of each kind emits
+  copy_gain: jax.Array  # [B, M] float32: tokens a chain gives, by its match's n-gram length (1..M)
+  draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   force: jax.Array  # [] int32: the kind every round takes (calibration), or -1: choose
   since_draft: jax.Array  # [] int32: rounds since the last draft round
@@ -59,12 +60,13 @@ class AdaptiveState:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """What a round's choice saw: the kind, and prompt lookup's chain [B, G] (and which of
-  its tokens are real), which COPY and DRAFT rounds verify."""
+  """What a round's choice saw: the kind, prompt lookup's chain [B, G] (which of its
+  tokens are real) that COPY and DRAFT rounds verify, and its match's n-gram length."""
 
   kind: jax.Array  # [] int32
   copies: jax.Array  # [B, G] int32
   copy_valid: jax.Array  # [B, G] bool
+  ngram: jax.Array  # [B] int32: 0 when there is no match
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,26 +100,33 @@ class Adaptive:
   def start(self, params, *, target, cache, history) -> AdaptiveState:
     batch = history.shape[0]
     ring = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
-    # Before any measurement: every kind looks as good as its tree is deep, so each gets tried.
-    prior = jnp.asarray([1.0, 1.0 + self.lookup.depth / 2, 1.0 + self.depth / 2][: len(self.kinds)], jnp.float32)
-    return AdaptiveState(ring=ring, gains=jnp.broadcast_to(prior, (batch, len(self.kinds))),
-                         costs=jnp.ones((len(self.kinds),), jnp.float32), force=jnp.int32(-1),
-                         since_draft=jnp.int32(0), rounds_by_kind=jnp.zeros((len(self.kinds),), jnp.int32))
+    # Before any measurement every tree looks as good as half its depth, so each gets tried.
+    kinds = len(self.kinds)
+    return AdaptiveState(
+        ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), 1.0 + self.lookup.depth / 2, jnp.float32),
+        draft_gain=jnp.full((batch, 2), 1.0 + self.depth / 2, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
+        force=jnp.int32(-1), since_draft=jnp.int32(0), rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
-    copies, copy_valid = self.lookup.lookup(history, cache.lengths)
-    match = copy_valid[:, 0]  # [B]
-    gains = state.gains
-    per_kind = [jnp.ones_like(gains[:, 0]), jnp.where(match, gains[:, Kind.COPY], 1.0)]
+    copies, copy_valid, ngram = self.lookup.match(history, cache.lengths)
+    copy_gain = self._chain_gain(state, ngram)  # [B]: 0 without a match
+    per_kind = [jnp.ones_like(copy_gain), jnp.where(ngram > 0, copy_gain, 1.0)]
     if self.draft is not None:  # (the chain is in the draft's tree too)
-      per_kind.append(jnp.maximum(gains[:, Kind.DRAFT], jnp.where(match, gains[:, Kind.COPY], 0.0)))
+      draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
+      per_kind.append(jnp.maximum(draft_gain, copy_gain))
     value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / state.costs  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
     if self.draft is not None:
       kind = jnp.where(state.since_draft >= self.explore_every, jnp.int32(Kind.DRAFT), kind)
     kind = jnp.where(state.force >= 0, state.force, kind)
-    return Plan(kind=kind, copies=copies, copy_valid=copy_valid)
+    return Plan(kind=kind, copies=copies, copy_valid=copy_valid, ngram=ngram)
+
+  @staticmethod
+  def _chain_gain(state: AdaptiveState, ngram: jax.Array) -> jax.Array:
+    """The expected tokens of each sequence's chain [B] (0 without a match)."""
+    at = jnp.take_along_axis(state.copy_gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
+    return jnp.where(ngram > 0, at, 0.0)
 
   def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
               root) -> tuple[Tree, AdaptiveState]:
@@ -138,19 +147,18 @@ class Adaptive:
     in the sequences `active [B]`: the gains move toward what the round showed."""
     kind = plan.kind
     count = count.astype(jnp.float32)
-    match = plan.copy_valid[:, 0]
     # How many tokens the chain alone would have given: the root's bonus plus its leading
     # tokens that equal what was emitted (at most what was emitted).
     agree = jnp.cumprod(plan.copy_valid & (plan.copies == new[:, : plan.copies.shape[1]]), axis=1)
-    chain_gain = jnp.minimum(1.0 + jnp.sum(agree, axis=1), count)
-    observed = jnp.stack([count, jnp.where(kind == Kind.COPY, count, chain_gain), count][: len(self.kinds)], axis=1)
-    learn = active[:, None] & (jnp.arange(len(self.kinds))[None, :] == kind)  # [B, K]
-    if self.draft is not None:  # a draft round shows the chain's gain too
-      learn |= active[:, None] & (kind == Kind.DRAFT) & (jnp.arange(len(self.kinds)) == Kind.COPY)[None, :]
-    learn &= (jnp.arange(len(self.kinds)) != Kind.COPY)[None, :] | match[:, None]  # the chain's gain: where it exists
-    gains = jnp.where(learn, (1 - self.ema) * state.gains + self.ema * observed, state.gains)
+    chain = jnp.where(kind == Kind.COPY, count, jnp.minimum(1.0 + jnp.sum(agree, axis=1), count))
+    move = lambda old, seen, where: jnp.where(where, (1 - self.ema) * old + self.ema * seen, old)
+    at_ngram = jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == plan.ngram[:, None]  # [B, M]
+    learns_chain = active & ((kind == Kind.COPY) | (kind == Kind.DRAFT))
     return dataclasses.replace(
-        state, gains=gains, since_draft=jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
+        state, copy_gain=move(state.copy_gain, chain[:, None], learns_chain[:, None] & at_ngram),
+        draft_gain=move(state.draft_gain, count[:, None],
+                        (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
+        since_draft=jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
     )
 

@@ -38,10 +38,17 @@ class PromptLookup:
   def lookup(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
     """history [B, S] holds each sequence's tokens up to and including index `end [B]`
     (the root). Returns drafted tokens [B, gamma] and which of them are real [B, gamma]."""
+    drafted, valid, _ = self.match(history, end)
+    return drafted, valid
+
+  def match(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`lookup`, and the length of the n-gram matched [B] int32 (0: none): how much
+    evidence the continuation has (`adaptive.Adaptive` predicts its gain by it)."""
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     found = jnp.zeros((batch,), bool)
     start = jnp.zeros((batch,), jnp.int32)  # index where the continuation begins
+    matched = jnp.zeros((batch,), jnp.int32)
     for n in range(self.max_ngram, 0, -1):
       tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - n,), (n,)))(history, jnp.maximum(count, n))
       windows = jnp.stack([history[:, i : size - n + 1 + i] for i in range(n)], axis=-1)  # [B, S-n+1, n]
@@ -51,8 +58,9 @@ class PromptLookup:
       last = jnp.max(jnp.where(match, s, -1), axis=1)
       take = ~found & (last >= 0)
       start = jnp.where(take, last + n, start)
+      matched = jnp.where(take, n, matched)
       found |= take
     offsets = start[:, None] + jnp.arange(self.num_tokens)[None, :]
     drafted = jnp.take_along_axis(history, jnp.minimum(offsets, size - 1), axis=1)
     valid = found[:, None] & (offsets < count[:, None])
-    return drafted, valid
+    return drafted, valid, jnp.where(valid[:, 0], matched, 0)

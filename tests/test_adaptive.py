@@ -36,10 +36,13 @@ def draft_for(target, widths=(2, 2), **config):
   return LongSpecDraft(graphdef, widths), params, draft
 
 
-def state_with(gains, costs, force=-1, since_draft=0) -> AdaptiveState:
-  gains = jnp.asarray(gains, jnp.float32)
-  return AdaptiveState(ring=None, gains=gains, costs=jnp.asarray(costs, jnp.float32), force=jnp.int32(force),
-                       since_draft=jnp.int32(since_draft), rounds_by_kind=jnp.zeros((gains.shape[1],), jnp.int32))
+def state_with(copy_gain, costs, draft_gain=None, force=-1, since_draft=0) -> AdaptiveState:
+  """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none)."""
+  copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
+  draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
+  return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
+                       force=jnp.int32(force), since_draft=jnp.int32(since_draft),
+                       rounds_by_kind=jnp.zeros((len(costs),), jnp.int32))
 
 
 def plan_for(proposer, state, history, lengths, done=None):
@@ -48,30 +51,38 @@ def plan_for(proposer, state, history, lengths, done=None):
   return proposer.plan(state, cache=cache, history=jnp.asarray(history, jnp.int32), done=done)
 
 
-# history [2, 8]: row 0 repeats (prompt lookup finds "5 6" -> 7 8 9), row 1 has no repeat.
+# history [2, 8]: row 0 repeats (prompt lookup matches the 2-gram "5 6" -> 7 8 9), row 1 has no repeat.
 HISTORY = [[5, 6, 7, 8, 9, 5, 6, 0], [1, 2, 3, 4, 10, 11, 12, 0]]
 
 
 def test_a_round_takes_the_most_tokens_per_second():
   copy_only = Adaptive(PromptLookup(num_tokens=3))
   # Row 0 copies 3 tokens a round at 1.5x an AR step's price: copying wins.
-  assert int(plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY[:1], [6]).kind) == Kind.COPY
+  plan = plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[:1], [6])
+  assert int(plan.kind) == Kind.COPY and int(plan.ngram[0]) == 2
   # Row 1 has no match: a copy round is an AR step at a higher price.
-  assert int(plan_for(copy_only, state_with([[1, 3]], [1.0, 1.5]), HISTORY[1:], [6]).kind) == Kind.AR
+  assert int(plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[1:], [6]).kind) == Kind.AR
   # Summed over the batch: 3 + 1 tokens at 1.5 against 2 at 1.
-  assert int(plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY, [6, 6]).kind) == Kind.COPY
+  assert int(plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6]).kind) == Kind.COPY
+  # The gain of the matched n-gram length counts: 2-gram chains have given 1.2 tokens.
+  poor_bigrams = dataclasses.replace(state_with([3], [1.0, 1.5]), copy_gain=jnp.asarray([[3.0, 1.2, 3.0]]))
+  assert int(plan_for(copy_only, poor_bigrams, HISTORY[:1], [6]).kind) == Kind.AR
   # A finished sequence counts for nothing.
-  plan = plan_for(copy_only, state_with([[1, 3], [1, 3]], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
+  plan = plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
   assert int(plan.kind) == Kind.AR
   np.testing.assert_array_equal(np.asarray(plan.copies[0]), [7, 8, 9])
 
 
 def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0])
-  gains = [[1, 3, 5], [1, 3, 5]]
-  assert int(plan_for(proposer, state_with(gains, [1.0, 1.5, 2.0]), HISTORY, [6, 6]).kind) == Kind.DRAFT
-  poor = state_with([[1, 3, 1.2], [1, 3, 1.2]], [1.0, 1.5, 2.0])
+  costs = [1.0, 1.5, 2.0]
+  good = state_with([3, 3], costs, draft_gain=[[5, 5], [5, 5]])
+  assert int(plan_for(proposer, good, HISTORY, [6, 6]).kind) == Kind.DRAFT
+  poor = state_with([3, 3], costs, draft_gain=[[1.2, 1.2], [1.2, 1.2]])
   assert int(plan_for(proposer, poor, HISTORY, [6, 6]).kind) == Kind.COPY
+  # Without a match the draft's gain without one counts: 3 tokens at 2 beat AR, 1.5 do not.
+  assert int(plan_for(proposer, state_with([3], costs, [[3, 1]]), HISTORY[1:], [6]).kind) == Kind.DRAFT
+  assert int(plan_for(proposer, state_with([3], costs, [[1.5, 9]]), HISTORY[1:], [6]).kind) == Kind.AR
   explore = dataclasses.replace(poor, since_draft=jnp.int32(proposer.explore_every))
   assert int(plan_for(proposer, explore, HISTORY, [6, 6]).kind) == Kind.DRAFT
   assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
@@ -79,18 +90,21 @@ def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
 
 def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], ema=0.5)
-  state = state_with([[1, 3, 4], [1, 3, 4]], [1, 1, 1])
+  state = state_with([3, 3], [1, 1, 1], draft_gain=[[4, 4], [4, 4]])
   copies = jnp.asarray([[7, 8, 9], [7, 8, 9]])
   valid = jnp.asarray([[True, True, True], [False, False, False]])  # row 1: no match
+  ngram = jnp.asarray([2, 0])
   new = jnp.asarray([[7, 8, 2, 0, 0, 0], [4, 4, 4, 4, 4, 0]])
-  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid)
+  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram)
   after = proposer.observe(state, plan, jnp.asarray([5, 5]), new, jnp.asarray([True, True]))
-  # Draft gains move halfway to 5; row 0's chain agreed on 2 tokens (+ bonus = 3); row 1 had none.
-  np.testing.assert_allclose(np.asarray(after.gains), [[1, 3, 4.5], [1, 3, 4.5]])
+  # Draft gains move halfway to 5 (row 0: with a match, row 1: without); row 0's 2-gram chain
+  # agreed on 2 tokens (+ the bonus = 3); row 1 had no chain.
+  np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
+  np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
   assert int(after.since_draft) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
-  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid)
+  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram)
   after = proposer.observe(after, plan, jnp.asarray([2, 1]), new, jnp.asarray([True, False]))
-  np.testing.assert_allclose(np.asarray(after.gains), [[1, 2.5, 4.5], [1, 3, 4.5]])  # row 1 inactive
+  np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert int(after.since_draft) == 1
 
 
@@ -155,7 +169,7 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
     clock[0] += 7.0 + rounds * per_round[Kind(int(state.proposal.force))]  # 7: the chunk's fixed cost
     return state, np.zeros((1, 4), np.int32), False
 
-  start = state_with([[1, 2, 3]], [1, 1, 1])
+  start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   measured = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
   np.testing.assert_allclose(measured.seconds, [1.0, 1.5, 2.5])
   assert measured.rounds == 3 * (1 + 1 + ROUNDS + 1)
