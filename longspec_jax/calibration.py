@@ -1,15 +1,17 @@
 """The measured cost of each kind of round of `auto` (`adaptive.Adaptive`), and their cache.
 
-A round's price depends on the device, the target, the trees and the context length, so
-it is measured, not modelled: the first generation that needs it runs its first rounds as
-each kind in turn, timed on the host. A chunk of rounds costs a fixed launch and read-back
-on top of its rounds (measured: ~3.7 ms a chunk on an H100 with SmolLM2, more than two AR
-steps), so each kind runs a chunk of one round (its first run on the device: untimed),
-one of one round and one of `ROUNDS` + 1, and its price is the difference of the last two
-over `ROUNDS`: the fixed part cancels. The rounds emit tokens as any
-other. The prices are kept per process and in a JSON file under the cache directory
-(`weights.default.cache_root`), keyed by everything they depend on, so later generations
-(and later runs on the same machine) start choosing at once.
+A round's price depends on the device, the target, the trees, the sampling and the
+context length, so it is measured, not modelled: the first generation that needs it runs
+its first rounds as each kind in turn, timed on the host. A chunk of rounds costs a fixed
+launch and read-back on top of its rounds (measured: ~3.7 ms a chunk on an H100 with
+SmolLM2, more than two AR steps), so each kind runs a chunk of one round (its first run:
+untimed), then chunks of one and of `ROUNDS` + 1 rounds, twice, and its price is the
+median difference over `ROUNDS`: the fixed part cancels. A difference lost in the
+chunks' own jitter (below a quarter of a chunk's time per round) is replaced by that
+time per round, an overestimate, so that no kind ever looks free. The rounds emit tokens
+as any other. The prices are kept per process and in a JSON file under the cache
+directory (`weights.default.cache_root`), keyed by everything they depend on, so later
+generations (and later runs on the same machine) start choosing at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import statistics
 import time
 
 import jax
@@ -24,20 +27,23 @@ import numpy as np
 
 from longspec_jax.weights.default import cache_root
 
-ROUNDS = 3  # timed rounds per kind, beyond the chunk of one
+ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
+REPEATS = 2
 FILE_NAME = "round_costs.json"
 _MEMORY: dict[str, list[float]] = {}
 
 
-def cost_key(model, proposer, proposer_params, batch: int, max_len: int) -> str:
+def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: int) -> str:
   """What a round's price depends on: the device, the target's config, dtype and code
-  choices, the trees of every kind (the draft's array shapes included), the batch and the
-  cache's length (to the next power of two)."""
+  choices, the trees of every kind (the draft's array shapes included), the sampling (a
+  sampled round's acceptance costs more than a greedy one's), the batch and the cache's
+  length (to the next power of two)."""
   shapes = [(x.shape, str(x.dtype)) for x in jax.tree.leaves(proposer_params)]
   draft = proposer.draft
   parts = [jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
            str(model.attention), str(model.gemm), str(model.batch_invariant), proposer.lookup.num_tokens,
-           None if draft is None else draft.widths, shapes, batch, 1 << max(0, (max_len - 1).bit_length())]
+           None if draft is None else draft.widths, shapes, repr(sampling), batch,
+           1 << max(0, (max_len - 1).bit_length())]
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
@@ -85,16 +91,18 @@ def calibrate(proposer, run_chunk, state, emit) -> Calibrated:
   seconds, ran = [], 0
   for kind in proposer.kinds:
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
-    times = []
-    for rounds in (1, 1, ROUNDS + 1):
+    times = {1: [], ROUNDS + 1: []}
+    for rounds in (1,) + (1, ROUNDS + 1) * REPEATS:
       jax.block_until_ready(state)
       t0 = time.perf_counter()
       state, out, finished = run_chunk(state, rounds)
       out = np.asarray(out)
-      times.append(time.perf_counter() - t0)
+      times[rounds].append(time.perf_counter() - t0)
       ran += rounds
       emit(out)
       if bool(finished):
         return Calibrated(state, None, ran)
-    seconds.append(max(times[2] - times[1], 1e-6) / ROUNDS)
+    whole = statistics.median(times[ROUNDS + 1]) / (ROUNDS + 1)
+    difference = statistics.median(b - a for a, b in zip(times[1][1:], times[ROUNDS + 1])) / ROUNDS
+    seconds.append(difference if difference > whole / 4 else whole)
   return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, seconds)), seconds, ran)

@@ -396,7 +396,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or 1, 0, None, t1, 0.0
   round_seconds, calibration_seconds = None, 0.0
   if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
-    key = calibration.cost_key(model, decoding.proposer, proposer_params, len(prompts), state.history.shape[1])
+    key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
+                               state.history.shape[1])
     round_seconds = calibration.known_costs(key)
     if round_seconds is None:  # measured by the first rounds, which emit tokens as usual
       def emit(tokens):

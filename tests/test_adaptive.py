@@ -12,7 +12,7 @@ from flax import nnx
 from longspec_jax import calibration
 from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
-from longspec_jax.calibration import ROUNDS
+from longspec_jax.calibration import REPEATS, ROUNDS
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, prefill
@@ -135,17 +135,18 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft):
   rng = np.random.default_rng(5)
   pattern = rng.integers(3, 211, size=9).tolist()
   prompts = [pattern * 4, rng.integers(3, 211, size=23).tolist()]
-  reference = generate(tiny, prompts, 40).token_ids
-  eos = reference[1][30]
+  reference = generate(tiny, prompts, 100).token_ids
+  eos = reference[1][90]
   draft, params, _ = draft_for(tiny, widths=(2, 3)) if with_draft else (None, None, None)
   proposer = Adaptive(PromptLookup(num_tokens=4), draft)
-  result = generate(tiny, prompts, 40, Decoding(proposer=proposer, eos_ids=(eos,)), params)
+  result = generate(tiny, prompts, 100, Decoding(proposer=proposer, eos_ids=(eos,)), params)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
   kinds = result.stats.rounds_by_kind
-  assert set(kinds) == {k.name.lower() for k in proposer.kinds} and min(kinds.values()) >= 3 + ROUNDS
-  assert set(result.stats.round_seconds_by_kind) == set(kinds) and result.stats.calibration_seconds > 0
+  # (calibration may end the generation: timed rounds emit tokens too)
+  assert set(kinds) == {k.name.lower() for k in proposer.kinds} and min(kinds.values()) >= 1
+  assert result.stats.calibration_seconds > 0
   sampled = Decoding(proposer=proposer, sampling=SamplingConfig(temperature=1e-4))
-  assert generate(tiny, prompts, 40, sampled, params, seed=2).token_ids == reference
+  assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
 @jax.tree_util.register_dataclass
@@ -157,9 +158,9 @@ class Holder:
 
 
 def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch):
-  """A chunk costs a fixed launch plus its rounds: the measured price is the rounds' alone.
-  Prices are kept per process and on disk: a later generation with the same key measures
-  nothing."""
+  """A chunk costs a fixed launch plus its rounds: the measured price is the rounds' alone;
+  one lost in the chunks' jitter is their time per round, never ~0. Prices are kept per
+  process and on disk: a later generation with the same key measures nothing."""
   clock = [0.0]
   monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
@@ -172,13 +173,18 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   measured = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
   np.testing.assert_allclose(measured.seconds, [1.0, 1.5, 2.5])
-  assert measured.rounds == 3 * (1 + 1 + ROUNDS + 1)
+  assert measured.rounds == 3 * (1 + REPEATS * (1 + ROUNDS + 1))
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), [1.0, 1.5, 2.5])
   assert int(measured.state.proposal.force) == -1
+  per_round[Kind.COPY] = 0.0  # (a kind that ran as fast as the chunk's overhead jitters)
+  jittery = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
+  assert jittery.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
 
-  key = calibration.cost_key(tiny, proposer, None, 1, 300)
-  assert key == calibration.cost_key(tiny, proposer, None, 1, 400)  # (one power of two)
-  assert key != calibration.cost_key(tiny, proposer, None, 2, 300)
+  greedy = SamplingConfig()
+  key = calibration.cost_key(tiny, proposer, None, greedy, 1, 300)
+  assert key == calibration.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
+  assert key != calibration.cost_key(tiny, proposer, None, greedy, 2, 300)
+  assert key != calibration.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
   assert calibration.known_costs(key) is None
   calibration.remember(key, measured.seconds)
   monkeypatch.setattr(calibration, "_MEMORY", {})  # a new process: from the file
@@ -189,8 +195,8 @@ def test_a_later_generation_uses_the_kept_prices(tiny):
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
-  first = generate(tiny, prompts, 20, decoding)
-  again = generate(tiny, prompts, 20, decoding)
+  first = generate(tiny, prompts, 60, decoding)
+  again = generate(tiny, prompts, 60, decoding)
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids

@@ -285,7 +285,7 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2))
   auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference
-  assert all(n >= 5 for n in auto.stats.rounds_by_kind.values())  # each kind timed, then chosen
+  assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed
   oracle = Oracle(tuple(map(tuple, reference)), (1024,) * len(prompts), branching=(3, 1, 1, 1, 1),
                   vocab=target.config.vocab_size)
   result = generate(target.model, prompts, 80, Decoding(proposer=oracle))
