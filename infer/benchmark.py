@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import add_sampling_flags, sampling_config, tree_widths
+from infer.cli import add_sampling_flags, sampling_config, tree_record, tree_widths
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds
@@ -121,7 +121,8 @@ def main(argv=None):
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  if not set(args.methods) & {*DRAFT_METHODS, "auto"}:
+  drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft, its trees and copies shape
+  if not set(args.methods) & drafting:
     draft_flags = ("--draft", args.draft), ("--tree-widths", args.tree_widths), ("--copy-tokens", args.copy_tokens)
     for flag, value in draft_flags:
       if value is not None:
@@ -133,7 +134,7 @@ def main(argv=None):
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
   variants = []  # (label, method, tree widths, copy tokens): a draft method once per tree and copy length
   for m in methods:
-    if m not in (*DRAFT_METHODS, "auto"):
+    if m not in drafting:
       variants.append((m, m, None, 0))
       continue
     for w in args.tree_widths or [None]:
@@ -146,7 +147,7 @@ def main(argv=None):
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
   draft_spec = args.draft or "default"
-  uses_draft = bool(set(methods) & {*DRAFT_METHODS, "auto"}) and draft_spec != "none"
+  uses_draft = bool(set(methods) & drafting) and draft_spec != "none"
   if uses_draft:
     resolve_draft(draft_spec, args.target)
   for widths in args.tree_widths or ():
@@ -188,8 +189,7 @@ def main(argv=None):
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
-            **({"tree_widths": list(widths or draft.config.tree_widths), "copy_tokens": copies}
-               if method in DRAFT_METHODS or (method == "auto" and draft is not None) else {}),
+            **tree_record(proposer),
             **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
             "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],

@@ -51,6 +51,21 @@ def tree_widths(text: str) -> tuple[int, ...]:
   return widths
 
 
+def tree_record(proposer) -> dict:
+  """The results' description of the trees a proposer verifies: the draft's beam widths
+  (auto without a draft: None) and the copied tokens (auto: its chains' length; its
+  rounds by kind are in the stats). Methods without trees beyond a chain: nothing."""
+  from longspec_jax.adaptive import Adaptive
+  from longspec_jax.proposers import LongSpecDraft
+
+  if isinstance(proposer, Adaptive):
+    widths = None if proposer.draft is None else list(proposer.draft.widths)
+    return {"tree_widths": widths, "copy_tokens": proposer.lookup.num_tokens}
+  if isinstance(proposer, LongSpecDraft):
+    return {"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
+  return {}
+
+
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
   """The prompt's text, from the flag, a file or stdin ('-'); an empty one is refused."""
   if prompt_file == "-":

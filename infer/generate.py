@@ -10,7 +10,15 @@ import json
 import sys
 import time
 
-from infer.cli import METHODS, add_sampling_flags, encode_prompt, read_prompt, sampling_config, tree_widths
+from infer.cli import (
+    METHODS,
+    add_sampling_flags,
+    encode_prompt,
+    read_prompt,
+    sampling_config,
+    tree_record,
+    tree_widths,
+)
 from longspec_jax.cli import (
     ArgumentParser,
     add_attention_flag,
@@ -91,20 +99,6 @@ def json_stats(stats) -> dict:
   record = dataclasses.asdict(stats)
   record["steps"] = record.pop("rounds")
   return record
-
-
-def tree_record(proposer) -> dict:
-  """The JSON's description of the trees a proposer verifies: a draft's beam widths and
-  copied tokens; for auto, also the chain's length (its rounds by kind are in the stats)."""
-  from longspec_jax.adaptive import Adaptive
-  from longspec_jax.proposers import LongSpecDraft
-
-  if isinstance(proposer, Adaptive):
-    widths = None if proposer.draft is None else list(proposer.draft.widths)
-    return {"tree_widths": widths, "copy_tokens": proposer.lookup.num_tokens}
-  if isinstance(proposer, LongSpecDraft):
-    return {"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
-  return {}
 
 
 def plural(n: int, noun: str) -> str:

@@ -183,10 +183,14 @@ def verified_size(proposer) -> int:
 def propose(model: Transformer, proposer, proposer_params, state: DecodeState):
   """One round's tree [B, `verified_size`] and the proposer's next state, from the decode
   state."""
-  root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
   tree, proposal = proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
-                                    history=state.history, root=root)
+                                    history=state.history, root=_live_root(state))
   return tree.padded(verified_size(proposer)), proposal
+
+
+def _live_root(state: DecodeState) -> jax.Array:
+  """The roots [B] a round grows from: finished sequences carry on with a dummy one."""
+  return jnp.maximum(state.root, 0)
 
 
 @gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
@@ -215,7 +219,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     # (Named scopes: `python -m infer.profile` charges device time to them.)
     with jax.named_scope("propose"):
       tree, proposal = make_tree()
-      tree = tree.padded(gemm.aligned_rows(tree.size))
+      tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
     with jax.named_scope("verify"):
       logits, ancestors, cache = verify(model, tree, state.cache)  # logits [B, N, V]
     with jax.named_scope("accept"):
@@ -231,10 +235,9 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
   def body(carry):
     state, out, written = carry
     key, step_key = jax.random.split(state.key)
-    root = jnp.maximum(state.root, 0)  # finished sequences carry on with a dummy root
-    context = dict(target=model, cache=state.cache, history=state.history, root=root)
     if isinstance(proposer, Adaptive):  # one branch per kind of round, chosen on device
       plan = proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
+      context = dict(target=model, cache=state.cache, history=state.history, root=_live_root(state))
       branches = [
           functools.partial(one_round, state, step_key, functools.partial(
               proposer.propose, kind, proposer_params, state.proposal, plan, **context))
@@ -244,7 +247,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       proposal = proposer.observe(proposal, plan, accepted, new, ~state.done)
     else:
       path, accepted, new, cache, finite, proposal = one_round(state, step_key, functools.partial(
-          proposer.propose, proposer_params, state.proposal, **context))
+          propose, model, proposer, proposer_params, state))
     with jax.named_scope("commit"):
       # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
       index = jnp.arange(size)[None, :]

@@ -106,11 +106,8 @@ def graft_chain(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
   batch, n = tree.tokens.shape
   gamma = drafted.shape[1]
   size = n + gamma
-  ancestors = jnp.pad(tree.ancestor_mask(), ((0, 0), (0, gamma), (0, gamma)))  # [B, N + G, N + G]
-  tokens = jnp.pad(tree.tokens, ((0, 0), (0, gamma)))
-  parents = jnp.pad(tree.parents, ((0, 0), (0, gamma)), constant_values=-1)
-  depths = jnp.pad(tree.depths, ((0, 0), (0, gamma)))
-  node_valid = jnp.pad(tree.valid, ((0, 0), (0, gamma)))
+  room = tree.padded(size)  # the chain's G nodes, unused until placed
+  tokens, parents, depths, node_valid, ancestors = room.tokens, room.parents, room.depths, room.valid, room.ancestors
   rows = jnp.arange(batch)
   at = jnp.zeros((batch,), jnp.int32)  # the node the chain has reached (the root first)
   alive = jnp.ones((batch,), bool)
