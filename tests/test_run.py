@@ -34,8 +34,8 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
 
   from infer.generate import main as generate
 
-  code = run_cli(generate, ["--target", str(tiny_with_tokenizer), "--draft", str(out / "draft"), "--prompt",
-                            "import json", "--max-new-tokens", "4", "--tree-widths", "2,3", "--json"],
+  code = run_cli(generate, ["--target", str(tiny_with_tokenizer), "--method", "longspec", "--draft", str(out / "draft"),
+                            "--prompt", "import json", "--max-new-tokens", "4", "--tree-widths", "2,3", "--json"],
                  "python -m infer.generate")
   captured = capsys.readouterr()
   assert code == 0, captured.err
