@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 from pathlib import Path
@@ -10,6 +11,26 @@ import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# Mapped memory regions past which `release_compiled_programs` frees compiled programs:
+# under half the kernel's default limit, as one module was seen to add 23,000.
+MAX_MAP_REGIONS = 30_000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs():
+  """Frees the compiled programs after a test module once they map many memory regions.
+  XLA's CPU executables each map many, and one process running the whole suite would pass
+  the kernel's limit on them (vm.max_map_count, 65530): the compiler then segfaults.
+  Freeing them after every module would cost the later modules recompilations."""
+  yield
+  try:
+    regions = sum(1 for _ in open("/proc/self/maps"))
+  except OSError:  # not Linux
+    return
+  if regions > MAX_MAP_REGIONS:
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
