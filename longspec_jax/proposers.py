@@ -28,6 +28,11 @@ from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, chain, graft_chain
 
+# Tokens one catch-up pass takes when the draft's ring lags behind (`LongSpecDraft.catch_up`):
+# after 32 copy rounds of ~5 tokens, one pass of 128 instead of ten of 16, each with its
+# own launches (and, on a GPU, a loop step that waits for the host).
+LAG_ROWS = 128
+
 
 @dataclasses.dataclass(frozen=True)
 class RootOnly:
@@ -95,25 +100,25 @@ class LongSpecDraft:
     """One draft pass over the tokens committed since the ring's last position and the
     root (at most `depth` + 1 of them after a round of this tree), which joins them to the
     ring. Returns the root's hidden state [B, 1, E] and the ring. With `lagging`, the ring
-    may be any number of tokens behind (rounds without the draft, `adaptive.Adaptive`): the
-    pass repeats until it reaches the root, starting where the window still matters."""
+    may be any number of tokens behind (rounds without the draft, `adaptive.Adaptive`):
+    passes of `LAG_ROWS` tokens first bring it within one pass of the root, starting
+    where the window still matters."""
     lengths = cache.lengths
-    span = gemm.aligned_rows(self.depth + 1)  # rows the draft's products take as they are
 
-    def step(ring):
+    def step(ring, span):
       first = jnp.minimum(ring.length, lengths)  # finished sequences recompute just the root
       positions = first[:, None] + jnp.arange(span)[None, :]
       hidden, ring = self._append(draft, target, cache, history, ring, positions, positions <= lengths[:, None])
       return jnp.take_along_axis(hidden, jnp.clip(lengths - first, 0, span - 1)[:, None, None], axis=1), ring
 
-    if not lagging:
-      return step(ring)
-    # Layer l's K/V at p depend on the l layers below over the window before p (as `start`).
-    oldest = jnp.maximum(lengths - draft.config.num_layers * draft.config.window, 0)
-    ring = dataclasses.replace(ring, length=jnp.maximum(ring.length, oldest))
-    hidden, ring = step(ring)
-    return jax.lax.while_loop(lambda carry: jnp.any(carry[1].length <= lengths), lambda carry: step(carry[1]),
-                              (hidden, ring))
+    span = gemm.aligned_rows(self.depth + 1)  # rows the draft's products take as they are
+    if lagging:
+      # Layer l's K/V at p depend on the l layers below over the window before p (as `start`).
+      oldest = jnp.maximum(lengths - draft.config.num_layers * draft.config.window, 0)
+      ring = dataclasses.replace(ring, length=jnp.maximum(ring.length, oldest))
+      ring = jax.lax.while_loop(lambda ring: jnp.any(ring.length + span <= lengths),
+                                lambda ring: step(ring, max(LAG_ROWS, span))[1], ring)
+    return step(ring, span)
 
   def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The beam-search tree from the root's hidden state [B, 1, E]: per depth, the

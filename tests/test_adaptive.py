@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax import calibration
+from longspec_jax import calibration, proposers
 from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
 from longspec_jax.calibration import REPEATS, ROUNDS
@@ -108,9 +108,12 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   assert int(after.since_draft) == 1
 
 
-def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny):
-  """A ring many tokens behind (AR and COPY rounds do not run the draft) caught up pass by
-  pass holds what a ring started at the new length holds, and the root's hidden state."""
+@pytest.mark.parametrize("lag_rows", [5, proposers.LAG_ROWS])
+def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_rows, monkeypatch):
+  """A ring many tokens behind (AR and COPY rounds do not run the draft) caught up in
+  passes of `lag_rows` (several, or one) holds what a ring started at the new length
+  holds, and the root's hidden state."""
+  monkeypatch.setattr(proposers, "LAG_ROWS", lag_rows)
   proposer, params, draft = draft_for(tiny, num_layers=2)
   rng = np.random.default_rng(3)
   prompt = rng.integers(3, 211, size=40).tolist()
