@@ -108,8 +108,8 @@ def main(argv=None):
   p.add_argument("--tree-widths", type=tree_widths, nargs="+",
                  help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
-                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value (default: 0, none);"
-                 " auto: the copy chain's length (default 10)")
+                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value; auto: the copy"
+                 " chain's length (default: the draft's tree, else none for longspec and 10 for auto)")
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3)
@@ -138,7 +138,7 @@ def main(argv=None):
       variants.append((m, m, None, 0))
       continue
     for w in args.tree_widths or [None]:
-      for copies in args.copy_tokens or [0]:
+      for copies in args.copy_tokens or [None]:
         label = m + (f"[{','.join(map(str, w))}]" if w else "") + (f"+copy{copies}" if copies else "")
         variants.append((label, m, w, copies))
   sampling = sampling_config(args)

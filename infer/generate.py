@@ -50,9 +50,10 @@ def parse_args(argv=None):
                       " tree by their measured cost and recent gain")
   p.add_argument("--tree-widths", type=tree_widths,
                  help="longspec, auto: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
-  p.add_argument("--copy-tokens", type=nonnegative_int, default=0,
-                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree (default 0);"
-                      " auto: the length of its copied chains (default 10)")
+  p.add_argument("--copy-tokens", type=nonnegative_int,
+                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree; auto: the"
+                      " length of its copied chains (default: the draft's tree, else none for longspec and 10 for"
+                      " auto)")
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
@@ -161,7 +162,7 @@ def main(argv=None) -> None:
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   if args.tree_widths:
-    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens)
+    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)

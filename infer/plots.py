@@ -2,7 +2,8 @@
 
 `plot(result_json)` recognises what a JSON holds (a method comparison from
 `infer.benchmark`, a target suite from `infer.bench_target`, a profile from
-`infer.profile`, kernel suites from `infer.bench_kernels`) and draws it;
+`infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
+`infer.tree_search`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results.
 """
@@ -221,10 +222,33 @@ def _kernels(result: dict, plt):
   return fig
 
 
+def _tree_search(result: dict, plt):
+  """`infer.tree_search`: tau and tokens/s of every tree measured against its size, the
+  chosen tree marked."""
+  points = sorted(result["evaluations"], key=lambda e: e["nodes"])
+  best = result.get("best")
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+  for ax, key, what in zip(axes, ("tau", "tokens_per_second"), ("tau (tokens per round)", "decode tokens/s")):
+    ax.scatter([e["nodes"] for e in points], [e[key] for e in points], color="C0")
+    for e in points:
+      label = ",".join(map(str, e["tree_widths"])) + (f"+c{e['copy_tokens']}" if e["copy_tokens"] else "")
+      ax.annotate(label, (e["nodes"], e[key]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    chosen = [e for e in points if best and e["tree_widths"] == best["tree_widths"]
+              and e["copy_tokens"] == best["copy_tokens"]]
+    if chosen:
+      ax.scatter([chosen[0]["nodes"]], [chosen[0][key]], s=120, facecolors="none", edgecolors="C3", label="chosen")
+      ax.legend()
+    ax.set(xlabel="nodes verified a round", ylabel=what, title=what)
+  fig.suptitle(_title(result, f"tree search, {', '.join(result['sets'])} at {result['length']:,} tokens"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
+  if result.get("kind") == "tree_search":
+    return "tree_search"
   if any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul")) and "suite" not in result:
     return "kernels"
   if result.get("suite") in ("smollm2", "floor", "topk", "llama8b"):  # (llama8b: the floor suite's old name)
@@ -236,7 +260,8 @@ def kind(result: dict) -> str | None:
 
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
-         "kernels": _kernels}
+         "kernels": _kernels,
+         "tree_search": _tree_search}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:

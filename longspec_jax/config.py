@@ -150,15 +150,20 @@ class DraftConfig(BlockConfig):
   num_layers: int = 1
   window: int = 512  # sliding window of the self-attention (and size of its ring buffer)
   cross_layer: int = -1  # the target layer whose cached K/V the cross-attention reads
-  # Beam widths per tree depth that inference uses by default: LongSpec's (paper,
-  # Appendix D) unless measurement found a better tree for this draft's target.
+  # The tree inference uses by default: beam widths per depth, LongSpec's (paper,
+  # Appendix D), and prompt-lookup tokens grafted in as a copy branch (none), unless a
+  # measurement (`python -m infer.tree_search --store`) found a faster tree for this
+  # draft's target.
   tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
+  copy_tokens: int = 0
 
   def __post_init__(self):
     super().__post_init__()
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
-    check_tree_widths(self.tree_widths)
+    if self.copy_tokens < 0:
+      raise UserError(f"a draft's copy_tokens must be >= 0, got {self.copy_tokens}.")
+    check_tree_widths(self.tree_widths, copy_tokens=self.copy_tokens)
 
   @classmethod
   def for_target(cls, target: TargetConfig, **overrides) -> DraftConfig:

@@ -185,19 +185,23 @@ DRAFT_METHODS = ("longspec",)
 
 
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
-                  copy_tokens: int = 0):
-  """(proposer, proposer_params) for `generate`: a draft method's proposer holds the
-  draft's graphdef and tree (`tree_widths`, by default the draft's own; `copy_tokens`
-  of prompt lookup grafted in) and its params are the draft's; `auto` chooses each round
-  among AR, prompt lookup (chains of `copy_tokens`, by default `PromptLookup`'s) and the
-  draft's tree with the chain grafted in, if a draft is given; the others have no params."""
+                  copy_tokens: int | None = None):
+  """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
+  draft's graphdef and tree, `tree_widths` with `copy_tokens` of prompt lookup grafted in
+  (each by default the draft's own, `DraftConfig`), and its params are the draft's. `auto`
+  chooses each round among AR, prompt lookup's chain of `copy_tokens` (by default the
+  draft's, or `PromptLookup`'s where that is none) and, if a draft is given, the draft's
+  tree with the chain grafted in. The other methods have no params."""
+  stored = draft.config if draft is not None else None
   if method == "auto":
-    lookup = PromptLookup(num_tokens=copy_tokens) if copy_tokens else PromptLookup()
+    copies = copy_tokens or (stored and stored.copy_tokens)
+    lookup = PromptLookup(num_tokens=copies) if copies else PromptLookup()
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)
-    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(tree_widths or draft.config.tree_widths))), params
+    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(tree_widths or stored.tree_widths))), params
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
-    return PROPOSERS[method](graphdef, tuple(tree_widths or draft.config.tree_widths), copy_tokens), params
+    copies = stored.copy_tokens if copy_tokens is None else copy_tokens
+    return PROPOSERS[method](graphdef, tuple(tree_widths or stored.tree_widths), copies), params
   return PROPOSERS[method](), None

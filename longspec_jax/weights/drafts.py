@@ -7,6 +7,7 @@ embedded target), or a checkpoint directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -44,6 +45,17 @@ def save_draft(path: Path, draft: Draft) -> None:
     os.replace(path, old / "draft")
     shutil.rmtree(old)
   os.replace(tmp, path)
+
+
+def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
+  """Makes `widths` with `copy_tokens` grafted in the default tree of the draft in the
+  directory `path` (its config is rewritten whole, by a rename)."""
+  file = Path(path) / CONFIG_NAME
+  config = DraftConfig.from_dict(json.loads(file.read_text()))
+  updated = dataclasses.replace(config, tree_widths=tuple(widths), copy_tokens=copy_tokens)  # (checked)
+  tmp = file.with_suffix(".tmp")
+  tmp.write_text(json.dumps(updated.to_dict(), indent=1))
+  os.replace(tmp, file)
 
 
 def has_shipped_draft(target_name: str) -> bool:
