@@ -63,8 +63,9 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   kinds = [s.rounds_by_kind for s in stats if s.rounds_by_kind]
   return {
       **({"rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]},
-          # (None where every generation ended within the rounds that measure the prices)
-          "round_ms_by_kind": {kind: 1e3 * s for kind, s in (stats[-1].round_seconds_by_kind or {}).items()} or None}
+          # (None for a kind whose price no generation finished measuring)
+          "round_ms_by_kind": {kind: None if s is None else 1e3 * s
+                               for kind, s in (stats[-1].round_seconds_by_kind or {}).items()} or None}
          if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),

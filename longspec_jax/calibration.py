@@ -6,7 +6,11 @@ its first rounds as each kind in turn, timed on the host. A chunk of rounds cost
 launch and read-back on top of its rounds (measured: ~3.7 ms a chunk on an H100 with
 SmolLM2, more than two AR steps), so each kind runs a chunk of one round (its first run:
 untimed), then chunks of one and of `ROUNDS` + 1 rounds, twice, and its price is the
-median difference over `ROUNDS`: the fixed part cancels. A difference lost in the
+median difference over `ROUNDS`: the fixed part cancels (~21 rounds a kind). A
+generation that ends first keeps the prices of the kinds it finished, and the next one
+measures only the rest: without that, generations shorter than the measurement (256
+tokens of copy-friendly text with a draft, measured on the H100) measured again every
+time and spent most of their rounds forced. A difference lost in the
 chunks' own jitter (below a quarter of a chunk's time per round) is replaced by that
 time per round, an overestimate, so that no kind ever looks free. The rounds emit tokens
 as any other. The prices are kept per process and in a JSON file under the cache
@@ -47,9 +51,9 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-def known_costs(key: str) -> list[float] | None:
+def known_costs(key: str) -> list[float | None] | None:
   """Seconds per round of each kind measured before under `key` (this process, then the
-  cache file), or None."""
+  cache file; None for a kind not measured yet), or None."""
   if key not in _MEMORY:
     try:
       stored = json.loads((cache_root() / FILE_NAME).read_text()).get(key)
@@ -60,7 +64,7 @@ def known_costs(key: str) -> list[float] | None:
   return _MEMORY.get(key)
 
 
-def remember(key: str, seconds: list[float]) -> None:
+def remember(key: str, seconds: list[float | None]) -> None:
   _MEMORY[key] = seconds
   path = cache_root() / FILE_NAME
   try:
@@ -77,19 +81,27 @@ def remember(key: str, seconds: list[float]) -> None:
     pass  # a read-only cache: the prices stay in this process
 
 
+def complete(seconds: list[float | None] | None) -> bool:
+  return seconds is not None and None not in seconds
+
+
 @dataclasses.dataclass
 class Calibrated:
   state: object  # the decode state after the timed rounds
-  seconds: list[float] | None  # per round, by kind (None: every sequence finished first)
+  seconds: list[float | None]  # per round, by kind (None: not measured, every sequence finished first)
   rounds: int  # rounds run
+  finished: bool  # every sequence finished during the measurement
 
 
-def calibrate(proposer, run_chunk, state, emit) -> Calibrated:
-  """Times each kind of round of `proposer` from `state` (module docstring):
-  `run_chunk(state, rounds) -> (state, tokens, finished)` runs rounds on device, `emit`
-  receives each chunk's tokens. Stops early when every sequence is done."""
-  seconds, ran = [], 0
-  for kind in proposer.kinds:
+def calibrate(proposer, run_chunk, state, emit, known: list[float | None] | None = None) -> Calibrated:
+  """Times each kind of round of `proposer` whose price `known` lacks, from `state`
+  (module docstring): `run_chunk(state, rounds) -> (state, tokens, finished)` runs rounds
+  on device, `emit` receives each chunk's tokens. Stops early when every sequence is
+  done; once every kind has a price the state carries them (`with_costs`)."""
+  seconds, ran = list(known or [None] * len(proposer.kinds)), 0
+  for index, kind in enumerate(proposer.kinds):
+    if seconds[index] is not None:
+      continue
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
     times = {1: [], ROUNDS + 1: []}
     for rounds in (1,) + (1, ROUNDS + 1) * REPEATS:
@@ -101,8 +113,9 @@ def calibrate(proposer, run_chunk, state, emit) -> Calibrated:
       ran += rounds
       emit(out)
       if bool(finished):
-        return Calibrated(state, None, ran)
+        return Calibrated(state, seconds, ran, finished=True)
     whole = statistics.median(times[ROUNDS + 1]) / (ROUNDS + 1)
     difference = statistics.median(b - a for a, b in zip(times[1][1:], times[ROUNDS + 1])) / ROUNDS
-    seconds.append(difference if difference > whole / 4 else whole)
-  return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, seconds)), seconds, ran)
+    seconds[index] = difference if difference > whole / 4 else whole
+  return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, seconds)), seconds, ran,
+                    finished=False)

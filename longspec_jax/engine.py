@@ -101,7 +101,7 @@ class GenerationStats:
   # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
-  round_seconds_by_kind: dict[str, float] | None = None
+  round_seconds_by_kind: dict[str, float | None] | None = None  # (None: a price not measured yet)
   calibration_seconds: float = 0.0
 
 
@@ -402,18 +402,19 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
                                state.history.shape[1])
     round_seconds = calibration.known_costs(key)
-    if round_seconds is None:  # measured by the first rounds, which emit tokens as usual
+    if not calibration.complete(round_seconds):  # measured by the first rounds, which emit tokens as usual
       def emit(tokens):
         chunks.append(tokens)
         if on_tokens:
           on_tokens(tokens)
 
-      measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit)
+      measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit,
+                                       round_seconds)
       state, round_seconds, dispatched = measured.state, measured.seconds, measured.rounds
-      if round_seconds is None:
+      if measured.finished:
         dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
-      else:
-        calibration.remember(key, round_seconds)
+      if any(s is not None for s in round_seconds):
+        calibration.remember(key, round_seconds)  # (partial prices too: the next generation measures the rest)
       ready_at = time.perf_counter()
       calibration_seconds = ready_at - t1
     else:

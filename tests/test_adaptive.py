@@ -194,6 +194,33 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert calibration.known_costs(key) == measured.seconds
 
 
+def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
+  """A generation that ends while its kinds are being timed keeps the prices it finished;
+  the next one times only the kinds still missing, then chooses with all of them."""
+  clock = [0.0]
+  monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+  proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
+  per_round = {Kind.AR: 1.0, Kind.COPY: 1.5, Kind.DRAFT: 2.5}
+  timed, budget = [], [30]  # rounds until every sequence is done
+
+  def run_chunk(state, rounds):
+    timed.append(Kind(int(state.proposal.force)))
+    clock[0] += 7.0 + rounds * per_round[timed[-1]]
+    budget[0] -= rounds
+    return state, np.zeros((1, 4), np.int32), budget[0] <= 0
+
+  start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
+  cut = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
+  assert cut.finished and cut.seconds[0] == 1.0 and cut.seconds[1:] == [None, None]
+  assert calibration.complete(cut.seconds) is False
+  timed.clear()
+  budget[0] = 1000
+  rest = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None, cut.seconds)
+  assert Kind.AR not in timed and not rest.finished
+  np.testing.assert_allclose(rest.seconds, [1.0, 1.5, 2.5])
+  np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), [1.0, 1.5, 2.5])
+
+
 def test_a_later_generation_uses_the_kept_prices(tiny):
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
