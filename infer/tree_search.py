@@ -6,8 +6,8 @@ widths per depth, and prompt-lookup tokens grafted in as a copy branch) decodes 
 calibration prompt set with `longspec` and is scored by its decode tokens/s (a warm-up run
 first, then every prompt `--repeats` times; the median pass's tokens over its seconds).
 Timing noise is the limit: in the first run (docs/benchmarks.md) trees of equal tau
-differed by up to 20% in one pass, hence the repeats. The search climbs
-from a start tree (by default the draft's own): each step measures the neighbours of the
+differed by up to 22% in one pass, hence the repeats. The search climbs from a start
+tree (by default the draft's own): each step measures the neighbours of the
 best tree so far (a step up or down the ladder `WIDTHS` for the first depth's width, for
 every deeper depth's at once, and for the deepest one's alone; one depth more or less;
 the copy branch a step along `COPY_TOKENS`: a compiled tree each, so few moves) and
