@@ -260,8 +260,7 @@ def kind(result: dict) -> str | None:
 
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
-         "kernels": _kernels,
-         "tree_search": _tree_search}
+         "kernels": _kernels, "tree_search": _tree_search}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:

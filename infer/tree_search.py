@@ -116,12 +116,13 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], *, max
   scores: dict[Candidate, Measurement] = {start: measure(start)}
   best = start
   while len(scores) < max_evaluations:
-    fresh = [c for c in neighbours(best, max_nodes) if c not in scores]
+    around = neighbours(best, max_nodes)
+    fresh = [c for c in around if c not in scores]
     if not fresh:
       break
     for index in rng.permutation(len(fresh))[: max_evaluations - len(scores)]:
       scores[fresh[index]] = measure(fresh[index])
-    challenger = max(neighbours(best, max_nodes), key=lambda c: scores[c].tokens_per_second if c in scores else 0.0)
+    challenger = max(around, key=lambda c: scores[c].tokens_per_second if c in scores else 0.0)
     if challenger not in scores or (
         scores[challenger].tokens_per_second <= (1 + tolerance) * scores[best].tokens_per_second):
       break

@@ -194,7 +194,7 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   tree with the chain grafted in. The other methods have no params."""
   stored = draft.config if draft is not None else None
   if method == "auto":
-    copies = copy_tokens or (stored and stored.copy_tokens)
+    copies = copy_tokens or (stored.copy_tokens if stored else 0)
     lookup = PromptLookup(num_tokens=copies) if copies else PromptLookup()
     if draft is None:
       return Adaptive(lookup), None
