@@ -2,8 +2,10 @@
 
 embed -> L x (RMSNorm, attention with RoPE, RMSNorm, SwiGLU MLP) -> RMSNorm -> LM head
 (tied to the embedding or separate). The L layers' parameters are stacked on a leading
-axis and run with `lax.scan`, so compile time does not grow with depth. q/k/v share one
-projection `[E, H + 2K, D]` and gate/up another `[E, 2, F]`: one matrix product each.
+axis and run with `lax.scan`, so compile time does not grow with depth, except in
+decoding rounds on a GPU, which run them unrolled (`Transformer.unrolled_rounds`). q/k/v
+share one projection `[E, H + 2K, D]` and gate/up another `[E, 2, F]`: one matrix product
+each.
 
 Every forward takes explicit positions and a mask over the step's own tokens, and
 attends to the committed prefix of the KV cache through `attention.hybrid_attention`:
@@ -72,6 +74,19 @@ class Transformer(nnx.Module):
     return Compilation(gemm, exact=self.batch_invariant)
 
   @property
+  def unrolled_rounds(self) -> bool:
+    """Whether decoding rounds (`verify.verify`) run the layers unrolled instead of as a
+    loop: on a GPU. XLA launches a loop's body as one CUDA graph per iteration, tens of
+    microseconds of host time per layer, and a round's layers on a small model take about
+    as long on the device (SmolLM2 at 4k: ~50 us), so the device waited on the host:
+    measured on an H100, engine rounds of random SmolLM2-shape weights took 1.50 / 2.61 /
+    2.67 ms (AR / PLD's 16 nodes / LongSpec's 80) as a loop and 1.27 / 1.44 / 2.36 ms
+    unrolled, the round then one launch (docs/benchmarks.md, "Unrolled rounds"). The
+    price is compile time (SmolLM2's AR loop 2.8 -> 8.8 s); off a GPU a loop costs no
+    launches, so it stays a loop."""
+    return jax.default_backend() == "gpu"
+
+  @property
   def dtype(self):
     return self.embed[...].dtype
 
@@ -83,15 +98,16 @@ class Transformer(nnx.Module):
       cache: KVCache | None = None,
       *,
       invariant: bool = False,
+      unroll: bool = False,
   ) -> tuple[jax.Array, KVCache | None]:
     """tokens, positions [B, T]; mask [B, T, T] over this step's tokens (with `invariant`,
     batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
-    docstring).
+    docstring; with `unroll`, the layers unrolled, `unrolled_rounds`).
 
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
-    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant)
+    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant, unroll=unroll)
     if cache is not None:
       # The cache is only read inside the layer scan; all layers' new K/V are written
       # after it, in place, so no layer ever copies the cache.
@@ -102,7 +118,8 @@ class Transformer(nnx.Module):
       )
     return x, cache
 
-  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False):
+  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
+                    unroll: bool = False):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
     cache the attention is the masked pass alone (not differentiable with pallas)."""
@@ -132,7 +149,8 @@ class Transformer(nnx.Module):
                                          invariance=invariance)
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
 
-    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)))  # k_new [L, B, T, K, D]
+    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)),
+                                     unroll=unroll)  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new
 
   def _head(self) -> tuple[jax.Array, bool]:

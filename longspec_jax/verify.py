@@ -34,7 +34,8 @@ def verify(model: Transformer, tree: Tree, cache: KVCache) -> tuple[jax.Array, j
   `batch_invariant`, each node's logits are the bits an AR step at its position computes."""
   ancestors = tree.ancestor_mask()
   invariant = model.batch_invariant
-  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, invariant=invariant)
+  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, invariant=invariant,
+                        unroll=model.unrolled_rounds)
   return model.logits(hidden, invariant=invariant), ancestors, cache
 
 

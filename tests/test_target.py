@@ -99,3 +99,29 @@ def test_batch_invariant_prefill_does_not_depend_on_the_cache_length(tmp_path):
   np.testing.assert_array_equal(np.asarray(hidden_a), np.asarray(hidden_b))
   for a, b in ((short.k, long.k), (short.v, long.v)):
     np.testing.assert_array_equal(np.asarray(a[:, :, :300]), np.asarray(b[:, :, :300]))
+
+
+def test_unrolled_layers_give_the_loops_results(tmp_path):
+  """Decoding rounds on a GPU run the layers unrolled (`Transformer.unrolled_rounds`):
+  the same logits and cache as the layer loop, after a cached prefix (float32)."""
+  model, config = load_hf_dir(save_tiny_hf_model("qwen2", tmp_path / "m"), jnp.float32)
+  graphdef, params = nnx.split(model)
+  rng = np.random.default_rng(5)
+  prefix, step = rng.integers(0, config.vocab_size, size=(2, 13)), rng.integers(0, config.vocab_size, size=(2, 7))
+  prefix_positions = jnp.broadcast_to(jnp.arange(13), (2, 13))
+  prefix_mask = causal_block_mask(prefix_positions, jnp.ones((2, 13), bool))
+  empty = KVCache.create(config, 2, 24, jnp.float32)
+  _, cache = forward(graphdef, params, prefix, prefix_positions, prefix_mask, empty)
+  positions = jnp.broadcast_to(13 + jnp.arange(7), (2, 7))
+  mask = causal_block_mask(positions, jnp.ones((2, 7), bool))
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def round_(unroll, params, cache):
+    model = nnx.merge(graphdef, params)
+    hidden, cache = model(step, positions, mask, cache, unroll=unroll)
+    return model.logits(hidden), cache
+
+  (loop_logits, loop_cache), (flat_logits, flat_cache) = round_(False, params, cache), round_(True, params, cache)
+  np.testing.assert_allclose(np.asarray(flat_logits), np.asarray(loop_logits), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(flat_cache.k), np.asarray(loop_cache.k), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(flat_cache.v), np.asarray(loop_cache.v), rtol=1e-5, atol=1e-6)
