@@ -7,8 +7,11 @@ Plain autoregressive decoding (AR) is the one-node tree.
 
 The model enters jit as (graphdef, params): graphdef is static, params a pytree. Prefill
 runs the prompt in fixed-size chunks (bounded activation memory, one compilation). Rounds
-run on device in `lax.while_loop` chunks; the host dispatches the next chunk before it
-reads the previous chunk's tokens, so streaming costs no device time. A chunk runs as
+run on device in `lax.while_loop` chunks; where the call returns before its chunk is
+done, the host dispatches the next chunk before it reads the previous chunk's tokens, so
+streaming costs no device time (on a GPU the call waits for its chunk: XLA steps the
+loop from the host; there the next chunk is sized from the one just done, and none is
+dispatched after the last, `_Chunk`). A chunk runs as
 many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
 that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
 host (Ctrl-C included) gets control back as often.
@@ -370,6 +373,29 @@ def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_toke
           max_rounds)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+  """A dispatched chunk of rounds: its state, tokens and done flag (on device), its
+  rounds, when it was dispatched, and when it was done if the call itself waited for
+  that. On a GPU it does: XLA steps the rounds' while loop from the host, so the call
+  returns when the loop has run (measured on an H100: every chunk of 1 to 32 rounds was
+  ready at return); elsewhere it returns at once. Chunk sizes come from the time a chunk
+  took, which is thus known at return, or else when its tokens arrive."""
+
+  state: DecodeState
+  tokens: jax.Array
+  finished: jax.Array
+  rounds: int
+  started: float
+  done_at: float | None
+
+  @classmethod
+  def run(cls, decode_fn, args, rounds: int) -> _Chunk:
+    started = time.perf_counter()
+    state, tokens, finished = decode_fn(*args)
+    return cls(state, tokens, finished, rounds, started, time.perf_counter() if tokens.is_ready() else None)
+
+
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              decoding: Decoding = Decoding(), proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
              rounds_per_chunk: int | None = None, on_tokens: Callable[[np.ndarray], None] | None = None,
@@ -397,6 +423,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   t1 = time.perf_counter()
   chunks = [first[:, None]]
   rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or 1, 0, None, t1, 0.0
+  previous_done = t1
   round_seconds, calibration_seconds = None, 0.0
   if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
     key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
@@ -415,29 +442,39 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
         dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
       if any(s is not None for s in round_seconds):
         calibration.remember(key, round_seconds)  # (partial prices too: the next generation measures the rest)
-      ready_at = time.perf_counter()
+      ready_at = previous_done = time.perf_counter()
       calibration_seconds = ready_at - t1
     else:
       state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, round_seconds))
+
+  def stream(chunk: _Chunk) -> bool:
+    """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
+    sequence is done."""
+    nonlocal rounds, ready_at, previous_done, max_gap
+    chunks.append(np.asarray(chunk.tokens))
+    now = time.perf_counter()
+    max_gap = max(max_gap, now - ready_at)
+    done_at = chunk.done_at or now
+    if rounds_per_chunk is None:
+      per_round = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
+      rounds = int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
+    ready_at, previous_done = now, done_at
+    if on_tokens:
+      on_tokens(chunks[-1])
+    return bool(chunk.finished)
+
   while True:
+    if pending is not None and pending.done_at is not None:  # done when its call returned (a GPU)
+      if stream(pending):
+        break
+      pending = None
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
-      state, out, finished = decode_fn(*chunk_args(state, rounds))
+      launched = _Chunk.run(decode_fn, chunk_args(state, rounds), rounds)
+      state = launched.state
       dispatched += rounds
-      launched = (out, finished, rounds)
-    if pending is not None:  # read the previous chunk while the device runs this one
-      out, finished, pending_rounds = pending
-      chunks.append(np.asarray(out))
-      now = time.perf_counter()
-      max_gap = max(max_gap, now - ready_at)
-      if rounds_per_chunk is None:  # size the next chunks from this one's pace
-        per_round = max(now - ready_at, 1e-6) / pending_rounds
-        rounds = int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
-      ready_at = now
-      if on_tokens:
-        on_tokens(chunks[-1])
-      if bool(finished):
-        break
+    if pending is not None and stream(pending):  # read while the device runs the next chunk
+      break
     if launched is None:
       break
     pending = launched

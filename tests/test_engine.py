@@ -393,3 +393,24 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
   streamed, rounds = chunks(1e-9)
   assert streamed == rounds + 1  # the first token, then one chunk per round
   assert chunks(1e3)[0] <= 4  # 1, 1, then all the rest
+
+
+def test_chunks_done_when_their_call_returns_are_streamed_before_the_next(tiny, monkeypatch):
+  """On a GPU the call that runs a chunk returns when the chunk is done (XLA steps its
+  loop from the host): the next chunk is then sized from it before it is dispatched, and
+  none is dispatched after the last."""
+  from longspec_jax import engine
+
+  reference = engine.generate(tiny, [[5, 6, 7]], 40).token_ids
+  run, dispatched = engine._Chunk.run.__func__, []
+
+  def waiting(cls, decode_fn, args, rounds):
+    dispatched.append(rounds)
+    return run(cls, lambda *a: jax.block_until_ready(decode_fn(*a)), args, rounds)
+
+  monkeypatch.setattr(engine._Chunk, "run", classmethod(waiting))
+  monkeypatch.setattr(engine, "CHUNK_SECONDS", 1e3)
+  calls = []
+  assert engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append).token_ids == reference
+  assert dispatched == [1, engine.MAX_ROUNDS_PER_CHUNK]  # one round, then all the rest at its pace; nothing after
+  assert len(calls) == 3  # the first token and the two chunks
