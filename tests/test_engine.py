@@ -384,6 +384,7 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
 
   def chunks(seconds):
     monkeypatch.setattr(engine, "CHUNK_SECONDS", seconds)
+    monkeypatch.setattr(engine, "_PACE", {})  # (no pace remembered from other generations)
     calls = []
     result = engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append)
     assert sum(int((c >= 0).sum()) for c in calls) == 40
@@ -398,7 +399,7 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
 def test_chunks_done_when_their_call_returns_are_streamed_before_the_next(tiny, monkeypatch):
   """On a GPU the call that runs a chunk returns when the chunk is done (XLA steps its
   loop from the host): the next chunk is then sized from it before it is dispatched, and
-  none is dispatched after the last."""
+  none is dispatched after the last. The next generation starts at the pace it left."""
   from longspec_jax import engine
 
   reference = engine.generate(tiny, [[5, 6, 7]], 40).token_ids
@@ -410,7 +411,11 @@ def test_chunks_done_when_their_call_returns_are_streamed_before_the_next(tiny, 
 
   monkeypatch.setattr(engine._Chunk, "run", classmethod(waiting))
   monkeypatch.setattr(engine, "CHUNK_SECONDS", 1e3)
+  monkeypatch.setattr(engine, "_PACE", {})
   calls = []
   assert engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append).token_ids == reference
   assert dispatched == [1, engine.MAX_ROUNDS_PER_CHUNK]  # one round, then all the rest at its pace; nothing after
   assert len(calls) == 3  # the first token and the two chunks
+  dispatched.clear()
+  assert engine.generate(tiny, [[5, 6, 7]], 40).token_ids == reference
+  assert dispatched == [engine.MAX_ROUNDS_PER_CHUNK]  # the pace of the generation before
