@@ -3,8 +3,8 @@
 A round's price depends on the device, the target, the trees, the sampling and the
 context length, so it is measured, not modelled: the first generation that needs it runs
 its first rounds as each kind in turn, timed on the host. A chunk of rounds costs a fixed
-launch and read-back on top of its rounds (measured: ~3.7 ms a chunk on an H100 with
-SmolLM2, more than two AR steps), so each kind runs a chunk of one round (its first run:
+launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
+SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
 untimed), then chunks of one and of `ROUNDS` + 1 rounds, twice, and its price is the
 median difference over `ROUNDS`: the fixed part cancels (~21 rounds a kind). A
 generation that ends first keeps the prices of the kinds it finished, and the next one
