@@ -437,16 +437,17 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or _rounds_in(_PACE.get(pace_key)), 0, None, t1, 0.0
   previous_done = t1
   round_seconds, calibration_seconds = None, 0.0
+
+  def emit(tokens: np.ndarray) -> None:
+    chunks.append(tokens)
+    if on_tokens:
+      on_tokens(tokens)
+
   if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
     key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
                                state.history.shape[1])
     round_seconds = calibration.known_costs(key)
     if not calibration.complete(round_seconds):  # measured by the first rounds, which emit tokens as usual
-      def emit(tokens):
-        chunks.append(tokens)
-        if on_tokens:
-          on_tokens(tokens)
-
       measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit,
                                        round_seconds)
       state, round_seconds, dispatched = measured.state, measured.seconds, measured.rounds
@@ -463,7 +464,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
     sequence is done."""
     nonlocal rounds, ready_at, previous_done, max_gap
-    chunks.append(np.asarray(chunk.tokens))
+    tokens = np.asarray(chunk.tokens)
     now = time.perf_counter()
     max_gap = max(max_gap, now - ready_at)
     done_at = chunk.done_at or now
@@ -472,8 +473,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       _PACE[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
       rounds = rounds_per_chunk or _rounds_in(_PACE[pace_key])
     ready_at, previous_done = now, done_at
-    if on_tokens:
-      on_tokens(chunks[-1])
+    emit(tokens)
     return finished
 
   while True:
