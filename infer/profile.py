@@ -117,7 +117,8 @@ def summarize(events: list, names: dict[str, str], top: int) -> dict:
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
   p.add_argument("--method", default="longspec", choices=METHODS)
-  p.add_argument("--draft", default="default", help="draft for longspec: 'default', 'random' or a checkpoint dir")
+  p.add_argument("--draft", default="default",
+                 help="draft for longspec and auto: 'default', 'random', a checkpoint dir, 'none' (auto only)")
   p.add_argument("--tree-widths", type=tree_widths, help="beam widths per depth like 4,16,16 (default: the draft's)")
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
@@ -134,8 +135,6 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.shape and args.target:
     p.error("give --target or --shape, not both")
-  if args.shape and args.method in ("longspec",) and args.draft != "random":
-    p.error("a --shape target has random weights: its draft must be --draft random")
   output_path(args.out, "directory")
   dump_dir = args.out / "hlo"
   if "jax" in sys.modules:
@@ -151,6 +150,9 @@ def main(argv=None):
   from longspec_jax.target import random_model
   from longspec_jax.weights.drafts import load_draft
 
+  uses_draft = args.method in DRAFT_METHODS or (args.method == "auto" and args.draft != "none")
+  if args.shape and uses_draft and args.draft != "random":
+    p.error("a --shape target has random weights: its draft must be --draft random")
   impl = attention_impl(args.attention)
   dtype = resolve_dtype(args.dtype)
   if args.shape:  # (no weights to read: the GGUF reader is not imported)
@@ -167,7 +169,7 @@ def main(argv=None):
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.batch)
   set_gemm(model, args.gemm)
   draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
-           if args.method in DRAFT_METHODS else None)
+           if uses_draft else None)
   proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
   decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
 

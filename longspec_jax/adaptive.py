@@ -14,8 +14,12 @@ The costs are measured on the device at hand, for this target and context
 draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
 (a 3-gram match predicts a good copy better than a 1-gram one), learnt in copy rounds and
 in draft rounds too (how far the chain agreed with what was emitted). Without a match a
-COPY round is an AR step at a higher price. A draft round runs at least every
-`explore_every` rounds, so that its gain follows the text. The choice depends on
+COPY round is an AR step at a higher price. A gain not seen yet (NaN) counts as half the
+tree's depth, so that each kind gets tried, and its first sighting replaces that guess:
+the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
+rounds of each generation on code it does not help (H100, SmolLM2). A generation starts
+from the gains the previous one learnt (`Learnt`, carried by the engine). A draft round
+runs at least every `explore_every` rounds, so that its gain follows the text. The choice depends on
 earlier rounds only, so every round's tokens keep the target's law (greedy: AR's
 tokens).
 """
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from longspec_jax.cache import RingCache
@@ -50,14 +55,15 @@ class Kind(enum.IntEnum):
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   ring: RingCache | None  # the draft's ring (None without a draft); behind after AR and COPY rounds
-  copy_gain: jax.Array  # [B, M] float32: tokens a chain gives, by its match's n-gram length (1..M)
-  draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match
+  copy_gain: jax.Array  # [B, M] float32: tokens a chain gives, by its match's n-gram length (1..M); NaN: unseen
+  draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   force: jax.Array  # [] int32: the kind every round takes (calibration), or -1: choose
   since_draft: jax.Array  # [] int32: rounds since the last draft round
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What a round's choice saw: the kind, prompt lookup's chain [B, G] (which of its
@@ -67,6 +73,15 @@ class Plan:
   copies: jax.Array  # [B, G] int32
   copy_valid: jax.Array  # [B, G] bool
   ngram: jax.Array  # [B] int32: 0 when there is no match
+
+
+@dataclasses.dataclass(frozen=True)
+class Learnt:
+  """A generation's gains, averaged over its sequences (NaN where none saw that case),
+  to start the next generation from."""
+
+  copy_gain: np.ndarray  # [M]
+  draft_gain: np.ndarray  # [2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +115,10 @@ class Adaptive:
   def start(self, params, *, target, cache, history) -> AdaptiveState:
     batch = history.shape[0]
     ring = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
-    # Before any measurement every tree looks as good as half its depth, so each gets tried.
     kinds = len(self.kinds)
     return AdaptiveState(
-        ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), 1.0 + self.lookup.depth / 2, jnp.float32),
-        draft_gain=jnp.full((batch, 2), 1.0 + self.depth / 2, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
+        ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
+        draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
         force=jnp.int32(-1), since_draft=jnp.int32(0), rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
@@ -114,7 +128,7 @@ class Adaptive:
     per_kind = [jnp.ones_like(copy_gain), jnp.where(ngram > 0, copy_gain, 1.0)]
     if self.draft is not None:  # (the chain is in the draft's tree too)
       draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
-      per_kind.append(jnp.maximum(draft_gain, copy_gain))
+      per_kind.append(jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain))
     value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / state.costs  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
     if self.draft is not None:
@@ -122,15 +136,20 @@ class Adaptive:
     kind = jnp.where(state.force >= 0, state.force, kind)
     return Plan(kind=kind, copies=copies, copy_valid=copy_valid, ngram=ngram)
 
-  @staticmethod
-  def _chain_gain(state: AdaptiveState, ngram: jax.Array) -> jax.Array:
+  def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
     at = jnp.take_along_axis(state.copy_gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
-    return jnp.where(ngram > 0, at, 0.0)
+    return jnp.where(ngram > 0, self._guessed(at, self.lookup.depth), 0.0)
+
+  @staticmethod
+  def _guessed(gain: jax.Array, depth: int) -> jax.Array:
+    """`gain`, or where it is unseen (NaN) the guess for a tree `depth` deep."""
+    return jnp.where(jnp.isnan(gain), 1.0 + depth / 2, gain)
 
   def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
               root) -> tuple[Tree, AdaptiveState]:
-    """The tree of a round of `kind` (a static branch of the engine's switch)."""
+    """The tree of a round of `kind` (static: the engine runs each kind's rounds in a loop
+    of their own)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
     if kind is Kind.COPY:
@@ -151,7 +170,8 @@ class Adaptive:
     # tokens that equal what was emitted (at most what was emitted).
     agree = jnp.cumprod(plan.copy_valid & (plan.copies == new[:, : plan.copies.shape[1]]), axis=1)
     chain = jnp.where(kind == Kind.COPY, count, jnp.minimum(1.0 + jnp.sum(agree, axis=1), count))
-    move = lambda old, seen, where: jnp.where(where, (1 - self.ema) * old + self.ema * seen, old)
+    move = lambda old, seen, where: jnp.where(
+        where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
     at_ngram = jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == plan.ngram[:, None]  # [B, M]
     learns_chain = active & ((kind == Kind.COPY) | (kind == Kind.DRAFT))
     return dataclasses.replace(
@@ -165,6 +185,24 @@ class Adaptive:
   def forced(self, state: AdaptiveState, kind: int) -> AdaptiveState:
     """The state with every following round of `kind` (-1: chosen again)."""
     return dataclasses.replace(state, force=jnp.int32(kind))
+
+  @staticmethod
+  def learnt(state: AdaptiveState) -> Learnt:
+    """The state's gains averaged over its sequences, those that saw each case."""
+    def mean(gain):
+      gain = np.asarray(gain)
+      seen = ~np.isnan(gain)
+      count = seen.sum(axis=0)
+      return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
+    return Learnt(copy_gain=mean(state.copy_gain), draft_gain=mean(state.draft_gain))
+
+  @staticmethod
+  def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
+    """The state with every sequence's gains started from `learnt`."""
+    batch = state.copy_gain.shape[0]
+    return dataclasses.replace(
+        state, copy_gain=jnp.asarray(np.broadcast_to(learnt.copy_gain, state.copy_gain.shape), jnp.float32),
+        draft_gain=jnp.asarray(np.broadcast_to(learnt.draft_gain, (batch, 2)), jnp.float32))
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
     """The state with the measured seconds per round of each kind."""

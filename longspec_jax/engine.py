@@ -51,6 +51,9 @@ MAX_ROUNDS_PER_CHUNK = 128
 # a short generation ran three chunks, each with a fixed cost (H100, SmolLM2, prompt
 # lookup: 256 tokens in 48 rounds took 87 ms, the first chunk 6.4 ms for its one round).
 _PACE: dict[tuple, float] = {}
+# `auto`'s gains at the end of the latest generation, by (decoding, target config): the
+# next generation starts from them (`adaptive.Learnt`).
+_LEARNT: dict[tuple, Any] = {}
 
 
 @jax.tree_util.register_dataclass
@@ -240,22 +243,9 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       new = pad(emitted_tokens(tree, acceptance))  # [B, size]
     return pad(acceptance.path), acceptance.count, new, cache, jnp.all(jnp.isfinite(logits), axis=(1, 2)), proposal
 
-  def body(carry):
-    state, out, written = carry
-    key, step_key = jax.random.split(state.key)
-    if isinstance(proposer, Adaptive):  # one branch per kind of round, chosen on device
-      plan = proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
-      context = dict(target=model, cache=state.cache, history=state.history, root=_live_root(state))
-      branches = [
-          functools.partial(one_round, state, step_key, functools.partial(
-              proposer.propose, kind, proposer_params, state.proposal, plan, **context))
-          for kind in proposer.kinds
-      ]
-      path, accepted, new, cache, finite, proposal = jax.lax.switch(plan.kind, [lambda b=b: b() for b in branches])
-      proposal = proposer.observe(proposal, plan, accepted, new, ~state.done)
-    else:
-      path, accepted, new, cache, finite, proposal = one_round(state, step_key, functools.partial(
-          propose, model, proposer, proposer_params, state))
+  def commit(state, key, round_result, out, written):
+    """The state after a round's `round_result` (one_round's), its tokens appended to `out`."""
+    path, accepted, new, cache, finite, proposal = round_result
     with jax.named_scope("commit"):
       # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
       index = jnp.arange(size)[None, :]
@@ -287,7 +277,42 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     return new_state, out, written + count
 
   out = jnp.full((batch, width), PAD_ID, jnp.int32)
-  state, out, _ = jax.lax.while_loop(cond, body, (state, out, jnp.zeros((batch,), jnp.int32)))
+  written = jnp.zeros((batch,), jnp.int32)
+  if not isinstance(proposer, Adaptive):
+    def body(carry):
+      state, out, written = carry
+      key, step_key = jax.random.split(state.key)
+      result = one_round(state, step_key, functools.partial(propose, model, proposer, proposer_params, state))
+      return commit(state, key, result, out, written)
+
+    state, out, _ = jax.lax.while_loop(cond, body, (state, out, written))
+    return state, out, jnp.all(state.done)
+
+  # `auto`: runs of rounds of one kind. Each kind's rounds are a while loop that goes on
+  # while the choice (made after each round, for the next) stays that kind; a switch
+  # picks the next run. (One switch a round instead: on a GPU XLA reads a switch's
+  # branch index on the host, and each round waited for that: +0.26 ms a round, H100.)
+  def plan(state):
+    return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
+
+  def kind_round(kind):
+    def body(carry):
+      state, out, written, chosen = carry
+      key, step_key = jax.random.split(state.key)
+      make_tree = functools.partial(proposer.propose, kind, proposer_params, state.proposal, chosen, target=model,
+                                    cache=state.cache, history=state.history, root=_live_root(state))
+      *result, proposal = one_round(state, step_key, make_tree)
+      proposal = proposer.observe(proposal, chosen, result[1], result[2], ~state.done)
+      state, out, written = commit(state, key, (*result, proposal), out, written)
+      return state, out, written, plan(state)
+    return body
+
+  def kind_run(kind):
+    return lambda carry: jax.lax.while_loop(lambda c: cond(c[:3]) & (c[3].kind == kind), kind_round(kind), carry)
+
+  state, out, _, _ = jax.lax.while_loop(
+      lambda c: cond(c[:3]), lambda c: jax.lax.switch(c[3].kind, [kind_run(kind) for kind in proposer.kinds], c),
+      (state, out, written, plan(state)))
   return state, out, jnp.all(state.done)
 
 
@@ -444,6 +469,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       on_tokens(tokens)
 
   if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
+    learnt_key = (decoding, model.config)
+    if learnt_key in _LEARNT:
+      state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, _LEARNT[learnt_key]))
     key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
                                state.history.shape[1])
     round_seconds = calibration.known_costs(key)
@@ -495,6 +523,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   if bool(np.any(np.asarray(state.nonfinite))):
     raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
   decode_seconds = time.perf_counter() - t1
+  if isinstance(decoding.proposer, Adaptive):
+    _LEARNT[learnt_key] = decoding.proposer.learnt(state.proposal)
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]

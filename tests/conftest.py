@@ -35,10 +35,12 @@ def release_compiled_programs():
 
 @pytest.fixture(autouse=True)
 def fresh_round_costs(tmp_path, monkeypatch):
-  """Every test measures `auto`'s round prices afresh: none from earlier tests or runs."""
-  from longspec_jax import calibration
+  """Every test measures `auto`'s round prices afresh and learns its gains afresh: none
+  from earlier tests or runs."""
+  from longspec_jax import calibration, engine
 
   monkeypatch.setattr(calibration, "_MEMORY", {})
+  monkeypatch.setattr(engine, "_LEARNT", {})
   monkeypatch.setattr(calibration, "cache_root", lambda: tmp_path / "cache")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax import calibration, proposers
+from longspec_jax import calibration, engine, proposers
 from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
 from longspec_jax.calibration import REPEATS, ROUNDS
@@ -106,6 +106,35 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   after = proposer.observe(after, plan, jnp.asarray([2, 1]), new, jnp.asarray([True, False]))
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert int(after.since_draft) == 1
+
+
+def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
+  """A gain no round has shown yet (NaN) counts as half the tree's depth; the first round
+  that shows it sets it whole, later ones move it by `ema`."""
+  proposer = Adaptive(PromptLookup(num_tokens=4), draft_for(tiny, widths=(2, 2))[0], ema=0.5)
+  state = state_with([np.nan], [1.0, 1.5, 100.0], draft_gain=[[np.nan, np.nan]])
+  # Guess: a 2-gram chain gives 1 + 4 / 2 = 3 tokens at 1.5 (2 a unit of cost) > AR's 1.
+  assert int(plan_for(proposer, state, HISTORY[:1], [6]).kind) == Kind.COPY
+  copies, valid, ngram = jnp.asarray([[7, 8, 9, 5]]), jnp.ones((1, 4), bool), jnp.asarray([2])
+  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram)
+  new = jnp.asarray([[7, 0, 0, 0, 0]])
+  after = proposer.observe(state, plan, jnp.asarray([1]), new, jnp.asarray([True]))
+  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 1.0, np.nan])  # seen whole
+  assert int(plan_for(proposer, after, HISTORY[:1], [6]).kind) == Kind.AR
+  after = proposer.observe(after, plan, jnp.asarray([5]), new, jnp.asarray([True]))
+  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 3.0, np.nan])  # then by ema
+  assert np.isnan(np.asarray(after.draft_gain)).all()
+
+
+def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them():
+  state = state_with([1.0, 3.0], [1, 1, 1], draft_gain=[[np.nan, 4.0], [np.nan, 6.0]])
+  state = dataclasses.replace(state, copy_gain=state.copy_gain.at[0, 2].set(np.nan))
+  learnt = Adaptive.learnt(state)
+  np.testing.assert_array_equal(learnt.copy_gain, [2.0, 2.0, 3.0])
+  np.testing.assert_array_equal(learnt.draft_gain, [np.nan, 5.0])
+  started = Adaptive.with_learnt(state_with([np.nan] * 3, [1, 1, 1], draft_gain=[[np.nan] * 2] * 3), learnt)
+  np.testing.assert_array_equal(np.asarray(started.copy_gain), [[2.0, 2.0, 3.0]] * 3)
+  np.testing.assert_array_equal(np.asarray(started.draft_gain), [[np.nan, 5.0]] * 3)
 
 
 @pytest.mark.parametrize("lag_rows", [5, proposers.LAG_ROWS])
@@ -221,12 +250,17 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
   np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), [1.0, 1.5, 2.5])
 
 
-def test_a_later_generation_uses_the_kept_prices(tiny):
+def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learnt(tiny, monkeypatch):
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
   first = generate(tiny, prompts, 60, decoding)
+  learnt = engine._LEARNT[(decoding, tiny.config)]
+  np.testing.assert_array_equal(learnt.copy_gain, Adaptive.learnt(first.state.proposal).copy_gain)
+  started = []
+  monkeypatch.setattr(Adaptive, "with_learnt", staticmethod(lambda state, gains: started.append(gains) or state))
   again = generate(tiny, prompts, 60, decoding)
+  assert started == [learnt]
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids
