@@ -19,9 +19,12 @@ tree's depth, so that each kind gets tried, and its first sighting replaces that
 the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
 rounds of each generation on code it does not help (H100, SmolLM2). A generation starts
 from the gains the previous one learnt (`Learnt`, carried by the engine). A draft round
-runs at least every `explore_every` rounds, so that its gain follows the text. The choice depends on
-earlier rounds only, so every round's tokens keep the target's law (greedy: AR's
-tokens).
+runs after at most `explore_every` rounds without one, so that its gain follows the text;
+each such round forced while the draft was not the choice doubles that wait (up to
+`max_explore_every`), and a draft round chosen on its merit resets it: on text the draft
+does not help, exploring every 32 rounds cost a draft round and a long catch-up each
+time. The choice depends on earlier rounds only, so every round's tokens keep the
+target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class AdaptiveState:
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   force: jax.Array  # [] int32: the kind every round takes (calibration), or -1: choose
   since_draft: jax.Array  # [] int32: rounds since the last draft round
+  explore_after: jax.Array  # [] int32: rounds without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
 
 
@@ -73,6 +77,7 @@ class Plan:
   copies: jax.Array  # [B, G] int32
   copy_valid: jax.Array  # [B, G] bool
   ngram: jax.Array  # [B] int32: 0 when there is no match
+  explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +87,7 @@ class Learnt:
 
   copy_gain: np.ndarray  # [M]
   draft_gain: np.ndarray  # [2]
+  explore_after: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +99,7 @@ class Adaptive:
   draft: LongSpecDraft | None = None
   ema: float = 0.3  # weight of the newest round in the gains
   explore_every: int = 32
+  max_explore_every: int = 512
 
   @property
   def kinds(self) -> tuple[Kind, ...]:
@@ -119,7 +126,8 @@ class Adaptive:
     return AdaptiveState(
         ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
-        force=jnp.int32(-1), since_draft=jnp.int32(0), rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
+        force=jnp.int32(-1), since_draft=jnp.int32(0), explore_after=jnp.int32(self.explore_every),
+        rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
@@ -131,10 +139,13 @@ class Adaptive:
       per_kind.append(jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain))
     value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / state.costs  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
+    explored = jnp.asarray(False)
     if self.draft is not None:
-      kind = jnp.where(state.since_draft >= self.explore_every, jnp.int32(Kind.DRAFT), kind)
-    kind = jnp.where(state.force >= 0, state.force, kind)
-    return Plan(kind=kind, copies=copies, copy_valid=copy_valid, ngram=ngram)
+      explored = (state.since_draft >= state.explore_after) & (kind != Kind.DRAFT)
+      kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
+    forced = state.force >= 0
+    return Plan(kind=jnp.where(forced, state.force, kind), copies=copies, copy_valid=copy_valid, ngram=ngram,
+                explored=explored & ~forced)
 
   def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
@@ -179,6 +190,8 @@ class Adaptive:
         draft_gain=move(state.draft_gain, count[:, None],
                         (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
         since_draft=jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
+        explore_after=jnp.where(plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
+                                jnp.where(kind == Kind.DRAFT, self.explore_every, state.explore_after)),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
     )
 
@@ -194,15 +207,18 @@ class Adaptive:
       seen = ~np.isnan(gain)
       count = seen.sum(axis=0)
       return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
-    return Learnt(copy_gain=mean(state.copy_gain), draft_gain=mean(state.draft_gain))
+    return Learnt(copy_gain=mean(state.copy_gain), draft_gain=mean(state.draft_gain),
+                  explore_after=int(state.explore_after))
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
-    """The state with every sequence's gains started from `learnt`."""
+    """The state with every sequence's gains, and the wait before exploring, started
+    from `learnt`."""
     batch = state.copy_gain.shape[0]
     return dataclasses.replace(
         state, copy_gain=jnp.asarray(np.broadcast_to(learnt.copy_gain, state.copy_gain.shape), jnp.float32),
-        draft_gain=jnp.asarray(np.broadcast_to(learnt.draft_gain, (batch, 2)), jnp.float32))
+        draft_gain=jnp.asarray(np.broadcast_to(learnt.draft_gain, (batch, 2)), jnp.float32),
+        explore_after=jnp.int32(learnt.explore_after))
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
     """The state with the measured seconds per round of each kind."""

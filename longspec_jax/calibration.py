@@ -5,17 +5,20 @@ context length, so it is measured, not modelled: the first generation that needs
 its first rounds as each kind in turn, timed on the host. A chunk of rounds costs a fixed
 launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
 SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
-untimed), then chunks of one and of `ROUNDS` + 1 rounds, twice, and its price is the
-median difference over `ROUNDS`: the fixed part cancels (~21 rounds a kind). A
-generation that ends first keeps the prices of the kinds it finished, and the next one
-measures only the rest: without that, generations shorter than the measurement (256
-tokens of copy-friendly text with a draft, measured on the H100) measured again every
-time and spent most of their rounds forced. A difference lost in the
+untimed), then pairs of chunks of one and of `ROUNDS` + 1 rounds, and its price is the
+median difference over `ROUNDS`: the fixed part cancels. `REPEATS` pairs are timed (~21
+rounds a kind), or one where the fixed part is lost in the rounds (a CPU: the difference
+and the whole chunk's time per round agree within `AGREE`). A difference lost in the
 chunks' own jitter (below a quarter of a chunk's time per round) is replaced by that
-time per round, an overestimate, so that no kind ever looks free. The rounds emit tokens
-as any other. The prices are kept per process and in a JSON file under the cache
-directory (`weights.default.cache_root`), keyed by everything they depend on, so later
-generations (and later runs on the same machine) start choosing at once.
+time per round, an overestimate, so that no kind ever looks free.
+
+The rounds emit tokens as any other. A generation that ends first keeps the prices it
+finished and the pairs it timed, and the next one goes on from there: without that,
+generations shorter than the measurement (256 tokens of copy-friendly text with a draft
+on an H100; 64 tokens at tau 4 on a CPU) measured again every time and spent most of
+their rounds forced. The measurements are kept per process and in a JSON file under the
+cache directory (`weights.default.cache_root`), keyed by everything they depend on, so
+later generations (and later runs on the same machine) start choosing at once.
 """
 
 from __future__ import annotations
@@ -33,8 +36,41 @@ from longspec_jax.weights.default import cache_root
 
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
 REPEATS = 2
+AGREE = 0.1
 FILE_NAME = "round_costs.json"
-_MEMORY: dict[str, list[float]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+  """Seconds per round of each kind (None: not measured yet), and the timed pairs of
+  chunks (seconds of 1 and of `ROUNDS` + 1 rounds) of the kinds still being measured."""
+
+  seconds: tuple[float | None, ...]
+  pairs: tuple[tuple[tuple[float, float], ...], ...]
+
+  @classmethod
+  def none(cls, kinds: int) -> Prices:
+    return cls(seconds=(None,) * kinds, pairs=((),) * kinds)
+
+  @property
+  def complete(self) -> bool:
+    return None not in self.seconds
+
+  def to_json(self) -> dict:
+    return {"seconds": list(self.seconds), "pairs": [[list(p) for p in pairs] for pairs in self.pairs]}
+
+  @classmethod
+  def from_json(cls, entry) -> Prices | None:
+    """The prices of a JSON entry, or None for one of another form (an older file's)."""
+    try:
+      seconds = tuple(None if s is None else float(s) for s in entry["seconds"])
+      pairs = tuple(tuple((float(a), float(b)) for a, b in kind) for kind in entry["pairs"])
+    except (TypeError, KeyError, ValueError):
+      return None
+    return cls(seconds, pairs) if len(seconds) == len(pairs) else None
+
+
+_MEMORY: dict[str, Prices] = {}
 
 
 def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: int) -> str:
@@ -51,27 +87,26 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-def known_costs(key: str) -> list[float | None] | None:
-  """Seconds per round of each kind measured before under `key` (this process, then the
-  cache file; None for a kind not measured yet), or None."""
+def known(key: str) -> Prices | None:
+  """What was measured before under `key` (this process, then the cache file), or None."""
   if key not in _MEMORY:
     try:
-      stored = json.loads((cache_root() / FILE_NAME).read_text()).get(key)
-    except (OSError, ValueError):
+      stored = Prices.from_json(json.loads((cache_root() / FILE_NAME).read_text()).get(key))
+    except (OSError, ValueError, AttributeError):
       stored = None
     if stored is not None:
       _MEMORY[key] = stored
   return _MEMORY.get(key)
 
 
-def remember(key: str, seconds: list[float | None]) -> None:
-  _MEMORY[key] = seconds
+def remember(key: str, prices: Prices) -> None:
+  _MEMORY[key] = prices
   path = cache_root() / FILE_NAME
   try:
     table = json.loads(path.read_text()) if path.exists() else {}
   except ValueError:
     table = {}  # a damaged file is rewritten
-  table[key] = seconds
+  table[key] = prices.to_json()
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -81,41 +116,53 @@ def remember(key: str, seconds: list[float | None]) -> None:
     pass  # a read-only cache: the prices stay in this process
 
 
-def complete(seconds: list[float | None] | None) -> bool:
-  return seconds is not None and None not in seconds
-
-
 @dataclasses.dataclass
 class Calibrated:
   state: object  # the decode state after the timed rounds
-  seconds: list[float | None]  # per round, by kind (None: not measured, every sequence finished first)
+  prices: Prices  # (incomplete when every sequence finished first)
   rounds: int  # rounds run
   finished: bool  # every sequence finished during the measurement
 
 
-def calibrate(proposer, run_chunk, state, emit, known: list[float | None] | None = None) -> Calibrated:
+def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> Calibrated:
   """Times each kind of round of `proposer` whose price `known` lacks, from `state`
   (module docstring): `run_chunk(state, rounds) -> (state, tokens, finished)` runs rounds
   on device, `emit` receives each chunk's tokens. Stops early when every sequence is
   done; once every kind has a price the state carries them (`with_costs`)."""
-  seconds, ran = list(known or [None] * len(proposer.kinds)), 0
+  known = known or Prices.none(len(proposer.kinds))
+  seconds, pairs, ran, finished = list(known.seconds), [list(p) for p in known.pairs], 0, False
+
+  def timed(state, rounds):
+    nonlocal ran
+    jax.block_until_ready(state)
+    t0 = time.perf_counter()
+    state, out, finished = run_chunk(state, rounds)
+    emit(np.asarray(out))
+    ran += rounds
+    return state, time.perf_counter() - t0, bool(finished)
+
+  def cut_short(state):
+    return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)
+
   for index, kind in enumerate(proposer.kinds):
     if seconds[index] is not None:
       continue
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
-    times = {1: [], ROUNDS + 1: []}
-    for rounds in (1,) + (1, ROUNDS + 1) * REPEATS:
-      jax.block_until_ready(state)
-      t0 = time.perf_counter()
-      state, out, finished = run_chunk(state, rounds)
-      out = np.asarray(out)
-      times[rounds].append(time.perf_counter() - t0)
-      ran += rounds
-      emit(out)
-      if bool(finished):
-        return Calibrated(state, seconds, ran, finished=True)
-    whole = statistics.median(times[ROUNDS + 1]) / (ROUNDS + 1)
-    difference = statistics.median(b - a for a, b in zip(times[1][1:], times[ROUNDS + 1])) / ROUNDS
-    seconds[index] = difference if difference > whole / 4 else whole
-  return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, seconds)), seconds, ran,
-                    finished=False)
+    state, _, finished = timed(state, 1)  # (untimed: a kind's first run)
+    while seconds[index] is None:
+      if finished:
+        return cut_short(state)
+      state, one, finished = timed(state, 1)
+      if finished:
+        return cut_short(state)
+      state, many, finished = timed(state, ROUNDS + 1)
+      pairs[index].append((one, many))
+      whole = statistics.median(b for _, b in pairs[index]) / (ROUNDS + 1)
+      difference = statistics.median(b - a for a, b in pairs[index]) / ROUNDS
+      if len(pairs[index]) >= REPEATS or abs(difference - whole) <= AGREE * whole:
+        seconds[index], pairs[index] = (difference if difference > whole / 4 else whole), []
+  if finished:
+    return cut_short(state)
+  prices = Prices(tuple(seconds), ((),) * len(seconds))
+  return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, list(seconds))), prices,
+                    ran, finished=False)

@@ -474,19 +474,19 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, _LEARNT[learnt_key]))
     key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
                                state.history.shape[1])
-    round_seconds = calibration.known_costs(key)
-    if not calibration.complete(round_seconds):  # measured by the first rounds, which emit tokens as usual
+    prices = calibration.known(key)
+    if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
       measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit,
-                                       round_seconds)
-      state, round_seconds, dispatched = measured.state, measured.seconds, measured.rounds
+                                       prices)
+      state, prices, dispatched = measured.state, measured.prices, measured.rounds
       if measured.finished:
         dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
-      if any(s is not None for s in round_seconds):
-        calibration.remember(key, round_seconds)  # (partial prices too: the next generation measures the rest)
+      calibration.remember(key, prices)  # (a part too: the next generation goes on from it)
       ready_at = previous_done = time.perf_counter()
       calibration_seconds = ready_at - t1
     else:
-      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, round_seconds))
+      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(prices.seconds)))
+    round_seconds = list(prices.seconds)
 
   def stream(chunk: _Chunk) -> bool:
     """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every

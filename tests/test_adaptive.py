@@ -12,7 +12,7 @@ from flax import nnx
 from longspec_jax import calibration, engine, proposers
 from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
-from longspec_jax.calibration import REPEATS, ROUNDS
+from longspec_jax.calibration import REPEATS, ROUNDS, Prices
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, prefill
@@ -36,12 +36,13 @@ def draft_for(target, widths=(2, 2), **config):
   return LongSpecDraft(graphdef, widths), params, draft
 
 
-def state_with(copy_gain, costs, draft_gain=None, force=-1, since_draft=0) -> AdaptiveState:
+def state_with(copy_gain, costs, draft_gain=None, force=-1, since_draft=0, explore_after=32) -> AdaptiveState:
   """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none)."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
                        force=jnp.int32(force), since_draft=jnp.int32(since_draft),
+                       explore_after=jnp.int32(explore_after),
                        rounds_by_kind=jnp.zeros((len(costs),), jnp.int32))
 
 
@@ -84,8 +85,28 @@ def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
   assert int(plan_for(proposer, state_with([3], costs, [[3, 1]]), HISTORY[1:], [6]).kind) == Kind.DRAFT
   assert int(plan_for(proposer, state_with([3], costs, [[1.5, 9]]), HISTORY[1:], [6]).kind) == Kind.AR
   explore = dataclasses.replace(poor, since_draft=jnp.int32(proposer.explore_every))
-  assert int(plan_for(proposer, explore, HISTORY, [6, 6]).kind) == Kind.DRAFT
+  plan = plan_for(proposer, explore, HISTORY, [6, 6])
+  assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
+  assert not bool(plan_for(proposer, dataclasses.replace(good, since_draft=jnp.int32(40)), HISTORY, [6, 6]).explored)
   assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
+
+
+def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_resets_the_wait(tiny):
+  proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], explore_every=4, max_explore_every=10)
+  state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[1.2, 1.2]], since_draft=4, explore_after=4)
+  copies, valid, ngram = jnp.asarray([[7, 8, 9]]), jnp.ones((1, 3), bool), jnp.asarray([2])
+  new = jnp.asarray([[7, 1, 0, 0, 0, 0]])
+  waits = []
+  for _ in range(3):  # explored, losing each time: 4 -> 8 -> 10 (the cap)
+    plan = plan_for(proposer, dataclasses.replace(state, since_draft=state.explore_after), HISTORY[:1], [6])
+    assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
+    state = proposer.observe(state, plan, jnp.asarray([2]), new, jnp.asarray([True]))
+    waits.append(int(state.explore_after))
+  assert waits == [8, 10, 10] and int(state.since_draft) == 0
+  chosen = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
+  assert int(proposer.observe(state, chosen, jnp.asarray([6]), new, jnp.asarray([True])).explore_after) == 4
+  copy = dataclasses.replace(chosen, kind=jnp.int32(Kind.COPY))
+  assert int(proposer.observe(state, copy, jnp.asarray([2]), new, jnp.asarray([True])).explore_after) == 10
 
 
 def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
@@ -95,14 +116,14 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   valid = jnp.asarray([[True, True, True], [False, False, False]])  # row 1: no match
   ngram = jnp.asarray([2, 0])
   new = jnp.asarray([[7, 8, 2, 0, 0, 0], [4, 4, 4, 4, 4, 0]])
-  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram)
+  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
   after = proposer.observe(state, plan, jnp.asarray([5, 5]), new, jnp.asarray([True, True]))
   # Draft gains move halfway to 5 (row 0: with a match, row 1: without); row 0's 2-gram chain
   # agreed on 2 tokens (+ the bonus = 3); row 1 had no chain.
   np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
   assert int(after.since_draft) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
-  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram)
+  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
   after = proposer.observe(after, plan, jnp.asarray([2, 1]), new, jnp.asarray([True, False]))
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert int(after.since_draft) == 1
@@ -116,7 +137,7 @@ def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
   # Guess: a 2-gram chain gives 1 + 4 / 2 = 3 tokens at 1.5 (2 a unit of cost) > AR's 1.
   assert int(plan_for(proposer, state, HISTORY[:1], [6]).kind) == Kind.COPY
   copies, valid, ngram = jnp.asarray([[7, 8, 9, 5]]), jnp.ones((1, 4), bool), jnp.asarray([2])
-  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram)
+  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
   new = jnp.asarray([[7, 0, 0, 0, 0]])
   after = proposer.observe(state, plan, jnp.asarray([1]), new, jnp.asarray([True]))
   np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 1.0, np.nan])  # seen whole
@@ -127,14 +148,16 @@ def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
 
 
 def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them():
-  state = state_with([1.0, 3.0], [1, 1, 1], draft_gain=[[np.nan, 4.0], [np.nan, 6.0]])
+  state = state_with([1.0, 3.0], [1, 1, 1], draft_gain=[[np.nan, 4.0], [np.nan, 6.0]], explore_after=64)
   state = dataclasses.replace(state, copy_gain=state.copy_gain.at[0, 2].set(np.nan))
   learnt = Adaptive.learnt(state)
   np.testing.assert_array_equal(learnt.copy_gain, [2.0, 2.0, 3.0])
   np.testing.assert_array_equal(learnt.draft_gain, [np.nan, 5.0])
+  assert learnt.explore_after == 64
   started = Adaptive.with_learnt(state_with([np.nan] * 3, [1, 1, 1], draft_gain=[[np.nan] * 2] * 3), learnt)
   np.testing.assert_array_equal(np.asarray(started.copy_gain), [[2.0, 2.0, 3.0]] * 3)
   np.testing.assert_array_equal(np.asarray(started.draft_gain), [[np.nan, 5.0]] * 3)
+  assert int(started.explore_after) == 64
 
 
 @pytest.mark.parametrize("lag_rows", [5, proposers.LAG_ROWS])
@@ -204,28 +227,49 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
 
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   measured = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
-  np.testing.assert_allclose(measured.seconds, [1.0, 1.5, 2.5])
+  np.testing.assert_allclose(measured.prices.seconds, [1.0, 1.5, 2.5])
+  assert measured.prices.complete and measured.prices.pairs == ((), (), ())
   assert measured.rounds == 3 * (1 + REPEATS * (1 + ROUNDS + 1))
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), [1.0, 1.5, 2.5])
   assert int(measured.state.proposal.force) == -1
   per_round[Kind.COPY] = 0.0  # (a kind that ran as fast as the chunk's overhead jitters)
   jittery = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
-  assert jittery.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
+  assert jittery.prices.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
 
   greedy = SamplingConfig()
   key = calibration.cost_key(tiny, proposer, None, greedy, 1, 300)
   assert key == calibration.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
   assert key != calibration.cost_key(tiny, proposer, None, greedy, 2, 300)
   assert key != calibration.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
-  assert calibration.known_costs(key) is None
-  calibration.remember(key, measured.seconds)
+  assert calibration.known(key) is None
+  calibration.remember(key, measured.prices)
   monkeypatch.setattr(calibration, "_MEMORY", {})  # a new process: from the file
-  assert calibration.known_costs(key) == measured.seconds
+  assert calibration.known(key) == measured.prices
+  path = calibration.cache_root() / calibration.FILE_NAME
+  path.write_text('{"%s": [1.0, 2.0, 3.0]}' % key)  # an older file's form: measured again
+  monkeypatch.setattr(calibration, "_MEMORY", {})
+  assert calibration.known(key) is None
+
+
+def test_where_a_chunk_costs_nothing_beyond_its_rounds_one_pair_prices_a_kind(tiny, monkeypatch):
+  clock = [0.0]
+  monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+  proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
+  per_round = {Kind.AR: 1.0, Kind.COPY: 1.5, Kind.DRAFT: 2.5}
+
+  def run_chunk(state, rounds):  # (a CPU: the fixed part is lost in the rounds)
+    clock[0] += 0.01 + rounds * per_round[Kind(int(state.proposal.force))]
+    return state, np.zeros((1, 4), np.int32), False
+
+  measured = calibration.calibrate(proposer, run_chunk, Holder(state_with([2], [1, 1, 1])), lambda out: None)
+  assert measured.rounds == 3 * (1 + 1 + ROUNDS + 1)
+  np.testing.assert_allclose(measured.prices.seconds, [1.0, 1.5, 2.5], rtol=1e-6)
 
 
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
-  """A generation that ends while its kinds are being timed keeps the prices it finished;
-  the next one times only the kinds still missing, then chooses with all of them."""
+  """A generation that ends while its kinds are being timed keeps the prices it finished
+  and the pairs of chunks it timed; the next one goes on from them, then chooses with all
+  of them."""
   clock = [0.0]
   monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
@@ -240,13 +284,14 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
 
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   cut = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
-  assert cut.finished and cut.seconds[0] == 1.0 and cut.seconds[1:] == [None, None]
-  assert calibration.complete(cut.seconds) is False
+  # AR: 1 + 2 x (1 + 9) rounds; COPY: its first round and one pair (30 rounds in all).
+  assert cut.finished and cut.prices.seconds == (1.0, None, None) and not cut.prices.complete
+  assert cut.prices.pairs == ((), ((8.5, 20.5),), ())
   timed.clear()
   budget[0] = 1000
-  rest = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None, cut.seconds)
-  assert Kind.AR not in timed and not rest.finished
-  np.testing.assert_allclose(rest.seconds, [1.0, 1.5, 2.5])
+  rest = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None, cut.prices)
+  assert timed == [Kind.COPY] * 3 + [Kind.DRAFT] * 5 and not rest.finished  # COPY: its first round, one pair
+  np.testing.assert_allclose(rest.prices.seconds, [1.0, 1.5, 2.5])
   np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), [1.0, 1.5, 2.5])
 
 
