@@ -37,13 +37,17 @@ from longspec_jax.weights import default, load_target, load_tokenizer, read_targ
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
+WARM_UPS = 4  # at most: `auto` measuring its prices may need more than one generation
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
-  """One method on every prompt (after one warm-up run): tau, tokens/s, and the split of
+  """One method on every prompt (after warm-up runs): tau, tokens/s, and the split of
   decode time into drafting, verification and the rest (the phases are timed apart from
-  the run, on its final state, `infer.timing.phase_seconds`)."""
-  generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed)  # warm-up
+  the run, on its final state, `infer.timing.phase_seconds`). `auto` warms up until its
+  round prices are measured (once per machine and shape: they are kept on disk)."""
+  for _ in range(WARM_UPS):
+    if generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed).stats.calibration_seconds == 0:
+      break
   stats, token_ids, phases = [], [], dict.fromkeys(PHASES[:2], 0.0)
   adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)
   for prompt in prompts:

@@ -6,11 +6,14 @@ its first rounds as each kind in turn, timed on the host. A chunk of rounds cost
 launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
 SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
 untimed), then pairs of chunks of one and of `ROUNDS` + 1 rounds, and its price is the
-median difference over `ROUNDS`: the fixed part cancels. `REPEATS` pairs are timed (~21
-rounds a kind), or one where the fixed part is lost in the rounds (a CPU: the difference
-and the whole chunk's time per round agree within `AGREE`). A difference lost in the
-chunks' own jitter (below a quarter of a chunk's time per round) is replaced by that
-time per round, an overestimate, so that no kind ever looks free.
+difference of the two sizes' fastest times over `ROUNDS`: the fixed part cancels, and
+the fastest time of a size is the one least disturbed (a host thread stepping the loop
+only ever adds time: with the median of two pairs, one disturbed chunk priced an H100's
+copy rounds at half an AR step's price and AR at 1.8 of its own). `REPEATS` pairs are
+timed (31 rounds a kind), or one where the fixed part is lost in the rounds (a CPU: the
+difference and the whole chunk's time per round agree within `AGREE`). A difference
+lost in the chunks' own jitter (below a quarter of a chunk's time per round) is replaced
+by that time per round, an overestimate, so that no kind ever looks free.
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
 finished and the pairs it timed, and the next one goes on from there: without that,
@@ -26,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import statistics
 import time
 
 import jax
@@ -35,8 +37,8 @@ import numpy as np
 from longspec_jax.weights.default import cache_root
 
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
-REPEATS = 2
-AGREE = 0.1
+REPEATS = 3
+AGREE = 0.02
 FILE_NAME = "round_costs.json"
 
 
@@ -141,28 +143,24 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     ran += rounds
     return state, time.perf_counter() - t0, bool(finished)
 
-  def cut_short(state):
-    return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)
-
   for index, kind in enumerate(proposer.kinds):
     if seconds[index] is not None:
       continue
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
     state, _, finished = timed(state, 1)  # (untimed: a kind's first run)
-    while seconds[index] is None:
-      if finished:
-        return cut_short(state)
+    while seconds[index] is None and not finished:
       state, one, finished = timed(state, 1)
-      if finished:
-        return cut_short(state)
-      state, many, finished = timed(state, ROUNDS + 1)
+      if not finished:
+        state, many, finished = timed(state, ROUNDS + 1)
+      if finished:  # (the chunk may have run fewer rounds than it was given: not kept)
+        break
       pairs[index].append((one, many))
-      whole = statistics.median(b for _, b in pairs[index]) / (ROUNDS + 1)
-      difference = statistics.median(b - a for a, b in pairs[index]) / ROUNDS
+      one, many = (min(times) for times in zip(*pairs[index]))
+      whole, difference = many / (ROUNDS + 1), (many - one) / ROUNDS
       if len(pairs[index]) >= REPEATS or abs(difference - whole) <= AGREE * whole:
         seconds[index], pairs[index] = (difference if difference > whole / 4 else whole), []
-  if finished:
-    return cut_short(state)
+    if finished:
+      return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)
   prices = Prices(tuple(seconds), ((),) * len(seconds))
   return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, list(seconds))), prices,
                     ran, finished=False)
