@@ -46,7 +46,8 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   the run, on its final state, `infer.timing.phase_seconds`). `auto` warms up until its
   round prices are measured (once per machine and shape: they are kept on disk)."""
   for _ in range(WARM_UPS):
-    if generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed).stats.calibration_seconds == 0:
+    warm = generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed)
+    if warm.stats.calibration_seconds == 0:
       break
   stats, token_ids, phases = [], [], dict.fromkeys(PHASES[:2], 0.0)
   adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)

@@ -9,12 +9,18 @@ Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
+Changing kind has a price of its own (on a GPU the engine enters another loop, ~1.5 AR
+steps of SmolLM2 on an H100), spread over `run` rounds of the new kind: without it, a
+choice flapping between kinds that differ by a few percent paid it every other round.
 The costs are measured on the device at hand, for this target and context
 (`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
 draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
 (a 3-gram match predicts a good copy better than a 1-gram one), learnt in copy rounds and
-in draft rounds too (how far the chain agreed with what was emitted). Without a match a
-COPY round is an AR step at a higher price. A gain not seen yet (NaN) counts as half the
+in draft rounds too (how far the chain agreed with what was emitted), and in AR rounds,
+which show a lower bound: a chain whose first token was the one emitted would have
+given at least two (without that, a chain's gain that fell near one was never seen
+again: auto ran 94 AR rounds of 185 on POD summaries at 0.82x prompt lookup's tau).
+Without a match a COPY round is an AR step at a higher price. A gain not seen yet (NaN) counts as half the
 tree's depth, so that each kind gets tried, and its first sighting replaces that guess:
 the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
 rounds of each generation on code it does not help (H100, SmolLM2). A generation starts
@@ -54,6 +60,10 @@ class Kind(enum.IntEnum):
   DRAFT = 2
 
 
+CHOOSE = -1  # `AdaptiveState.force`: each round's kind is chosen (below)
+CYCLE = -2  # each round takes the kind after the latest round's (calibration: the price of a change)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
@@ -61,7 +71,9 @@ class AdaptiveState:
   copy_gain: jax.Array  # [B, M] float32: tokens a chain gives, by its match's n-gram length (1..M); NaN: unseen
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
-  force: jax.Array  # [] int32: the kind every round takes (calibration), or -1: choose
+  switch: jax.Array  # [] float32: seconds to change kind (measured; 0 until then)
+  force: jax.Array  # [] int32: the kind every round takes (calibration), CHOOSE or CYCLE
+  last: jax.Array  # [] int32: the latest round's kind (-1: none yet)
   since_draft: jax.Array  # [] int32: rounds since the last draft round
   explore_after: jax.Array  # [] int32: rounds without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
@@ -100,6 +112,7 @@ class Adaptive:
   ema: float = 0.3  # weight of the newest round in the gains
   explore_every: int = 32
   max_explore_every: int = 512
+  run: int = 4  # rounds a change of kind is expected to last: its price is spread over them
 
   @property
   def kinds(self) -> tuple[Kind, ...]:
@@ -126,7 +139,8 @@ class Adaptive:
     return AdaptiveState(
         ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
-        force=jnp.int32(-1), since_draft=jnp.int32(0), explore_after=jnp.int32(self.explore_every),
+        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), since_draft=jnp.int32(0),
+        explore_after=jnp.int32(self.explore_every),
         rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
@@ -137,15 +151,17 @@ class Adaptive:
     if self.draft is not None:  # (the chain is in the draft's tree too)
       draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
       per_kind.append(jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain))
-    value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / state.costs  # [K]
+    change = (jnp.arange(len(self.kinds)) != state.last) & (state.last >= 0)  # [K]
+    price = state.costs + jnp.where(change, state.switch / self.run, 0.0)
+    value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / price  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
     explored = jnp.asarray(False)
     if self.draft is not None:
       explored = (state.since_draft >= state.explore_after) & (kind != Kind.DRAFT)
       kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
-    forced = state.force >= 0
-    return Plan(kind=jnp.where(forced, state.force, kind), copies=copies, copy_valid=copy_valid, ngram=ngram,
-                explored=explored & ~forced)
+    forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
+    return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
+                ngram=ngram, explored=explored & (state.force == CHOOSE))
 
   def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
@@ -177,18 +193,23 @@ class Adaptive:
     in the sequences `active [B]`: the gains move toward what the round showed."""
     kind = plan.kind
     count = count.astype(jnp.float32)
-    # How many tokens the chain alone would have given: the root's bonus plus its leading
-    # tokens that equal what was emitted (at most what was emitted).
-    agree = jnp.cumprod(plan.copy_valid & (plan.copies == new[:, : plan.copies.shape[1]]), axis=1)
-    chain = jnp.where(kind == Kind.COPY, count, jnp.minimum(1.0 + jnp.sum(agree, axis=1), count))
+    # What the chain alone would have given: the root's bonus plus its leading tokens that
+    # equal what was emitted. Exact where the chain broke within what was emitted, or
+    # ended; where every token emitted agreed and the chain goes on (an AR or a DRAFT
+    # round), a lower bound, which moves a gain only up.
+    agree = jnp.sum(jnp.cumprod(plan.copy_valid & (plan.copies == new[:, : plan.copies.shape[1]]), axis=1), axis=1)
+    agree = jnp.minimum(agree, count)  # [B]
+    bound = (kind != Kind.COPY) & (agree == count) & (count < jnp.sum(plan.copy_valid, axis=1))
+    chain = jnp.where(kind == Kind.COPY, count, 1.0 + agree)
     move = lambda old, seen, where: jnp.where(
         where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
     at_ngram = jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == plan.ngram[:, None]  # [B, M]
-    learns_chain = active & ((kind == Kind.COPY) | (kind == Kind.DRAFT))
+    chain = jnp.where(bound[:, None], jnp.fmax(state.copy_gain, chain[:, None]), chain[:, None])  # [B, M]
     return dataclasses.replace(
-        state, copy_gain=move(state.copy_gain, chain[:, None], learns_chain[:, None] & at_ngram),
+        state, copy_gain=move(state.copy_gain, chain, active[:, None] & at_ngram),
         draft_gain=move(state.draft_gain, count[:, None],
                         (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
+        last=kind,
         since_draft=jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
         explore_after=jnp.where(plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
                                 jnp.where(kind == Kind.DRAFT, self.explore_every, state.explore_after)),
@@ -196,7 +217,7 @@ class Adaptive:
     )
 
   def forced(self, state: AdaptiveState, kind: int) -> AdaptiveState:
-    """The state with every following round of `kind` (-1: chosen again)."""
+    """The state with every following round of `kind` (or CHOOSE, CYCLE)."""
     return dataclasses.replace(state, force=jnp.int32(kind))
 
   @staticmethod
@@ -221,5 +242,7 @@ class Adaptive:
         explore_after=jnp.int32(learnt.explore_after))
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
-    """The state with the measured seconds per round of each kind."""
-    return dataclasses.replace(state, costs=jnp.asarray(seconds, jnp.float32), force=jnp.int32(-1))
+    """The state with the measured seconds per round of each kind, then of a change of
+    kind (`calibration.Prices.seconds`), choosing each round's kind."""
+    return dataclasses.replace(state, costs=jnp.asarray(seconds[:-1], jnp.float32), switch=jnp.float32(seconds[-1]),
+                               force=jnp.int32(CHOOSE))

@@ -13,7 +13,11 @@ copy rounds at half an AR step's price and AR at 1.8 of its own). `REPEATS` pair
 timed (31 rounds a kind), or one where the fixed part is lost in the rounds (a CPU: the
 difference and the whole chunk's time per round agree within `AGREE`). A difference
 lost in the chunks' own jitter (below a quarter of a chunk's time per round) is replaced
-by that time per round, an overestimate, so that no kind ever looks free.
+by that time per round, an overestimate, so that no kind ever looks free. Last comes the
+price of a change of kind (on a GPU the engine leaves one kind's loop and enters
+another's): the same pairs of chunks whose rounds each take the kind after the previous
+round's (`adaptive.CYCLE`), less their rounds' prices, leave `ROUNDS` changes in the
+difference (one pair where that is lost against a round's price).
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
 finished and the pairs it timed, and the next one goes on from there: without that,
@@ -34,6 +38,7 @@ import time
 import jax
 import numpy as np
 
+from longspec_jax import adaptive
 from longspec_jax.weights.default import cache_root
 
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
@@ -44,8 +49,9 @@ FILE_NAME = "round_costs.json"
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-  """Seconds per round of each kind (None: not measured yet), and the timed pairs of
-  chunks (seconds of 1 and of `ROUNDS` + 1 rounds) of the kinds still being measured."""
+  """Seconds per round of each kind, then seconds per change of kind (None: not measured
+  yet), and the timed pairs of chunks (seconds of 1 and of `ROUNDS` + 1 rounds) of those
+  still being measured."""
 
   seconds: tuple[float | None, ...]
   pairs: tuple[tuple[tuple[float, float], ...], ...]
@@ -127,26 +133,36 @@ class Calibrated:
 
 
 def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> Calibrated:
-  """Times each kind of round of `proposer` whose price `known` lacks, from `state`
-  (module docstring): `run_chunk(state, rounds) -> (state, tokens, finished)` runs rounds
-  on device, `emit` receives each chunk's tokens. Stops early when every sequence is
-  done; once every kind has a price the state carries them (`with_costs`)."""
-  known = known or Prices.none(len(proposer.kinds))
+  """Times each kind of round of `proposer` whose price `known` lacks, then the change of
+  kind, from `state` (module docstring): `run_chunk(state, rounds) -> (state, tokens,
+  finished)` runs rounds on device, `emit` receives each chunk's tokens. Stops early when
+  every sequence is done; once every price is known the state carries them
+  (`with_costs`)."""
+  kinds = len(proposer.kinds)
+  known = known or Prices.none(kinds + 1)
   seconds, pairs, ran, finished = list(known.seconds), [list(p) for p in known.pairs], 0, False
 
   def timed(state, rounds):
+    """The state after a chunk of `rounds`, the chunk's seconds less its rounds' known
+    prices (all of them, when it measures the change of kind), and whether it finished."""
     nonlocal ran
     jax.block_until_ready(state)
+    before = np.asarray(state.proposal.rounds_by_kind)
     t0 = time.perf_counter()
     state, out, finished = run_chunk(state, rounds)
     emit(np.asarray(out))
+    seconds_taken = time.perf_counter() - t0
     ran += rounds
-    return state, time.perf_counter() - t0, bool(finished)
+    if None not in seconds[:kinds]:
+      seconds_taken -= float(np.dot(np.asarray(state.proposal.rounds_by_kind) - before, seconds[:kinds]))
+    return state, seconds_taken, bool(finished)
 
-  for index, kind in enumerate(proposer.kinds):
+  for index in range(kinds + 1):
     if seconds[index] is not None:
       continue
-    state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, kind))
+    switch = index == kinds  # (rounds that each change kind: their prices are taken off)
+    force = adaptive.CYCLE if switch else proposer.kinds[index]
+    state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, force))
     state, _, finished = timed(state, 1)  # (untimed: a kind's first run)
     while seconds[index] is None and not finished:
       state, one, finished = timed(state, 1)
@@ -157,8 +173,12 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
       pairs[index].append((one, many))
       one, many = (min(times) for times in zip(*pairs[index]))
       whole, difference = many / (ROUNDS + 1), (many - one) / ROUNDS
-      if len(pairs[index]) >= REPEATS or abs(difference - whole) <= AGREE * whole:
-        seconds[index], pairs[index] = (difference if difference > whole / 4 else whole), []
+      if switch:
+        price, lost = max(difference, 0.0), difference <= AGREE * min(seconds[:kinds])
+      else:
+        price, lost = (difference if difference > whole / 4 else whole), abs(difference - whole) <= AGREE * whole
+      if len(pairs[index]) >= REPEATS or lost:
+        seconds[index], pairs[index] = price, []
     if finished:
       return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)
   prices = Prices(tuple(seconds), ((),) * len(seconds))

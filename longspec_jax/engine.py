@@ -112,7 +112,8 @@ class GenerationStats:
   # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
-  round_seconds_by_kind: dict[str, float | None] | None = None  # (None: a price not measured yet)
+  # (and "switch": a change of kind; None: not measured yet)
+  round_seconds_by_kind: dict[str, float | None] | None = None
   calibration_seconds: float = 0.0
 
 
@@ -554,4 +555,4 @@ def _kind_stats(proposer, proposal, round_seconds) -> dict:
     return {}
   names = [kind.name.lower() for kind in proposer.kinds]
   return {"rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
-          "round_seconds_by_kind": None if round_seconds is None else dict(zip(names, round_seconds))}
+          "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds))}

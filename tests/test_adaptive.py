@@ -2,6 +2,7 @@
 after rounds without it, and lossless output whatever it chooses."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +11,9 @@ import pytest
 from flax import nnx
 
 from longspec_jax import calibration, engine, proposers
-from longspec_jax.adaptive import Adaptive, AdaptiveState, Kind, Plan
+from longspec_jax.adaptive import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
-from longspec_jax.calibration import REPEATS, ROUNDS, Prices
+from longspec_jax.calibration import REPEATS, ROUNDS
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, prefill
@@ -36,13 +37,14 @@ def draft_for(target, widths=(2, 2), **config):
   return LongSpecDraft(graphdef, widths), params, draft
 
 
-def state_with(copy_gain, costs, draft_gain=None, force=-1, since_draft=0, explore_after=32) -> AdaptiveState:
+def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0,
+               last=-1) -> AdaptiveState:
   """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none)."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
-                       force=jnp.int32(force), since_draft=jnp.int32(since_draft),
-                       explore_after=jnp.int32(explore_after),
+                       switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
+                       since_draft=jnp.int32(since_draft), explore_after=jnp.int32(explore_after),
                        rounds_by_kind=jnp.zeros((len(costs),), jnp.int32))
 
 
@@ -89,6 +91,41 @@ def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
   assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
   assert not bool(plan_for(proposer, dataclasses.replace(good, since_draft=jnp.int32(40)), HISTORY, [6, 6]).explored)
   assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
+
+
+def test_a_change_of_kind_is_paid_for_and_cycling_takes_the_next_kind():
+  copy_only = Adaptive(PromptLookup(num_tokens=3), run=4)
+  # Row 0's chain gives 1.1 tokens at 1.05: a little better than AR's 1 at 1 ...
+  state = state_with([1.1], [1.0, 1.05])
+  assert int(plan_for(copy_only, dataclasses.replace(state, last=jnp.int32(Kind.AR)), HISTORY[:1], [6]).kind) == 1
+  # ... but not worth a change that costs 0.4 spread over 4 rounds: stay with the last kind.
+  for last in Kind.AR, Kind.COPY:
+    paying = state_with([1.1], [1.0, 1.05], switch=0.4, last=last)
+    assert int(plan_for(copy_only, paying, HISTORY[:1], [6]).kind) == last
+  # A chain worth far more is worth the change.
+  assert int(plan_for(copy_only, state_with([3], [1.0, 1.05], switch=0.4, last=Kind.AR), HISTORY[:1], [6]).kind) == 1
+  for last, following in (-1, 0), (0, 1), (1, 0):
+    cycling = state_with([3], [1.0, 1.05], force=CYCLE, last=last)
+    plan = plan_for(copy_only, cycling, HISTORY[:1], [6])
+    assert int(plan.kind) == following and not bool(plan.explored)
+
+
+def test_an_ar_round_shows_a_lower_bound_of_the_chains_gain():
+  """A chain whose first token was emitted would have given at least 2 tokens: the gain
+  moves up toward 2, never down; one whose first token was not would have given 1."""
+  proposer = Adaptive(PromptLookup(num_tokens=3), ema=0.5)
+  copies, valid, ngram = jnp.asarray([[7, 8, 9]] * 2), jnp.ones((2, 3), bool), jnp.asarray([2, 2])
+  plan = Plan(kind=jnp.int32(Kind.AR), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
+  state = dataclasses.replace(state_with([1.0, 3.0], [1, 1]), copy_gain=jnp.asarray([[1.0, 1.0, 1.0], [3, 3, 3.0]]))
+  new = jnp.asarray([[7, 0, 0, 0], [7, 0, 0, 0]])  # both emitted the chain's first token
+  after = proposer.observe(state, plan, jnp.asarray([1, 1]), new, jnp.asarray([True, True]))
+  np.testing.assert_allclose(np.asarray(after.copy_gain), [[1.0, 1.5, 1.0], [3, 3, 3]])  # (only the 2-gram's)
+  assert int(after.last) == Kind.AR
+  miss = proposer.observe(state, plan, jnp.asarray([1, 1]), jnp.asarray([[5, 0, 0, 0]] * 2), jnp.asarray([True] * 2))
+  np.testing.assert_allclose(np.asarray(miss.copy_gain), [[1.0, 1.0, 1.0], [3, 2, 3]])
+  unseen = dataclasses.replace(state, copy_gain=jnp.full((2, 3), jnp.nan))
+  np.testing.assert_allclose(np.asarray(proposer.observe(unseen, plan, jnp.asarray([1, 1]), new,
+                                                         jnp.asarray([True] * 2)).copy_gain[:, 1]), [2, 2])
 
 
 def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_resets_the_wait(tiny):
@@ -214,28 +251,52 @@ class Holder:
   proposal: AdaptiveState
 
 
+class FakeChunks:
+  """Chunks of rounds on a fake clock: `fixed` seconds a chunk, each round its kind's price,
+  `switch` seconds each time a round's kind differs from the previous one's; every
+  sequence is done once `budget` rounds have run."""
+
+  def __init__(self, monkeypatch, per_round, fixed=7.0, switch=0.0, budget=10**6):
+    self.clock, self.per_round, self.fixed, self.switch, self.budget = 0.0, per_round, fixed, switch, budget
+    self.forced = []  # each chunk's `force`
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: self.clock)
+
+  def __call__(self, state, rounds):
+    proposal = state.proposal
+    force, last, kinds = int(proposal.force), int(proposal.last), len(self.per_round)
+    self.forced.append(force)
+    ran = []
+    for _ in range(rounds):
+      ran.append((last + 1) % kinds if force == CYCLE else force)
+      changes = len(ran) > 1 and ran[-1] != ran[-2]
+      self.clock += self.per_round[ran[-1]] + self.switch * changes
+      last = ran[-1]
+    self.clock += self.fixed
+    self.budget -= rounds
+    proposal = dataclasses.replace(proposal, last=jnp.int32(last),
+                                   rounds_by_kind=proposal.rounds_by_kind + np.bincount(ran, minlength=kinds))
+    return Holder(proposal), np.zeros((1, 4), np.int32), self.budget <= 0
+
+
+PRICES = [1.0, 1.5, 2.5]  # AR, COPY, DRAFT
+
+
 def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch):
   """A chunk costs a fixed launch plus its rounds: the measured price is the rounds' alone;
-  one lost in the chunks' jitter is their time per round, never ~0. Prices are kept per
-  process and on disk: a later generation with the same key measures nothing."""
-  clock = [0.0]
-  monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+  one lost in the chunks' jitter is their time per round, never ~0; a change of kind is
+  priced from chunks whose rounds each change kind, less their rounds' prices. Prices are
+  kept per process and on disk: a later generation with the same key measures nothing."""
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
-  per_round = {Kind.AR: 1.0, Kind.COPY: 1.5, Kind.DRAFT: 2.5}
-
-  def run_chunk(state, rounds):
-    clock[0] += 7.0 + rounds * per_round[Kind(int(state.proposal.force))]  # 7: the chunk's fixed cost
-    return state, np.zeros((1, 4), np.int32), False
-
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
-  measured = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
-  np.testing.assert_allclose(measured.prices.seconds, [1.0, 1.5, 2.5])
-  assert measured.prices.complete and measured.prices.pairs == ((), (), ())
-  assert measured.rounds == 3 * (1 + REPEATS * (1 + ROUNDS + 1))
-  np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), [1.0, 1.5, 2.5])
-  assert int(measured.state.proposal.force) == -1
-  per_round[Kind.COPY] = 0.0  # (a kind that ran as fast as the chunk's overhead jitters)
-  jittery = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
+  chunks = FakeChunks(monkeypatch, PRICES, switch=0.75)
+  measured = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
+  np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.75])
+  assert measured.prices.complete and measured.prices.pairs == ((),) * 4
+  assert measured.rounds == 4 * (1 + REPEATS * (1 + ROUNDS + 1))
+  np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), PRICES)
+  assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
+  # (a kind that ran as fast as the chunk's overhead jitters)
+  jittery = calibration.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), Holder(start), lambda out: None)
   assert jittery.prices.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
 
   greedy = SamplingConfig()
@@ -248,54 +309,39 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   monkeypatch.setattr(calibration, "_MEMORY", {})  # a new process: from the file
   assert calibration.known(key) == measured.prices
   path = calibration.cache_root() / calibration.FILE_NAME
-  path.write_text('{"%s": [1.0, 2.0, 3.0]}' % key)  # an older file's form: measured again
+  path.write_text(json.dumps({key: [1.0, 2.0, 3.0]}))  # an older file's form: measured again
   monkeypatch.setattr(calibration, "_MEMORY", {})
   assert calibration.known(key) is None
 
 
 def test_where_a_chunk_costs_nothing_beyond_its_rounds_one_pair_prices_a_kind(tiny, monkeypatch):
-  clock = [0.0]
-  monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
-  per_round = {Kind.AR: 1.0, Kind.COPY: 1.5, Kind.DRAFT: 2.5}
-
-  def run_chunk(state, rounds):  # (a CPU: the fixed part is lost in the rounds)
-    clock[0] += 0.01 + rounds * per_round[Kind(int(state.proposal.force))]
-    return state, np.zeros((1, 4), np.int32), False
-
-  measured = calibration.calibrate(proposer, run_chunk, Holder(state_with([2], [1, 1, 1])), lambda out: None)
-  assert measured.rounds == 3 * (1 + 1 + ROUNDS + 1)
-  np.testing.assert_allclose(measured.prices.seconds, [1.0, 1.5, 2.5], rtol=1e-6)
+  chunks = FakeChunks(monkeypatch, PRICES, fixed=0.01)  # (a CPU: the fixed part is lost in the rounds)
+  measured = calibration.calibrate(proposer, chunks, Holder(state_with([2], [1, 1, 1])), lambda out: None)
+  assert measured.rounds == 4 * (1 + 1 + ROUNDS + 1)
+  np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.0], rtol=1e-6, atol=1e-9)
 
 
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
   """A generation that ends while its kinds are being timed keeps the prices it finished
   and the pairs of chunks it timed; the next one goes on from them, then chooses with all
   of them."""
-  clock = [0.0]
-  monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
-  per_round = {Kind.AR: 1.0, Kind.COPY: 1.5, Kind.DRAFT: 2.5}
-  timed, budget = [], [50]  # rounds until every sequence is done
-
-  def run_chunk(state, rounds):
-    timed.append(Kind(int(state.proposal.force)))
-    clock[0] += 7.0 + rounds * per_round[timed[-1]]
-    budget[0] -= rounds
-    return state, np.zeros((1, 4), np.int32), budget[0] <= 0
-
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
-  cut = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None)
+  chunks = FakeChunks(monkeypatch, PRICES, budget=50)
+  cut = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
   # AR: its first round and 3 pairs (31 rounds); COPY: its first round, a pair, and one cut
   # short in its chunk of 9 (ran fewer rounds than 9, perhaps): not kept.
-  assert cut.finished and cut.prices.seconds == (1.0, None, None) and not cut.prices.complete
-  assert cut.prices.pairs == ((), ((8.5, 20.5),), ())
-  timed.clear()
-  budget[0] = 1000
-  rest = calibration.calibrate(proposer, run_chunk, Holder(start), lambda out: None, cut.prices)
-  assert timed == [Kind.COPY] * 5 + [Kind.DRAFT] * 7 and not rest.finished  # COPY: its first round, 2 pairs
-  np.testing.assert_allclose(rest.prices.seconds, [1.0, 1.5, 2.5])
-  np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), [1.0, 1.5, 2.5])
+  assert cut.finished and cut.prices.seconds == (1.0, None, None, None) and not cut.prices.complete
+  assert cut.prices.pairs == ((), ((8.5, 20.5),), (), ())
+  chunks.forced.clear()
+  chunks.budget = 1000
+  rest = calibration.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
+  # COPY: its first round and 2 pairs; DRAFT: a first round and 3 pairs; a change of kind
+  # that costs nothing against a round's price: a first round and one pair.
+  assert chunks.forced == [Kind.COPY] * 5 + [Kind.DRAFT] * 7 + [CYCLE] * 3 and not rest.finished
+  np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
+  np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), PRICES)
 
 
 def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learnt(tiny, monkeypatch):
