@@ -37,7 +37,7 @@ from longspec_jax.weights import default, load_target, load_tokenizer, read_targ
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
-WARM_UPS = 4  # at most: `auto` measuring its prices may need more than one generation
+WARM_UPS = 8  # at most: `auto` measuring its prices may need more than one generation
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:

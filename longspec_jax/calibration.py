@@ -6,18 +6,17 @@ its first rounds as each kind in turn, timed on the host. A chunk of rounds cost
 launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
 SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
 untimed), then pairs of chunks of one and of `ROUNDS` + 1 rounds, and its price is the
-difference of the two sizes' fastest times over `ROUNDS`: the fixed part cancels, and
-the fastest time of a size is the one least disturbed (a host thread stepping the loop
-only ever adds time: with the median of two pairs, one disturbed chunk priced an H100's
-copy rounds at half an AR step's price and AR at 1.8 of its own). `REPEATS` pairs are
-timed (31 rounds a kind), or one where the fixed part is lost in the rounds (a CPU: the
-difference and the whole chunk's time per round agree within `AGREE`). A difference
-lost in the chunks' own jitter (below a quarter of a chunk's time per round) is replaced
-by that time per round, an overestimate, so that no kind ever looks free. Last comes the
-price of a change of kind (on a GPU the engine leaves one kind's loop and enters
-another's): the same pairs of chunks whose rounds each take the kind after the previous
-round's (`adaptive.CYCLE`), less their rounds' prices, leave `ROUNDS` changes in the
-difference (one pair where that is lost against a round's price).
+difference of the two sizes' fastest times over `ROUNDS`, from `REPEATS` pairs (31
+rounds a kind): the fixed part cancels, and the fastest time of a size is the one least
+disturbed (a host thread stepping the loop only ever adds time: with the median of two
+pairs, one disturbed chunk priced an H100's copy rounds at half an AR step's price and AR
+at 1.8 of its own; with one pair on a CPU, copy rounds at 3 AR steps where they cost
+1.5-1.9). A difference lost in the chunks' own jitter (below a quarter of a chunk's time
+per round) is replaced by that time per round, an overestimate, so that no kind ever
+looks free. Last comes the price of a change of kind (on a GPU the engine leaves one
+kind's loop and enters another's): the same pairs of chunks whose rounds each take the
+kind after the previous round's (`adaptive.CYCLE`), less their rounds' prices, leave
+`ROUNDS` changes in the difference.
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
 finished and the pairs it timed, and the next one goes on from there: without that,
@@ -43,7 +42,6 @@ from longspec_jax.weights.default import cache_root
 
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
 REPEATS = 3
-AGREE = 0.02
 FILE_NAME = "round_costs.json"
 
 
@@ -173,11 +171,8 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
       pairs[index].append((one, many))
       one, many = (min(times) for times in zip(*pairs[index]))
       whole, difference = many / (ROUNDS + 1), (many - one) / ROUNDS
-      if switch:
-        price, lost = max(difference, 0.0), difference <= AGREE * min(seconds[:kinds])
-      else:
-        price, lost = (difference if difference > whole / 4 else whole), abs(difference - whole) <= AGREE * whole
-      if len(pairs[index]) >= REPEATS or lost:
+      if len(pairs[index]) >= REPEATS:
+        price = max(difference, 0.0) if switch else difference if difference > whole / 4 else whole
         seconds[index], pairs[index] = price, []
     if finished:
       return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)

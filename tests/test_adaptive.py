@@ -314,14 +314,6 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert calibration.known(key) is None
 
 
-def test_where_a_chunk_costs_nothing_beyond_its_rounds_one_pair_prices_a_kind(tiny, monkeypatch):
-  proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
-  chunks = FakeChunks(monkeypatch, PRICES, fixed=0.01)  # (a CPU: the fixed part is lost in the rounds)
-  measured = calibration.calibrate(proposer, chunks, Holder(state_with([2], [1, 1, 1])), lambda out: None)
-  assert measured.rounds == 4 * (1 + 1 + ROUNDS + 1)
-  np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.0], rtol=1e-6, atol=1e-9)
-
-
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
   """A generation that ends while its kinds are being timed keeps the prices it finished
   and the pairs of chunks it timed; the next one goes on from them, then chooses with all
@@ -337,14 +329,14 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
   chunks.forced.clear()
   chunks.budget = 1000
   rest = calibration.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
-  # COPY: its first round and 2 pairs; DRAFT: a first round and 3 pairs; a change of kind
-  # that costs nothing against a round's price: a first round and one pair.
-  assert chunks.forced == [Kind.COPY] * 5 + [Kind.DRAFT] * 7 + [CYCLE] * 3 and not rest.finished
+  # COPY: its first round and 2 pairs; DRAFT and the change of kind: a first round, 3 pairs
+  assert chunks.forced == [Kind.COPY] * 5 + [Kind.DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
   np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
   np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), PRICES)
 
 
 def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learnt(tiny, monkeypatch):
+  monkeypatch.setattr(calibration, "REPEATS", 1)  # (every price measured within the first generation)
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
