@@ -41,7 +41,8 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ("infer.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
     ("infer.plots", ["/no/such.json"], "is not a readable result JSON"),
 ])
-def test_bad_input_is_one_line_with_exit_2(module, argv, message, capsys):
+def test_bad_input_is_one_line_with_exit_2(module, argv, message, capsys, smollm2_gguf):
+  # (the default model fetched first: its fetch prints a line of progress the first time)
   code, err = run(module, argv, capsys)
   assert code == 2
   assert err.count("\n") == 1 and err.startswith(f"python -m {module}: error: ") and message in err, err

