@@ -5,26 +5,29 @@ context length, so it is measured, not modelled: the first generation that needs
 its first rounds as each kind in turn, timed on the host. A chunk of rounds costs a fixed
 launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
 SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
-untimed), then pairs of chunks of one and of `ROUNDS` + 1 rounds, and its price is the
-difference of the two sizes' fastest times over `ROUNDS`, from `REPEATS` pairs (31
-rounds a kind): the fixed part cancels, and the fastest time of a size is the one least
-disturbed (a host thread stepping the loop only ever adds time: with the median of two
-pairs, one disturbed chunk priced an H100's copy rounds at half an AR step's price and AR
-at 1.8 of its own; with one pair on a CPU, copy rounds at 3 AR steps where they cost
-1.5-1.9). A difference lost in the chunks' own jitter (below a quarter of a chunk's time
-per round) is replaced by that time per round, an overestimate, so that no kind ever
-looks free. Last comes the price of a change of kind (on a GPU the engine leaves one
-kind's loop and enters another's): the same pairs of chunks whose rounds each take the
-kind after the previous round's (`adaptive.CYCLE`), less their rounds' prices, leave
-`ROUNDS` changes in the difference.
+untimed), then chunks of one and of `ROUNDS` + 1 rounds in turn, and its price is, over
+the fastest chunk of one round, the least time per further round of the longer chunks
+(`price`), once `REPEATS` of each have run (31 rounds a kind): the fixed part cancels,
+and the fastest times are the least disturbed (a host thread stepping the loop only ever
+adds time: with the median of two pairs, one disturbed chunk priced an H100's copy rounds
+at half an AR step's price and AR at 1.8 of its own; with one pair on a CPU, copy rounds
+at 3 AR steps where they cost 1.5-1.9). A chunk cut short by the generation's end counts
+with the rounds it ran (the state counts them), so short generations still add to the
+measurement (64-token generations on a CPU almost never held a whole 9-round chunk of
+copy rounds). A difference lost in the chunks' own jitter (below a quarter of a chunk's
+time per round) is replaced by that time per round, an overestimate, so that no kind
+ever looks free. Last comes the price of a change of kind (on a GPU the engine leaves one
+kind's loop and enters another's): the same chunks with rounds that each take the kind
+after the previous round's (`adaptive.CYCLE`), less their rounds' prices, leave a
+change a round beyond the first.
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
-finished and the pairs it timed, and the next one goes on from there: without that,
+finished and the chunks it timed, and the next one goes on from there: without that,
 generations shorter than the measurement (256 tokens of copy-friendly text with a draft
-on an H100; 64 tokens at tau 4 on a CPU) measured again every time and spent most of
-their rounds forced. The measurements are kept per process and in a JSON file under the
-cache directory (`weights.default.cache_root`), keyed by everything they depend on, so
-later generations (and later runs on the same machine) start choosing at once.
+on an H100) measured again every time and spent most of their rounds forced. The
+measurements are kept per process and in a JSON file under the cache directory
+(`weights.default.cache_root`), keyed by everything they depend on, so later generations
+(and later runs on the same machine) start choosing at once.
 """
 
 from __future__ import annotations
@@ -48,32 +51,48 @@ FILE_NAME = "round_costs.json"
 @dataclasses.dataclass(frozen=True)
 class Prices:
   """Seconds per round of each kind, then seconds per change of kind (None: not measured
-  yet), and the timed pairs of chunks (seconds of 1 and of `ROUNDS` + 1 rounds) of those
-  still being measured."""
+  yet), and the timed chunks (rounds run, seconds) of those still being measured."""
 
   seconds: tuple[float | None, ...]
-  pairs: tuple[tuple[tuple[float, float], ...], ...]
+  chunks: tuple[tuple[tuple[int, float], ...], ...]
 
   @classmethod
   def none(cls, kinds: int) -> Prices:
-    return cls(seconds=(None,) * kinds, pairs=((),) * kinds)
+    return cls(seconds=(None,) * kinds, chunks=((),) * kinds)
 
   @property
   def complete(self) -> bool:
     return None not in self.seconds
 
   def to_json(self) -> dict:
-    return {"seconds": list(self.seconds), "pairs": [[list(p) for p in pairs] for pairs in self.pairs]}
+    return {"seconds": list(self.seconds), "chunks": [[list(c) for c in chunks] for chunks in self.chunks]}
 
   @classmethod
   def from_json(cls, entry) -> Prices | None:
     """The prices of a JSON entry, or None for one of another form (an older file's)."""
     try:
       seconds = tuple(None if s is None else float(s) for s in entry["seconds"])
-      pairs = tuple(tuple((float(a), float(b)) for a, b in kind) for kind in entry["pairs"])
+      chunks = tuple(tuple((int(r), float(t)) for r, t in kind) for kind in entry["chunks"])
     except (TypeError, KeyError, ValueError):
       return None
-    return cls(seconds, pairs) if len(seconds) == len(pairs) else None
+    return cls(seconds, chunks) if len(seconds) == len(chunks) else None
+
+
+def price(chunks, switch: bool) -> float | None:
+  """The price per round (or per change of kind) that timed `chunks` [(rounds, seconds)]
+  show, once `REPEATS` chunks of one round and as many of more have run (else None):
+  over the fastest chunk of one round, the least time per further round. A chunk is only
+  ever late (timed on the host), so the fastest times are the least disturbed; a chunk
+  cut short by the generation's end counts with the rounds it ran."""
+  ones = [t for r, t in chunks if r == 1]
+  more = [(r, t) for r, t in chunks if r > 1]
+  if min(len(ones), len(more)) < REPEATS:
+    return None
+  difference = min((t - min(ones)) / (r - 1) for r, t in more)
+  if switch:
+    return max(difference, 0.0)
+  whole = min(t / r for r, t in more)
+  return difference if difference > whole / 4 else whole
 
 
 _MEMORY: dict[str, Prices] = {}
@@ -138,11 +157,12 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
   (`with_costs`)."""
   kinds = len(proposer.kinds)
   known = known or Prices.none(kinds + 1)
-  seconds, pairs, ran, finished = list(known.seconds), [list(p) for p in known.pairs], 0, False
+  seconds, chunks, ran, finished = list(known.seconds), [list(c) for c in known.chunks], 0, False
 
   def timed(state, rounds):
-    """The state after a chunk of `rounds`, the chunk's seconds less its rounds' known
-    prices (all of them, when it measures the change of kind), and whether it finished."""
+    """The state after a chunk of `rounds`, the rounds it ran, its seconds less those
+    rounds' known prices (all of them, when it measures the change of kind), and whether
+    it finished."""
     nonlocal ran
     jax.block_until_ready(state)
     before = np.asarray(state.proposal.rounds_by_kind)
@@ -150,10 +170,11 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     state, out, finished = run_chunk(state, rounds)
     emit(np.asarray(out))
     seconds_taken = time.perf_counter() - t0
-    ran += rounds
+    by_kind = np.asarray(state.proposal.rounds_by_kind) - before
+    ran += int(by_kind.sum())
     if None not in seconds[:kinds]:
-      seconds_taken -= float(np.dot(np.asarray(state.proposal.rounds_by_kind) - before, seconds[:kinds]))
-    return state, seconds_taken, bool(finished)
+      seconds_taken -= float(np.dot(by_kind, seconds[:kinds]))
+    return state, int(by_kind.sum()), seconds_taken, bool(finished)
 
   for index in range(kinds + 1):
     if seconds[index] is not None:
@@ -161,21 +182,19 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     switch = index == kinds  # (rounds that each change kind: their prices are taken off)
     force = adaptive.CYCLE if switch else proposer.kinds[index]
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, force))
-    state, _, finished = timed(state, 1)  # (untimed: a kind's first run)
+    state, _, _, finished = timed(state, 1)  # (untimed: a kind's first run)
     while seconds[index] is None and not finished:
-      state, one, finished = timed(state, 1)
-      if not finished:
-        state, many, finished = timed(state, ROUNDS + 1)
-      if finished:  # (the chunk may have run fewer rounds than it was given: not kept)
-        break
-      pairs[index].append((one, many))
-      one, many = (min(times) for times in zip(*pairs[index]))
-      whole, difference = many / (ROUNDS + 1), (many - one) / ROUNDS
-      if len(pairs[index]) >= REPEATS:
-        price = max(difference, 0.0) if switch else difference if difference > whole / 4 else whole
-        seconds[index], pairs[index] = price, []
+      for size in 1, ROUNDS + 1:
+        state, rounds, taken, finished = timed(state, size)
+        if rounds:
+          chunks[index].append((rounds, taken))
+        if finished:
+          break
+      seconds[index] = price(chunks[index], switch)
+      if seconds[index] is not None:
+        chunks[index] = []
     if finished:
-      return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, pairs))), ran, finished=True)
+      return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, chunks))), ran, finished=True)
   prices = Prices(tuple(seconds), ((),) * len(seconds))
   return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, list(seconds))), prices,
                     ran, finished=False)

@@ -254,7 +254,7 @@ class Holder:
 class FakeChunks:
   """Chunks of rounds on a fake clock: `fixed` seconds a chunk, each round its kind's price,
   `switch` seconds each time a round's kind differs from the previous one's; every
-  sequence is done once `budget` rounds have run."""
+  sequence is done once `budget` rounds have run (a chunk stops there)."""
 
   def __init__(self, monkeypatch, per_round, fixed=7.0, switch=0.0, budget=10**6):
     self.clock, self.per_round, self.fixed, self.switch, self.budget = 0.0, per_round, fixed, switch, budget
@@ -266,13 +266,13 @@ class FakeChunks:
     force, last, kinds = int(proposal.force), int(proposal.last), len(self.per_round)
     self.forced.append(force)
     ran = []
-    for _ in range(rounds):
+    for _ in range(min(rounds, self.budget)):
       ran.append((last + 1) % kinds if force == CYCLE else force)
       changes = len(ran) > 1 and ran[-1] != ran[-2]
       self.clock += self.per_round[ran[-1]] + self.switch * changes
       last = ran[-1]
     self.clock += self.fixed
-    self.budget -= rounds
+    self.budget -= len(ran)
     proposal = dataclasses.replace(proposal, last=jnp.int32(last),
                                    rounds_by_kind=proposal.rounds_by_kind + np.bincount(ran, minlength=kinds))
     return Holder(proposal), np.zeros((1, 4), np.int32), self.budget <= 0
@@ -291,7 +291,7 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   chunks = FakeChunks(monkeypatch, PRICES, switch=0.75)
   measured = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
   np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.75])
-  assert measured.prices.complete and measured.prices.pairs == ((),) * 4
+  assert measured.prices.complete and measured.prices.chunks == ((),) * 4
   assert measured.rounds == 4 * (1 + REPEATS * (1 + ROUNDS + 1))
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), PRICES)
   assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
@@ -314,23 +314,30 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert calibration.known(key) is None
 
 
+def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
+  late = [(1, 8.5), (1, 15.0), (1, 8.6), (9, 20.5), (9, 30.0), (5, 14.5)]  # (a late 1- and 9-round chunk)
+  assert calibration.price(late, switch=False) == 1.5
+  assert calibration.price(late[:5], switch=False) is None  # (2 longer chunks: not yet)
+  assert calibration.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True) == 0.0  # (a change costs nothing here)
+
+
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
   """A generation that ends while its kinds are being timed keeps the prices it finished
-  and the pairs of chunks it timed; the next one goes on from them, then chooses with all
-  of them."""
+  and the chunks it timed, a chunk cut short with the rounds it ran; the next one goes on
+  from them, then chooses with all of them."""
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   chunks = FakeChunks(monkeypatch, PRICES, budget=50)
   cut = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
-  # AR: its first round and 3 pairs (31 rounds); COPY: its first round, a pair, and one cut
-  # short in its chunk of 9 (ran fewer rounds than 9, perhaps): not kept.
+  # AR: its first round and 3 chunks of 1 and of 9 rounds (31 rounds); COPY: its first
+  # round, 1 and 9, then 1 and 7 (cut short, counted with the rounds it ran).
   assert cut.finished and cut.prices.seconds == (1.0, None, None, None) and not cut.prices.complete
-  assert cut.prices.pairs == ((), ((8.5, 20.5),), (), ())
+  assert cut.prices.chunks == ((), ((1, 8.5), (9, 20.5), (1, 8.5), (7, 17.5)), (), ())
   chunks.forced.clear()
   chunks.budget = 1000
   rest = calibration.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
-  # COPY: its first round and 2 pairs; DRAFT and the change of kind: a first round, 3 pairs
-  assert chunks.forced == [Kind.COPY] * 5 + [Kind.DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
+  # COPY: its first round, 1 and 9; DRAFT and the change of kind: a first round, 3 x (1, 9)
+  assert chunks.forced == [Kind.COPY] * 3 + [Kind.DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
   np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
   np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), PRICES)
 
