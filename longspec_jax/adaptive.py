@@ -16,10 +16,11 @@ The costs are measured on the device at hand, for this target and context
 (`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
 draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
 (a 3-gram match predicts a good copy better than a 1-gram one), learnt in copy rounds and
-in draft rounds too (how far the chain agreed with what was emitted), and in AR rounds,
-which show a lower bound: a chain whose first token was the one emitted would have
-given at least two (without that, a chain's gain that fell near one was never seen
-again: auto ran 94 AR rounds of 185 on POD summaries at 0.82x prompt lookup's tau).
+in AR and draft rounds too: their chain is kept (one at a time per sequence, taken
+whatever it will show) and set against the tokens emitted from there on until it breaks
+or ends, which tells what it would have given (in law, at T > 0 too). Without that, a
+chain's gain that fell near one was never seen again: auto ran 94 AR rounds of 185 on
+POD summaries at 0.82x prompt lookup's tau.
 Without a match a COPY round is an AR step at a higher price. A gain not seen yet (NaN) counts as half the
 tree's depth, so that each kind gets tried, and its first sighting replaces that guess:
 the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
@@ -77,6 +78,11 @@ class AdaptiveState:
   since_draft: jax.Array  # [] int32: rounds since the last draft round
   explore_after: jax.Array  # [] int32: rounds without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
+  # An AR or draft round's chain, kept until the tokens emitted since show its gain:
+  pending: jax.Array  # [B, G] int32
+  pending_valid: jax.Array  # [B, G] bool
+  pending_ngram: jax.Array  # [B] int32: its match's n-gram length; 0: none kept
+  pending_at: jax.Array  # [B] int32: the history index of its first token
 
 
 @jax.tree_util.register_dataclass
@@ -89,6 +95,7 @@ class Plan:
   copies: jax.Array  # [B, G] int32
   copy_valid: jax.Array  # [B, G] bool
   ngram: jax.Array  # [B] int32: 0 when there is no match
+  at: jax.Array  # [B] int32: the history index the chain's first token would take
   explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
 
 
@@ -140,8 +147,10 @@ class Adaptive:
         ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
         switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), since_draft=jnp.int32(0),
-        explore_after=jnp.int32(self.explore_every),
-        rounds_by_kind=jnp.zeros((kinds,), jnp.int32))
+        explore_after=jnp.int32(self.explore_every), rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
+        pending=jnp.zeros((batch, self.lookup.num_tokens), jnp.int32),
+        pending_valid=jnp.zeros((batch, self.lookup.num_tokens), bool), pending_ngram=jnp.zeros((batch,), jnp.int32),
+        pending_at=jnp.zeros((batch,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
@@ -161,7 +170,7 @@ class Adaptive:
       kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
     forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
     return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
-                ngram=ngram, explored=explored & (state.force == CHOOSE))
+                ngram=ngram, at=cache.lengths + 1, explored=explored & (state.force == CHOOSE))
 
   def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
@@ -187,26 +196,32 @@ class Adaptive:
     tree = graft_chain(draft.grow(model, target, cache, ring, root, root_hidden), plan.copies, plan.copy_valid)
     return tree, dataclasses.replace(state, ring=ring)
 
-  def observe(self, state: AdaptiveState, plan: Plan, count: jax.Array, new: jax.Array,
-              active: jax.Array) -> AdaptiveState:
-    """The state after a round of `plan.kind` that emitted `count [B]` tokens `new [B, N]`
-    in the sequences `active [B]`: the gains move toward what the round showed."""
+  def observe(self, state: AdaptiveState, plan: Plan, count: jax.Array, active: jax.Array, *, history: jax.Array,
+              lengths: jax.Array) -> AdaptiveState:
+    """The state after a round of `plan.kind` that emitted `count [B]` tokens in the
+    sequences `active [B]`, committed to `history [B, S]` up to `lengths [B]` (the root's
+    index): the gains move toward what the round showed."""
     kind = plan.kind
     count = count.astype(jnp.float32)
-    # What the chain alone would have given: the root's bonus plus its leading tokens that
-    # equal what was emitted. Exact where the chain broke within what was emitted, or
-    # ended; where every token emitted agreed and the chain goes on (an AR or a DRAFT
-    # round), a lower bound, which moves a gain only up.
-    agree = jnp.sum(jnp.cumprod(plan.copy_valid & (plan.copies == new[:, : plan.copies.shape[1]]), axis=1), axis=1)
-    agree = jnp.minimum(agree, count)  # [B]
-    bound = (kind != Kind.COPY) & (agree == count) & (count < jnp.sum(plan.copy_valid, axis=1))
-    chain = jnp.where(kind == Kind.COPY, count, 1.0 + agree)
     move = lambda old, seen, where: jnp.where(
         where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
-    at_ngram = jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == plan.ngram[:, None]  # [B, M]
-    chain = jnp.where(bound[:, None], jnp.fmax(state.copy_gain, chain[:, None]), chain[:, None])  # [B, M]
+    at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
+    copy_gain = move(state.copy_gain, count[:, None], (active & (kind == Kind.COPY))[:, None] & at_ngram(plan.ngram))
+    # An AR or draft round's chain is kept where none is, then every kept chain is set
+    # against the history: what it would have given is known once it breaks or ends.
+    keep = active & (kind != Kind.COPY) & (state.pending_ngram == 0) & (plan.ngram > 0)  # [B]
+    pending = jnp.where(keep[:, None], plan.copies, state.pending)
+    pending_valid = jnp.where(keep[:, None], plan.copy_valid, state.pending_valid)
+    pending_ngram = jnp.where(keep, plan.ngram, state.pending_ngram)
+    pending_at = jnp.where(keep, plan.at, state.pending_at)
+    index = pending_at[:, None] + jnp.arange(pending.shape[1])[None, :]  # [B, G]
+    emitted = jnp.take_along_axis(history, jnp.minimum(index, history.shape[1] - 1), axis=1)
+    agree = jnp.sum(jnp.cumprod(pending_valid & (index <= lengths[:, None]) & (pending == emitted), axis=1), axis=1)
+    seen = jnp.minimum(lengths + 1 - pending_at, pending.shape[1])  # [B]: its tokens emitted since
+    shown = (pending_ngram > 0) & ((agree < seen) | (agree == jnp.sum(pending_valid, axis=1)))
+    copy_gain = move(copy_gain, (1.0 + agree)[:, None], shown[:, None] & at_ngram(pending_ngram))
     return dataclasses.replace(
-        state, copy_gain=move(state.copy_gain, chain, active[:, None] & at_ngram),
+        state, copy_gain=copy_gain,
         draft_gain=move(state.draft_gain, count[:, None],
                         (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
         last=kind,
@@ -214,6 +229,8 @@ class Adaptive:
         explore_after=jnp.where(plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
                                 jnp.where(kind == Kind.DRAFT, self.explore_every, state.explore_after)),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
+        pending=pending, pending_valid=pending_valid, pending_ngram=jnp.where(shown, 0, pending_ngram),
+        pending_at=pending_at,
     )
 
   def forced(self, state: AdaptiveState, kind: int) -> AdaptiveState:

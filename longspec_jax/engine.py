@@ -302,10 +302,12 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       key, step_key = jax.random.split(state.key)
       make_tree = functools.partial(proposer.propose, kind, proposer_params, state.proposal, chosen, target=model,
                                     cache=state.cache, history=state.history, root=_live_root(state))
-      *result, proposal = one_round(state, step_key, make_tree)
-      proposal = proposer.observe(proposal, chosen, result[1], result[2], ~state.done)
-      state, out, written = commit(state, key, (*result, proposal), out, written)
-      return state, out, written, plan(state)
+      result = one_round(state, step_key, make_tree)
+      committed, out, written = commit(state, key, result, out, written)
+      proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
+                                  lengths=committed.cache.lengths)
+      committed = dataclasses.replace(committed, proposal=proposal)
+      return committed, out, written, plan(committed)
     return body
 
   def kind_run(kind):

@@ -38,14 +38,32 @@ def draft_for(target, widths=(2, 2), **config):
 
 
 def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0,
-               last=-1) -> AdaptiveState:
+               last=-1, chain=3) -> AdaptiveState:
   """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none)."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
                        switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
                        since_draft=jnp.int32(since_draft), explore_after=jnp.int32(explore_after),
-                       rounds_by_kind=jnp.zeros((len(costs),), jnp.int32))
+                       rounds_by_kind=jnp.zeros((len(costs),), jnp.int32), **no_pending(len(copy_gain), chain))
+
+
+def no_pending(batch, chain):
+  return dict(pending=jnp.zeros((batch, chain), jnp.int32), pending_valid=jnp.zeros((batch, chain), bool),
+              pending_ngram=jnp.zeros((batch,), jnp.int32), pending_at=jnp.zeros((batch,), jnp.int32))
+
+
+def plan_of(kind, copies, ngram, at, valid=None):
+  """A round's plan: its kind, chain [B, G] (all valid by default), n-gram length [B] and
+  the history index [B] of its chain's first token."""
+  copies = jnp.asarray(copies)
+  return Plan(kind=jnp.int32(kind), copies=copies, copy_valid=jnp.ones(copies.shape, bool) if valid is None else
+              jnp.asarray(valid), ngram=jnp.asarray(ngram), at=jnp.asarray(at), explored=jnp.asarray(False))
+
+
+def observe(proposer, state, plan, count, active, history, lengths):
+  return proposer.observe(state, plan, jnp.asarray(count), jnp.asarray(active),
+                          history=jnp.asarray(history, jnp.int32), lengths=jnp.asarray(lengths, jnp.int32))
 
 
 def plan_for(proposer, state, history, lengths, done=None):
@@ -110,58 +128,62 @@ def test_a_change_of_kind_is_paid_for_and_cycling_takes_the_next_kind():
     assert int(plan.kind) == following and not bool(plan.explored)
 
 
-def test_an_ar_round_shows_a_lower_bound_of_the_chains_gain():
-  """A chain whose first token was emitted would have given at least 2 tokens: the gain
-  moves up toward 2, never down; one whose first token was not would have given 1."""
+def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain():
+  """Row 0's chain 7 8 9 is emitted a token a round: it has given 4 once all of it was
+  (while it agrees and goes on, nothing is learnt); row 1's breaks at once: it gave 1.
+  Later rounds' chains wait until the kept one is shown."""
   proposer = Adaptive(PromptLookup(num_tokens=3), ema=0.5)
-  copies, valid, ngram = jnp.asarray([[7, 8, 9]] * 2), jnp.ones((2, 3), bool), jnp.asarray([2, 2])
-  plan = Plan(kind=jnp.int32(Kind.AR), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
   state = dataclasses.replace(state_with([1.0, 3.0], [1, 1]), copy_gain=jnp.asarray([[1.0, 1.0, 1.0], [3, 3, 3.0]]))
-  new = jnp.asarray([[7, 0, 0, 0], [7, 0, 0, 0]])  # both emitted the chain's first token
-  after = proposer.observe(state, plan, jnp.asarray([1, 1]), new, jnp.asarray([True, True]))
-  np.testing.assert_allclose(np.asarray(after.copy_gain), [[1.0, 1.5, 1.0], [3, 3, 3]])  # (only the 2-gram's)
-  assert int(after.last) == Kind.AR
-  miss = proposer.observe(state, plan, jnp.asarray([1, 1]), jnp.asarray([[5, 0, 0, 0]] * 2), jnp.asarray([True] * 2))
-  np.testing.assert_allclose(np.asarray(miss.copy_gain), [[1.0, 1.0, 1.0], [3, 2, 3]])
-  unseen = dataclasses.replace(state, copy_gain=jnp.full((2, 3), jnp.nan))
-  np.testing.assert_allclose(np.asarray(proposer.observe(unseen, plan, jnp.asarray([1, 1]), new,
-                                                         jnp.asarray([True] * 2)).copy_gain[:, 1]), [2, 2])
+  prefix = [5, 6, 1, 5]  # the root at index 3; the chains' first tokens at 4
+  emitted = [[7, 8, 9], [4, 7, 8]]
+  gains = []
+  for step in range(3):
+    plan = plan_of(Kind.AR, [[7, 8, 9]] * 2 if step == 0 else [[1, 1, 1]] * 2, [2, 2], [4 + step] * 2)
+    history = [prefix + row[: step + 1] + [0] * 4 for row in emitted]
+    state = observe(proposer, state, plan, [1, 1], [True, True], history, [4 + step] * 2)
+    gains.append(np.asarray(state.copy_gain[:, 1]).tolist())
+    assert int(state.last) == Kind.AR
+  # (row 1: each round's chain is kept and breaks at once: 3 -> 2 -> 1.5 -> 1.25)
+  assert gains == [[1.0, 2.0], [1.0, 1.5], [2.5, 1.25]]
+  np.testing.assert_array_equal(np.asarray(state.pending_ngram), [0, 0])
+  unseen = dataclasses.replace(state_with([np.nan, np.nan], [1, 1]))
+  shown = observe(proposer, unseen, plan_of(Kind.AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]), [1, 1], [True, True],
+                  [prefix + [4, 0, 0, 0, 0]] * 2, [4, 4])
+  np.testing.assert_array_equal(np.asarray(shown.copy_gain[:, 1]), [1, 1])
 
 
 def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_resets_the_wait(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], explore_every=4, max_explore_every=10)
   state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[1.2, 1.2]], since_draft=4, explore_after=4)
-  copies, valid, ngram = jnp.asarray([[7, 8, 9]]), jnp.ones((1, 3), bool), jnp.asarray([2])
-  new = jnp.asarray([[7, 1, 0, 0, 0, 0]])
+  history, lengths = [[5, 6, 7, 8, 9, 5, 6, 7, 1, 0]], [8]
   waits = []
   for _ in range(3):  # explored, losing each time: 4 -> 8 -> 10 (the cap)
     plan = plan_for(proposer, dataclasses.replace(state, since_draft=state.explore_after), HISTORY[:1], [6])
     assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
-    state = proposer.observe(state, plan, jnp.asarray([2]), new, jnp.asarray([True]))
+    state = observe(proposer, state, plan, [2], [True], history, lengths)
     waits.append(int(state.explore_after))
   assert waits == [8, 10, 10] and int(state.since_draft) == 0
-  chosen = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
-  assert int(proposer.observe(state, chosen, jnp.asarray([6]), new, jnp.asarray([True])).explore_after) == 4
+  chosen = plan_of(Kind.DRAFT, [[7, 8, 9]], [2], [7])
+  assert int(observe(proposer, state, chosen, [6], [True], history, lengths).explore_after) == 4
   copy = dataclasses.replace(chosen, kind=jnp.int32(Kind.COPY))
-  assert int(proposer.observe(state, copy, jnp.asarray([2]), new, jnp.asarray([True])).explore_after) == 10
+  assert int(observe(proposer, state, copy, [2], [True], history, lengths).explore_after) == 10
 
 
 def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], ema=0.5)
   state = state_with([3, 3], [1, 1, 1], draft_gain=[[4, 4], [4, 4]])
-  copies = jnp.asarray([[7, 8, 9], [7, 8, 9]])
-  valid = jnp.asarray([[True, True, True], [False, False, False]])  # row 1: no match
-  ngram = jnp.asarray([2, 0])
-  new = jnp.asarray([[7, 8, 2, 0, 0, 0], [4, 4, 4, 4, 4, 0]])
-  plan = Plan(kind=jnp.int32(Kind.DRAFT), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
-  after = proposer.observe(state, plan, jnp.asarray([5, 5]), new, jnp.asarray([True, True]))
+  valid = [[True, True, True], [False, False, False]]  # row 1: no match
+  # The draft round emitted 5 tokens after the root at index 3: row 0's chain agreed on 2.
+  history = [[1, 2, 3, 0, 7, 8, 2, 3, 3, 0], [1, 2, 3, 0, 4, 4, 4, 4, 4, 0]]
+  plan = plan_of(Kind.DRAFT, [[7, 8, 9]] * 2, [2, 0], [4, 4], valid)
+  after = observe(proposer, state, plan, [5, 5], [True, True], history, [8, 8])
   # Draft gains move halfway to 5 (row 0: with a match, row 1: without); row 0's 2-gram chain
-  # agreed on 2 tokens (+ the bonus = 3); row 1 had no chain.
+  # would have given 2 tokens + the bonus = 3; row 1 had no chain.
   np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
   assert int(after.since_draft) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
-  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
-  after = proposer.observe(after, plan, jnp.asarray([2, 1]), new, jnp.asarray([True, False]))
+  plan = plan_of(Kind.COPY, [[7, 8, 9]] * 2, [2, 0], [9, 9], valid)
+  after = observe(proposer, after, plan, [2, 1], [True, False], history, [8, 8])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert int(after.since_draft) == 1
 
@@ -170,16 +192,15 @@ def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
   """A gain no round has shown yet (NaN) counts as half the tree's depth; the first round
   that shows it sets it whole, later ones move it by `ema`."""
   proposer = Adaptive(PromptLookup(num_tokens=4), draft_for(tiny, widths=(2, 2))[0], ema=0.5)
-  state = state_with([np.nan], [1.0, 1.5, 100.0], draft_gain=[[np.nan, np.nan]])
+  state = state_with([np.nan], [1.0, 1.5, 100.0], draft_gain=[[np.nan, np.nan]], chain=4)
   # Guess: a 2-gram chain gives 1 + 4 / 2 = 3 tokens at 1.5 (2 a unit of cost) > AR's 1.
   assert int(plan_for(proposer, state, HISTORY[:1], [6]).kind) == Kind.COPY
-  copies, valid, ngram = jnp.asarray([[7, 8, 9, 5]]), jnp.ones((1, 4), bool), jnp.asarray([2])
-  plan = Plan(kind=jnp.int32(Kind.COPY), copies=copies, copy_valid=valid, ngram=ngram, explored=jnp.asarray(False))
-  new = jnp.asarray([[7, 0, 0, 0, 0]])
-  after = proposer.observe(state, plan, jnp.asarray([1]), new, jnp.asarray([True]))
+  plan = plan_of(Kind.COPY, [[7, 8, 9, 5]], [2], [7])
+  history = [HISTORY[0] + [0] * 6]
+  after = observe(proposer, state, plan, [1], [True], history, [6])
   np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 1.0, np.nan])  # seen whole
   assert int(plan_for(proposer, after, HISTORY[:1], [6]).kind) == Kind.AR
-  after = proposer.observe(after, plan, jnp.asarray([5]), new, jnp.asarray([True]))
+  after = observe(proposer, after, plan, [5], [True], history, [6])
   np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 3.0, np.nan])  # then by ema
   assert np.isnan(np.asarray(after.draft_gain)).all()
 
