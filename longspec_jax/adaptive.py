@@ -20,9 +20,9 @@ in AR and draft rounds too: their chain is kept (one at a time per sequence, tak
 whatever it will show) and set against the tokens emitted from there on until it breaks
 or ends, which tells what it would have given (in law, at T > 0 too). Without that, a
 chain's gain that fell near one was never seen again: auto ran 94 AR rounds of 185 on
-POD summaries at 0.82x prompt lookup's tau.
-Without a match a COPY round is an AR step at a higher price. A gain not seen yet (NaN) counts as half the
-tree's depth, so that each kind gets tried, and its first sighting replaces that guess:
+POD summaries at 0.82x prompt lookup's tau. Without a match a COPY round is an AR step
+at a higher price. A gain not seen yet (NaN) counts as half the tree's depth, so that
+each kind gets tried, and its first sighting replaces that guess:
 the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
 rounds of each generation on code it does not help (H100, SmolLM2). A generation starts
 from the gains the previous one learnt (`Learnt`, carried by the engine). A draft round
