@@ -43,7 +43,8 @@ def head_top_k_reference(x: jax.Array, w: jax.Array, k: int, *, transposed: bool
   log-normalizer. Returns (values [R, k] f32, tokens [R, k] int32, lse [R] f32)."""
   spec = "re,ve->rv" if transposed else "re,ev->rv"
   logits = jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype).astype(jnp.float32)
-  values, tokens = jax.lax.top_k(logits, k)
+  # -0.0 and 0.0 tie, as in the kernel's comparisons (top_k's total order puts -0.0 lower).
+  values, tokens = jax.lax.top_k(jnp.where(logits == 0, 0.0, logits), k)
   return values, tokens, jax.nn.logsumexp(logits, axis=-1)
 
 
