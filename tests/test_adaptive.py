@@ -264,6 +264,18 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, monkeypatch):
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
+def test_auto_with_a_loop_per_kind_emits_the_ar_tokens(tiny, monkeypatch):
+  """The GPU's structure (each kind's rounds a loop of their own), run here: AR's tokens."""
+  monkeypatch.setattr(engine, "_loop_per_kind", lambda: True)
+  monkeypatch.setattr(calibration, "REPEATS", 1)
+  rng = np.random.default_rng(7)
+  prompts = [rng.integers(3, 211, size=8).tolist() * 4, rng.integers(3, 211, size=29).tolist()]
+  reference = generate(tiny, prompts, 93).token_ids
+  draft, params, _ = draft_for(tiny, widths=(2, 3))  # (a chain no other test compiles: a program of its own)
+  result = generate(tiny, prompts, 93, Decoding(proposer=Adaptive(PromptLookup(num_tokens=5), draft)), params)
+  assert result.token_ids == reference and min(result.stats.rounds_by_kind.values()) >= 1
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Holder:
