@@ -184,8 +184,8 @@ class Adaptive:
 
   def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
               root) -> tuple[Tree, AdaptiveState]:
-    """The tree of a round of `kind` (static: the engine runs each kind's rounds in a loop
-    of their own)."""
+    """The tree of a round of `kind` (static: each kind is a branch of the engine's
+    switch)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
     if kind is Kind.COPY:

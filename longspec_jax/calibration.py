@@ -168,8 +168,9 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     before = np.asarray(state.proposal.rounds_by_kind)
     t0 = time.perf_counter()
     state, out, finished = run_chunk(state, rounds)
-    emit(np.asarray(out))
+    out = np.asarray(out)
     seconds_taken = time.perf_counter() - t0
+    emit(out)  # (after the timing: streaming the text is no part of a round's price)
     by_kind = np.asarray(state.proposal.rounds_by_kind) - before
     ran += int(by_kind.sum())
     if None not in seconds[:kinds]:

@@ -291,9 +291,9 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
 
   # `auto`: a switch picks each round's kind, chosen after the round before. On a GPU,
   # where XLA steps loops from the host and reads a switch's index there (each round
-  # waited for that), each kind's rounds run as a while loop that
-  # goes on while the choice stays that kind, and the switch picks the next run; on a CPU
-  # that nesting cost ~47 ms a chunk, and one switch a round costs nothing extra.
+  # waited for that), each kind's rounds run as a while loop that goes on while the
+  # choice stays that kind, and the switch picks the next run; on a CPU that nesting
+  # cost ~47 ms a chunk, and one switch a round costs nothing extra.
   def plan(state):
     return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
 
