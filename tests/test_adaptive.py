@@ -320,16 +320,16 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   priced from chunks whose rounds each change kind, less their rounds' prices. Prices are
   kept per process and on disk: a later generation with the same key measures nothing."""
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
-  start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
+  start = lambda: Holder(state_with([2], [1, 1, 1], draft_gain=[[3, 3]]))  # (each calibration donates its own)
   chunks = FakeChunks(monkeypatch, PRICES, switch=0.75)
-  measured = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
+  measured = calibration.calibrate(proposer, chunks, start(), lambda out: None)
   np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.75])
   assert measured.prices.complete and measured.prices.chunks == ((),) * 4
   assert measured.rounds == 4 * (1 + REPEATS * (1 + ROUNDS + 1))
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), PRICES)
   assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
   # (a kind that ran as fast as the chunk's overhead jitters)
-  jittery = calibration.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), Holder(start), lambda out: None)
+  jittery = calibration.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None)
   assert jittery.prices.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
 
   greedy = SamplingConfig()
