@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from infer.cli import add_sampling_flags, sampling_config, tree_record, tree_widths
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
-from infer.timing import phase_seconds
+from infer.timing import phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import check_tree_widths
@@ -37,7 +37,6 @@ from longspec_jax.weights import default, load_target, load_tokenizer, read_targ
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
-WARM_UPS = 8  # at most: `auto` measuring its prices may need more than one generation
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -45,10 +44,7 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   decode time into drafting, verification and the rest (the phases are timed apart from
   the run, on its final state, `infer.timing.phase_seconds`). `auto` warms up until its
   round prices are measured (once per machine and shape: they are kept on disk)."""
-  for _ in range(WARM_UPS):
-    warm = generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed)
-    if warm.stats.calibration_seconds == 0:
-      break
+  warmed_up(lambda: generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed))
   stats, token_ids, phases = [], [], dict.fromkeys(PHASES[:2], 0.0)
   adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)
   for prompt in prompts:
@@ -74,6 +70,8 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
          if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
+      "per_prompt": [{"tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "new_tokens": s.num_new_tokens,
+                      **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {})} for s in stats],
       "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
       "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
       **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},
@@ -197,7 +195,7 @@ def main(argv=None):
             "set": set_name, "prefill_tokens": length, "method": label,
             **tree_record(proposer),
             **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
-            "tau": result["tau"], "tokens_per_second": result["tokens_per_second"],
+            "tau": result["tau"], "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
             "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],

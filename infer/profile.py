@@ -6,7 +6,10 @@ engine's named scopes: `propose` (the draft), `verify` (the target over the tree
 `accept` (the walk over the tree) and `commit` (cache, history and output updates).
 Ops are named from XLA's own HLO dump of the loop, written beside the trace; ops XLA
 emits without a source (e.g. its GPU top-k) are "unattributed". Also reports how much of
-the loop's span the device sat idle (launch gaps, host syncs). On a GPU, run with
+the loop's span the device sat idle (launch gaps, host syncs), and where the host's
+threads spent their time in that span, by event (on a GPU, XLA steps while loops and
+conditionals from the host: graph launches and updates, reads of a loop's condition or a
+switch's index, show up there). On a GPU, run with
 `XLA_FLAGS=--xla_gpu_enable_command_buffer=` for per-kernel names: inside CUDA graphs the
 profiler sees only the graph (and the idle share is then the graph's, not the kernels').
 Writes `profile.json`, `profile.png` and the raw trace under --out. `--shape` profiles a
@@ -49,6 +52,7 @@ SETS = tuple(PROMPT_SETS)
 
 SCOPES = ("propose", "verify", "accept", "commit")
 LOOP = "decode_chunk"  # the jitted decode loop's module name contains this
+_ITERATION = re.compile(r"\[iter=\d+\]")
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]+)"')
 
 
@@ -82,6 +86,31 @@ def device_events(xspace: Path):
         stats = dict(event.stats)
         if LOOP in str(stats.get("hlo_module", "")) and "hlo_op" in stats:
           yield event.start_ns, event.duration_ns, str(stats["hlo_op"])
+
+
+def host_events(xspace: Path):
+  """(start ns, duration ns, thread, event name) of every host event: XLA's runtime
+  (thunks, graph launches and updates, host syncs) and the Python side of a call."""
+  from jax.profiler import ProfileData
+
+  for plane in ProfileData.from_file(str(xspace)).planes:
+    if plane.name.startswith("/host:"):
+      for line in plane.lines:
+        for event in line.events:
+          yield event.start_ns, event.duration_ns, line.name, event.name
+
+
+def host_summary(events, start_ns: float, end_ns: float, top: int) -> list[dict]:
+  """The host events inside [start_ns, end_ns] totalled by (thread, name), the longest
+  first. Events nest (a call holds its launches), so the rows overlap and do not sum."""
+  by_name = collections.defaultdict(lambda: [0.0, 0])
+  for start, duration, thread, name in events:
+    if start >= start_ns and start + duration <= end_ns:
+      name = _ITERATION.sub("[iter]", name)  # (XLA names a loop's iterations by number)
+      by_name[thread, name][0] += duration
+      by_name[thread, name][1] += 1
+  ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+  return [{"thread": thread, "event": name, "ms": ns / 1e6, "calls": calls} for (thread, name), (ns, calls) in ranked]
 
 
 def busy_ns(events) -> float:
@@ -145,6 +174,7 @@ def main(argv=None):
   import jax
   import numpy as np
 
+  from infer.timing import warmed_up
   from longspec_jax.engine import Decoding, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
   from longspec_jax.target import random_model
@@ -176,14 +206,18 @@ def main(argv=None):
   def run():
     return generate(model, prompts, args.new_tokens, decoding, proposer_params, seed=args.seed)
 
-  run()  # compiles
+  warmed_up(run)  # compiles (and `auto` measures its round prices)
   trace_dir = args.out / "trace"
   with jax.profiler.trace(str(trace_dir)):
     result = run()
   xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
   if not xspace:
     raise UserError(f"the profiler wrote no trace under {trace_dir}.")
-  summary = summarize(list(device_events(Path(xspace[-1]))), op_names(dump_dir), args.top)
+  events = list(device_events(Path(xspace[-1])))
+  summary = summarize(events, op_names(dump_dir), args.top)
+  if events:  # the host's work while the loop ran
+    span = min(s for s, _, _ in events), max(s + d for s, d, _ in events)
+    summary["host_events"] = host_summary(host_events(Path(xspace[-1])), *span, args.top)
   stats = result.stats
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
             "target": target_name, "set": None if args.shape else args.set,
@@ -205,6 +239,11 @@ def main(argv=None):
     origin = (row["op_name"] or "").split("/")[-3:]
     print(f"{row['hlo_op'][:35]:35} | {row['scope']:8} | {1e3 * row['ms'] / rounds:12.1f} |"
           f" {row['calls'] / rounds:11.1f} | {100 * row['share']:4.1f}% | {'/'.join(origin)}")
+  if summary.get("host_events"):
+    print("host thread          | event                               | us per round | calls/round")
+    for row in summary["host_events"]:
+      print(f"{row['thread'][:20]:20} | {row['event'][:35]:35} | {1e3 * row['ms'] / rounds:12.1f} |"
+            f" {row['calls'] / rounds:11.1f}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,21 @@ def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
   return statistics.median(times)
 
 
+WARM_UPS = 8  # at most: `auto` measuring its round prices may need more than one generation
+
+
+def warmed_up(generate_once):
+  """Calls `generate_once() -> GenerationResult` until a generation ran with nothing left
+  to compile or measure (`auto` measures its round prices in its first generations, once
+  per machine and shape: they are kept on disk), at most `WARM_UPS` times; the last
+  result."""
+  for _ in range(WARM_UPS):
+    result = generate_once()
+    if result.stats.calibration_seconds == 0:
+      break
+  return result
+
+
 def measure_bandwidth() -> float:
   """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
   over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""

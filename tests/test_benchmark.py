@@ -20,6 +20,7 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
                                          "longspec[1,1,1]+copy4"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
   assert rows[4]["tree_widths"] == [1, 1, 1] and rows[5]["copy_tokens"] == 4
+  assert all(len(r["per_prompt"]) == 1 and r["per_prompt"][0]["new_tokens"] == 4 for r in rows)  # (1 prompt)
   for row in rows:  # the phase split is a partition of the decode time
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
