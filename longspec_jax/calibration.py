@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from longspec_jax import adaptive
+from longspec_jax.files import write_whole
 from longspec_jax.weights.default import cache_root
 
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
@@ -133,10 +134,7 @@ def remember(key: str, prices: Prices) -> None:
     table = {}  # a damaged file is rewritten
   table[key] = prices.to_json()
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)  # whole or not at all
+    write_whole(path, json.dumps(table, indent=1))
   except OSError:
     pass  # a read-only cache: the prices stay in this process
 

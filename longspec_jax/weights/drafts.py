@@ -21,6 +21,7 @@ from longspec_jax.attention import Impl
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import Draft, random_draft
 from longspec_jax.errors import UserError
+from longspec_jax.files import write_whole
 
 CONFIG_NAME = "draft_config.json"
 PARAMS_DIR = "params"
@@ -53,9 +54,7 @@ def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
   file = Path(path) / CONFIG_NAME
   config = DraftConfig.from_dict(json.loads(file.read_text()))
   updated = dataclasses.replace(config, tree_widths=tuple(widths), copy_tokens=copy_tokens)  # (checked)
-  tmp = file.with_suffix(".tmp")
-  tmp.write_text(json.dumps(updated.to_dict(), indent=1))
-  os.replace(tmp, file)
+  write_whole(file, json.dumps(updated.to_dict(), indent=1))
 
 
 def has_shipped_draft(target_name: str) -> bool:

@@ -1,0 +1,23 @@
+"""Files written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_whole(path: Path, text: str) -> None:
+  """Writes `text` to `path` through a file of its own beside it, renamed into place: a
+  reader sees the old file or the new one, whole, and writers at the same time (two
+  processes measuring `auto`'s prices) never write into one temporary file."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
