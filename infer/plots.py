@@ -3,7 +3,7 @@
 `plot(result_json)` recognises what a JSON holds (a method comparison from
 `infer.benchmark`, a target suite from `infer.bench_target`, a profile from
 `infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
-`infer.tree_search`) and draws it;
+`infer.tree_search`, auto's rounds from `infer.bench_auto`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results.
 """
@@ -243,12 +243,32 @@ def _tree_search(result: dict, plt):
   return fig
 
 
+def _auto_rounds(result: dict, plt):
+  """`infer.bench_auto`: milliseconds per round of each variant, one panel per prompt
+  set, the part its measured prices account for shaded; prompt lookup's as a line."""
+  sets = result["sets"]
+  fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 3.8), squeeze=False)
+  for ax, (set_name, data) in zip(axes[0], sets.items()):
+    rows = data["summary"]
+    labels = list(rows)
+    ax.barh(labels, [rows[k]["ms_per_round"] for k in labels], color="C0", label="per round")
+    over = [rows[k]["ms_per_round_over_prices"] for k in labels]
+    ax.barh(labels, [rows[k]["ms_per_round"] - (o or 0) if o is not None else 0 for k, o in zip(labels, over)],
+            color="C2", label="at its measured prices")
+    ax.axvline(rows["pld"]["ms_per_round"], color="grey", lw=0.8, ls="--")
+    ax.invert_yaxis()
+    ax.set(xlabel="ms per round (median over generations)", title=set_name)
+    ax.legend(fontsize=7)
+  fig.suptitle(_title(result, f"auto's rounds against prompt lookup's, {result['length']:,} tokens"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
-  if result.get("kind") == "tree_search":
-    return "tree_search"
+  if result.get("kind") in ("tree_search", "auto_rounds"):
+    return result["kind"]
   if any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul")) and "suite" not in result:
     return "kernels"
   if result.get("suite") in ("smollm2", "floor", "topk", "llama8b"):  # (llama8b: the floor suite's old name)
@@ -260,7 +280,7 @@ def kind(result: dict) -> str | None:
 
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
-         "kernels": _kernels, "tree_search": _tree_search}
+         "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:
