@@ -75,7 +75,7 @@ def generation(result) -> dict:
   stats = result.stats
   prices = stats.round_seconds_by_kind
   record = {"seconds": stats.decode_seconds, "rounds": stats.rounds, "new_tokens": stats.num_new_tokens,
-            "rounds_by_kind": stats.rounds_by_kind}
+            "chunks": stats.chunks, "rounds_by_kind": stats.rounds_by_kind}
   if prices and None not in prices.values():  # what its rounds cost at their measured prices
     record["priced_seconds"] = sum(count * prices[kind] for kind, count in stats.rounds_by_kind.items())
   return record

@@ -247,7 +247,7 @@ def _auto_rounds(result: dict, plt):
   """`infer.bench_auto`: milliseconds per round of each variant, one panel per prompt
   set, the part its measured prices account for shaded; prompt lookup's as a line."""
   sets = result["sets"]
-  fig, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 3.8), squeeze=False)
+  fig, axes = plt.subplots(1, len(sets), figsize=(max(9, 6 * len(sets)), 3.8), squeeze=False)
   for ax, (set_name, data) in zip(axes[0], sets.items()):
     rows = data["summary"]
     labels = list(rows)
@@ -257,8 +257,9 @@ def _auto_rounds(result: dict, plt):
             color="C2", label="at its measured prices")
     ax.axvline(rows["pld"]["ms_per_round"], color="grey", lw=0.8, ls="--")
     ax.invert_yaxis()
-    ax.set(xlabel="ms per round (median over generations)", title=set_name)
-    ax.legend(fontsize=7)
+    ax.set(xlabel="ms per round (median over generations)", title=set_name,
+           xlim=(0, 1.45 * max(rows[k]["ms_per_round"] for k in labels)))  # (room for the legend)
+    ax.legend(fontsize=7, loc="upper right")
   fig.suptitle(_title(result, f"auto's rounds against prompt lookup's, {result['length']:,} tokens"))
   return fig
 

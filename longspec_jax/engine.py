@@ -109,6 +109,7 @@ class GenerationStats:
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
   max_stream_gap_seconds: float  # the longest wait between two streamed chunks
+  chunks: int  # decode calls (each one a launch and a read-back on the host)
   # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
@@ -552,6 +553,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
       tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       max_stream_gap_seconds=max_gap,
+      chunks=len(chunks) - 1,  # (the first token's is none)
       **_kind_stats(decoding.proposer, state.proposal, round_seconds),
       calibration_seconds=calibration_seconds,
   )

@@ -48,6 +48,7 @@ def test_greedy_equals_naive_recompute(tiny):
   result = generate(tiny, [prompt], 12, rounds_per_chunk=5)
   assert result.token_ids[0] == naive_greedy(tiny, prompt, 12)
   assert result.stats.num_new_tokens == 12 and result.stats.rounds == 11
+  assert result.stats.chunks == 3  # 11 rounds in chunks of 5
 
 
 def test_batch_equals_each_prompt_alone(tiny):
