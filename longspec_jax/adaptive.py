@@ -9,10 +9,11 @@ Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
-Changing kind has a price of its own (on a GPU the engine leaves one kind's loop for
-another's; measured 0.03-0.14 ms on an H100 with SmolLM2, whose AR step is 1.2 ms),
-spread over `run` rounds of the new kind: a choice flapping between kinds that differ by
-a few percent would pay it every other round.
+Each kind's rounds run as a program of their own (the engine's), so changing kind has a
+price of its own (the host reads the choice back and calls the next kind's program;
+measured on the device, `calibration`), spread over `run` rounds of the new kind: a
+choice flapping between kinds that differ by a few percent would pay it every other
+round.
 The costs are measured on the device at hand, for this target and context
 (`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
 draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
@@ -77,6 +78,7 @@ class AdaptiveState:
   switch: jax.Array  # [] float32: seconds to change kind (measured; 0 until then)
   force: jax.Array  # [] int32: the kind every round takes (calibration), CHOOSE or CYCLE
   last: jax.Array  # [] int32: the latest round's kind (-1: none yet)
+  next_kind: jax.Array  # [] int32: the kind the next round takes, as chosen after the latest (a guess before any)
   since_draft: jax.Array  # [] int32: rounds since the last draft round
   explore_after: jax.Array  # [] int32: rounds without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
@@ -149,7 +151,8 @@ class Adaptive:
     return AdaptiveState(
         ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
-        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), since_draft=jnp.int32(0),
+        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), next_kind=jnp.int32(Kind.COPY),
+        since_draft=jnp.int32(0),
         explore_after=jnp.int32(self.explore_every), rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
         pending=jnp.zeros((batch, self.lookup.num_tokens), jnp.int32),
         pending_valid=jnp.zeros((batch, self.lookup.num_tokens), bool), pending_ngram=jnp.zeros((batch,), jnp.int32),
@@ -187,8 +190,7 @@ class Adaptive:
 
   def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
               root) -> tuple[Tree, AdaptiveState]:
-    """The tree of a round of `kind` (static: each kind is a branch of the engine's
-    switch)."""
+    """The tree of a round of `kind` (static: each kind is a program of the engine's)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
     if kind is Kind.COPY:

@@ -14,7 +14,9 @@ loop from the host; there the next chunk is sized from the one just done, and no
 dispatched after the last, `_Chunk`). A chunk runs as
 many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
 that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
-host (Ctrl-C included) gets control back as often.
+host (Ctrl-C included) gets control back as often. `auto` (`adaptive.py`) chooses each
+round's kind on device; each kind is a program of its own, and a chunk of its rounds is
+one call per run of one kind (`_Rounds`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from longspec_jax import calibration, gemm
-from longspec_jax.adaptive import Adaptive
+from longspec_jax.adaptive import Adaptive, Kind
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
@@ -206,13 +208,14 @@ def _live_root(state: DecodeState) -> jax.Array:
   return jnp.maximum(state.root, 0)
 
 
-@gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds"), donate_argnames=("state",))
+@gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds", "kind"), donate_argnames=("state",))
 def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, proposer_params, limit, rounds,
-                  max_rounds):
+                  max_rounds, kind=None):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
   compilation) propose -> verify -> accept -> commit rounds on device, until every
-  sequence is done. Returns the new state, this chunk's tokens [B, max_rounds * N] (each
-  row's tokens first, PAD_ID after them) and whether every sequence is now done."""
+  sequence is done; `auto`'s rounds of one `kind` (`adaptive.Kind`), until the choice
+  changes kind. Returns the new state, this chunk's tokens [B, max_rounds * N] (each row's
+  tokens first, PAD_ID after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
   proposer, sampling = decoding.proposer, decoding.sampling
   eos_ids = decoding.eos_array()
@@ -227,8 +230,10 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     return (state.rounds < first_round + rounds) & ~jnp.all(state.done)
 
   def one_round(state, step_key, make_tree):
-    """propose -> verify -> accept for the tree `make_tree()` returns; the path and the
-    new tokens padded to `size` (every kind of round gives the same shapes)."""
+    """propose -> verify -> accept for the tree `make_tree()` returns: the accepted path
+    and the new tokens [B, N] at the tree's own size (padded to `size`, AR's one-node
+    path in `auto` had its cache moved as a whole tree's, and XLA copied the K/V cache
+    every round to gather before it scattered)."""
     # (Named scopes: `python -m infer.profile` charges device time to them.)
     with jax.named_scope("propose"):
       tree, proposal = make_tree()
@@ -241,16 +246,15 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
         acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
-      pad = lambda x: jnp.pad(x, ((0, 0), (0, size - tree.size)))
-      new = pad(emitted_tokens(tree, acceptance))  # [B, size]
-    return pad(acceptance.path), acceptance.count, new, cache, jnp.all(jnp.isfinite(logits), axis=(1, 2)), proposal
+      new = emitted_tokens(tree, acceptance)  # [B, N]
+    return acceptance.path, acceptance.count, new, cache, jnp.all(jnp.isfinite(logits), axis=(1, 2)), proposal
 
   def commit(state, key, round_result, out, written):
     """The state after a round's `round_result` (one_round's), its tokens appended to `out`."""
     path, accepted, new, cache, finite, proposal = round_result
     with jax.named_scope("commit"):
       # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
-      index = jnp.arange(size)[None, :]
+      index = jnp.arange(new.shape[1])[None, :]
       is_eos = jnp.isin(new, eos_ids) & (index < accepted[:, None])
       first_eos = jnp.min(jnp.where(is_eos, index, size), axis=1)
       count = jnp.minimum(jnp.minimum(accepted, first_eos + 1), limit - state.emitted)
@@ -290,41 +294,29 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     state, out, _ = jax.lax.while_loop(cond, body, (state, out, written))
     return state, out, jnp.all(state.done)
 
-  # `auto`: a switch picks each round's kind, chosen after the round before. On a GPU,
-  # where XLA steps loops from the host and reads a switch's index there (each round
-  # waited for that), each kind's rounds run as a while loop that goes on while the
-  # choice stays that kind, and the switch picks the next run; on a CPU that nesting
-  # cost ~47 ms a chunk, and one switch a round costs nothing extra.
+  # `auto`: this call's rounds are all of `kind`, each chosen after the round before; the
+  # loop ends where the choice changes kind, and the host calls that kind's program
+  # (`_auto_chunk`). No conditional picks a kind on device: XLA copied the whole K/V cache
+  # in and out of a switch's branches (on a CPU, twice every round).
   def plan(state):
     return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
 
-  def kind_round(kind):
-    def body(carry):
-      state, out, written, chosen = carry
-      key, step_key = jax.random.split(state.key)
-      make_tree = functools.partial(proposer.propose, kind, proposer_params, state.proposal, chosen, target=model,
-                                    cache=state.cache, history=state.history, root=_live_root(state))
-      result = one_round(state, step_key, make_tree)
-      committed, out, written = commit(state, key, result, out, written)
-      proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
-                                  lengths=committed.cache.lengths)
-      committed = dataclasses.replace(committed, proposal=proposal)
-      return committed, out, written, plan(committed)
-    return body
+  def body(carry):
+    state, out, written, chosen = carry
+    key, step_key = jax.random.split(state.key)
+    make_tree = functools.partial(proposer.propose, Kind(kind), proposer_params, state.proposal, chosen,
+                                  target=model, cache=state.cache, history=state.history, root=_live_root(state))
+    result = one_round(state, step_key, make_tree)
+    committed, out, written = commit(state, key, result, out, written)
+    proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
+                                lengths=committed.cache.lengths)
+    committed = dataclasses.replace(committed, proposal=proposal)
+    return committed, out, written, plan(committed)
 
-  branches = [kind_round(kind) for kind in proposer.kinds]
-  if _loop_per_kind():
-    branches = [functools.partial(jax.lax.while_loop, lambda c, kind=kind: cond(c[:3]) & (c[3].kind == kind), body)
-                for kind, body in zip(proposer.kinds, branches)]
-  state, out, _, _ = jax.lax.while_loop(lambda c: cond(c[:3]), lambda c: jax.lax.switch(c[3].kind, branches, c),
-                                        (state, out, written, plan(state)))
+  state, out, _, chosen = jax.lax.while_loop(lambda c: cond(c[:3]) & (c[3].kind == kind), body,
+                                             (state, out, written, plan(state)))
+  state = dataclasses.replace(state, proposal=dataclasses.replace(state.proposal, next_kind=chosen.kind))
   return state, out, jnp.all(state.done)
-
-
-def _loop_per_kind() -> bool:
-  """Whether `auto`'s rounds of one kind run as a loop of their own (`_decode_chunk`): on a
-  GPU, where the host steps XLA's loops and reads a switch's index."""
-  return jax.default_backend() == "gpu"
 
 
 def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConfig, vocab: int) -> jax.Array:
@@ -400,18 +392,54 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
 def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = Decoding(), proposer_params: Any = None,
                  *, max_new_tokens: int, rounds: int, max_rounds: int = MAX_ROUNDS_PER_CHUNK):
   """Up to `rounds` rounds from `state` (donated) on device, stopping early when every
-  sequence is done. Returns (state, tokens [B, max_rounds * N] with PAD_ID where there is
-  none, whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
+  sequence is done. Returns (state, tokens [B, n] with PAD_ID where there is none,
+  whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation."""
   graphdef, params = nnx.split(model)
-  args = _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds)
-  return _decode_chunk[model.compilation(rounds=True)](*args)
+  run = _Rounds(_decode_chunk[model.compilation(rounds=True)], graphdef, params, decoding, proposer_params,
+                max_new_tokens, max_rounds)
+  return run(state, rounds)
 
 
-def _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens, rounds, max_rounds):
-  """`_decode_chunk`'s arguments, the counts as traced int32 (any value, one compilation)."""
-  return (graphdef, params, state, decoding, proposer_params, jnp.int32(max_new_tokens), jnp.int32(rounds),
-          max_rounds)
+@dataclasses.dataclass(frozen=True)
+class _Rounds:
+  """Runs a chunk of rounds (`_decode_chunk`): one call, or for `auto` one call per run of
+  rounds of one kind, each kind its own program (a plain loop, as prompt lookup's): the
+  round before chooses the next one's kind on device, and the host reads it back and
+  calls that kind's program where it changes."""
+
+  decode_fn: Callable
+  graphdef: Any
+  params: Any
+  decoding: Decoding
+  proposer_params: Any
+  limit: int  # new tokens per sequence
+  max_rounds: int
+
+  def args(self, state: DecodeState, rounds: int, kind: int | None = None) -> tuple:
+    """`_decode_chunk`'s arguments, the counts as traced int32 (any value, one compilation)."""
+    return (self.graphdef, self.params, state, self.decoding, self.proposer_params, jnp.int32(self.limit),
+            jnp.int32(rounds), self.max_rounds, kind)
+
+  @property
+  def kinds(self) -> list[int | None]:
+    proposer = self.decoding.proposer
+    return [int(kind) for kind in proposer.kinds] if isinstance(proposer, Adaptive) else [None]
+
+  def compile(self, state: DecodeState) -> None:
+    for kind in self.kinds:
+      self.decode_fn.lower(*self.args(state, 1, kind)).compile()
+
+  def __call__(self, state: DecodeState, rounds: int):
+    if not isinstance(self.decoding.proposer, Adaptive):
+      return self.decode_fn(*self.args(state, rounds))
+    tokens, left, ran = [], rounds, int(state.rounds)
+    while True:  # (a call whose kind was not the choice runs no round and reads the choice)
+      state, out, finished = self.decode_fn(*self.args(state, left, int(state.proposal.next_kind)))
+      tokens.append(out)
+      left, ran = left - (int(state.rounds) - ran), int(state.rounds)
+      if left <= 0 or bool(finished):
+        return state, tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=1), finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,11 +488,10 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
-  decode_fn = _decode_chunk[model.compilation(rounds=True)]
-  chunk_args = lambda state, rounds: _chunk_args(graphdef, params, state, decoding, proposer_params, max_new_tokens,
-                                                 rounds, MAX_ROUNDS_PER_CHUNK)
+  run = _Rounds(_decode_chunk[model.compilation(rounds=True)], graphdef, params, decoding, proposer_params,
+                max_new_tokens, MAX_ROUNDS_PER_CHUNK)
   tc = time.perf_counter()  # compile outside the timed region
-  decode_fn.lower(*chunk_args(state, 1)).compile()
+  run.compile(state)
   compile_seconds = time.perf_counter() - tc
 
   t1 = time.perf_counter()
@@ -487,8 +514,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
                                state.history.shape[1])
     prices = calibration.known(key)
     if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
-      measured = calibration.calibrate(decoding.proposer, lambda s, n: decode_fn(*chunk_args(s, n)), state, emit,
-                                       prices)
+      measured = calibration.calibrate(decoding.proposer, run, state, emit, prices)
       state, prices, dispatched = measured.state, measured.prices, measured.rounds
       if measured.finished:
         dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
@@ -522,7 +548,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       pending = None
     launched = None
     if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
-      launched = _Chunk.run(decode_fn, chunk_args(state, rounds), rounds)
+      launched = _Chunk.run(run, (state, rounds), rounds)
       state = launched.state
       dispatched += rounds
     if pending is not None and stream(pending):  # read while the device runs the next chunk

@@ -44,7 +44,8 @@ def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, e
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
                        switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
-                       since_draft=jnp.int32(since_draft), explore_after=jnp.int32(explore_after),
+                       next_kind=jnp.int32(Kind.COPY), since_draft=jnp.int32(since_draft),
+                       explore_after=jnp.int32(explore_after),
                        rounds_by_kind=jnp.zeros((len(costs),), jnp.int32), **no_pending(len(copy_gain), chain))
 
 
@@ -264,16 +265,24 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, monkeypatch):
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
-def test_auto_with_a_loop_per_kind_emits_the_ar_tokens(tiny, monkeypatch):
-  """The GPU's structure (each kind's rounds a loop of their own), run here: AR's tokens."""
-  monkeypatch.setattr(engine, "_loop_per_kind", lambda: True)
-  monkeypatch.setattr(calibration, "REPEATS", 1)
+def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny):
+  """Each run of rounds of one kind is a call of that kind's program, which stops where
+  the choice changes kind; a chunk goes on across the changes until its rounds have run.
+  With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ..., AR's tokens."""
   rng = np.random.default_rng(7)
   prompts = [rng.integers(3, 211, size=8).tolist() * 4, rng.integers(3, 211, size=29).tolist()]
-  reference = generate(tiny, prompts, 93).token_ids
-  draft, params, _ = draft_for(tiny, widths=(2, 3))  # (a chain no other test compiles: a program of its own)
-  result = generate(tiny, prompts, 93, Decoding(proposer=Adaptive(PromptLookup(num_tokens=5), draft)), params)
-  assert result.token_ids == reference and min(result.stats.rounds_by_kind.values()) >= 1
+  reference = generate(tiny, prompts, 30).token_ids
+  draft, params, _ = draft_for(tiny, widths=(2, 3))
+  proposer = Adaptive(PromptLookup(num_tokens=5), draft)
+  decoding = Decoding(proposer=proposer)
+  started = engine.start(tiny, prompts, 30, decoding, params)
+  state = dataclasses.replace(started.state, proposal=proposer.forced(started.state.proposal, CYCLE))
+  state, tokens, finished = engine.decode_chunk(tiny, state, decoding, params, max_new_tokens=30, rounds=7)
+  assert int(state.rounds) == 7 and not bool(finished)
+  np.testing.assert_array_equal(np.asarray(state.proposal.rounds_by_kind), [3, 2, 2])
+  emitted = [[int(started.first[b])] + [int(t) for t in row if t != engine.PAD_ID] for b, row in
+             enumerate(np.asarray(tokens))]
+  assert all(len(row) >= 8 and row == ref[: len(row)] for row, ref in zip(emitted, reference))
 
 
 @jax.tree_util.register_dataclass
