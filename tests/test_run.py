@@ -31,6 +31,8 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert all(0 <= r["hit_rate"] <= 1 for r in records)
   report = json.loads((out / "eval.json").read_text())
   assert report["tokens"] == 3 * 47 and [(b["from"], b["to"]) for b in report["by_position"]] == [(0, 47)]
+  assert [b["depth"] for b in report["by_depth"]] == [1, 2, 3, 4, 5]  # (the default tree's depths)
+  assert report["by_depth"][0]["hit_rate"] == report["hit_rate"]
 
   from infer.generate import main as generate
 

@@ -13,7 +13,7 @@ from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
 from train import Labels, Positions
-from train.step import TrainConfig, make_optimizer, make_train_step, noisy_cross_limits
+from train.step import TrainConfig, fixed_delay, make_optimizer, make_train_step, noisy_cross_limits, tree_delays
 
 from conftest import real_texts
 
@@ -24,7 +24,7 @@ def test_noisy_shift_matches_the_papers_slicing():
   length = 11
   q = jnp.asarray(rng.standard_normal((3, length, 2, 2, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.standard_normal((3, length, 2, 8)), jnp.float32) for _ in "kv")
-  limits = noisy_cross_limits(jax.random.key(1), 3, length, max_shift=4)
+  limits = noisy_cross_limits(jax.random.key(1), 3, length, (1.0,) * 4)
   out, _ = prefix_attention_reference(q, k, v, limits)
   for b in range(3):
     shift = length - int(limits[b, -1])  # limits[b, i] = i - j + 1
@@ -33,6 +33,22 @@ def test_noisy_shift_matches_the_papers_slicing():
     sliced, _ = prefix_attention_reference(q[b:b + 1, shift:], k[b:b + 1, :-shift], v[b:b + 1, :-shift], causal)
     explicit = np.concatenate([np.zeros((shift, 2, 2, 8)), np.asarray(sliced[0])], axis=0)
     np.testing.assert_allclose(np.asarray(out[b]), explicit, atol=1e-6)
+
+
+def test_delays_are_drawn_with_their_weights():
+  """Per sequence j in 1..len(weights) with probability weight / sum; (0,) is no delay and a
+  fixed delay always draws its own (the sampler's law, checked with a chi-square bound)."""
+  weights = (1.0, 2.0, 0.0, 5.0)
+  limits = noisy_cross_limits(jax.random.key(3), 8000, 12, weights)
+  shifts = 11 - np.asarray(limits[:, -1]) + 1  # limits[b, i] = i - j + 1
+  counts = np.bincount(shifts, minlength=5)[1:]
+  expected = 8000 * np.asarray(weights) / sum(weights)
+  drawn = expected > 0
+  assert counts[2] == 0 and sum((counts - expected)[drawn] ** 2 / expected[drawn]) < 16.3  # (chi2, 2 dof: p 3e-4)
+  np.testing.assert_array_equal(np.asarray(noisy_cross_limits(jax.random.key(0), 2, 5, (0.0,))),
+                                [[1, 2, 3, 4, 5]] * 2)  # its own position: no delay
+  assert set(np.asarray(noisy_cross_limits(jax.random.key(0), 50, 9, fixed_delay(3))[:, -1]).tolist()) == {8 - 3 + 1}
+  assert tree_delays(5) == (1.0,) * 5 and fixed_delay(1) == (1.0,) and fixed_delay(0) == (0.0,)
 
 
 TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
@@ -95,7 +111,7 @@ def test_the_targets_pallas_forward_gives_the_same_step():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 37)), jnp.int32)
   config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
   positions = training_positions(jax.random.key(0), config, 2, 37)
-  limits = noisy_cross_limits(jax.random.key(1), 2, 37, 4)
+  limits = noisy_cross_limits(jax.random.key(1), 2, 37, (1.0,) * 4)
 
   def loss_and_grads(impl):
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)

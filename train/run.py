@@ -18,6 +18,7 @@ Multi-host: run the same command on every host with JAX's distributed environmen
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -63,6 +64,17 @@ RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "draft", "eval.json")
 at_least_two = number_type(int, lambda x: x >= 2, "an integer >= 2")
 
 
+def delay_weights(text: str) -> tuple[float, ...]:
+  """--delays: comma-separated weights of the delays 1, 2, ... ('0' alone: no delay)."""
+  try:
+    weights = tuple(float(w) for w in text.split(","))
+  except ValueError:
+    weights = ()
+  if weights == (0.0,) or (weights and all(w >= 0 and w < float("inf") for w in weights) and any(weights)):
+    return weights
+  raise argparse.ArgumentTypeError(f"expected weights of delays 1, 2, ... like 1,1,1 (or 0 for none), got {text!r}")
+
+
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m train.run", description=__doc__.splitlines()[0])
   p.add_argument("--stage", choices=sorted(STAGES), required=True)
@@ -85,7 +97,10 @@ def parse_args(argv=None):
   p.add_argument("--accumulate", type=positive_int, default=1)
   p.add_argument("--learning-rate", type=positive_float)
   p.add_argument("--warmup-steps", type=nonnegative_int, default=100)
-  p.add_argument("--max-shift", type=nonnegative_int, default=4, help="flash noisy training delay bound (0: off)")
+  p.add_argument("--delays", type=delay_weights,
+                 help="flash noisy training: weights of the cross-attention delays 1, 2, ... drawn per sequence"
+                      " (e.g. 1,1,1; '1': always one token; '0': none, the draft reads the target's K/V at its own"
+                      " position); default: uniform over 1 .. the draft's tree depth, as inference meets them")
   p.add_argument("--labels", choices=[k.value for k in Labels], default=Labels.TARGET.value,
                  help="learn the target's next-token distribution (default) or the data's next token")
   p.add_argument("--positions", choices=[k.value for k in Positions], help="default: the stage's")
@@ -175,6 +190,7 @@ class Run:
   length: int
   batch: int
   flops_per_token: float
+  tree_depth: int  # of the draft's tree: held-out agreement is reported at each depth's delay
 
 
 def prepare(args, sources, eval_sources) -> Run:
@@ -191,7 +207,7 @@ def prepare(args, sources, eval_sources) -> Run:
   from longspec_jax.weights.drafts import load_draft
   from train.data import has_chat_records, load_records, pack
   from train.mesh import batch_sharding, make_mesh, param_shardings
-  from train.step import TrainConfig, make_optimizer, make_train_step
+  from train.step import TrainConfig, make_optimizer, make_train_step, tree_delays
 
   stage = STAGES[args.stage]
   target_path = resolve_target(args.target)
@@ -212,17 +228,18 @@ def prepare(args, sources, eval_sources) -> Run:
 
   compute = jnp.dtype(resolve_dtype(args.dtype))
   target = load_target(target_path, compute)  # its forward on the Pallas kernels on a GPU
-  config = TrainConfig(
-      learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
-      positions=Positions(args.positions) if args.positions else stage.positions,
-      labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
-      accumulate=args.accumulate, compute_dtype=compute.name, max_shift=args.max_shift, max_position=context)
   # The draft trains on the differentiable reference attention.
   if args.init_draft:
     draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.REFERENCE)
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
                          jnp.float32, seed=args.seed, attention=Impl.REFERENCE)
+  config = TrainConfig(
+      learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
+      positions=Positions(args.positions) if args.positions else stage.positions,
+      labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
+      accumulate=args.accumulate, compute_dtype=compute.name, max_position=context,
+      delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)))
   print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
   data = pack(records, target.tokenizer, length, eos, args.max_tokens, args.seed)
@@ -246,7 +263,8 @@ def prepare(args, sources, eval_sources) -> Run:
              opt_state=opt_state, target_params=target_params, config=config,
              step_fn=make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings),
              batch_sharding=shardings[2], data=data, held_out=held_out, length=length, batch=batch,
-             flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels))
+             flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels),
+             tree_depth=len(draft.config.tree_widths))
 
 
 def train(args, run: Run) -> None:
@@ -332,13 +350,20 @@ def finish(args, run: Run) -> None:
   if run.held_out is None:
     return
   fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef,
-                                 config=run.config))
-  report = evaluate(lambda rows: fn(run.params, rows, run.target_params), run.held_out)
+                                 config=run.config), static_argnames=("delay",))
+  # Each depth d of the tree at the delay it has at inference (d tokens past the cache),
+  # the whole report at depth 1 (the root's prediction).
+  depths = [evaluate(lambda rows, d=d: fn(run.params, rows, run.target_params, delay=d), run.held_out)
+            for d in range(1, run.tree_depth + 1)]
+  report = {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
+                                      for d, r in enumerate(depths, 1)]}
   if host == 0:
     (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, **report}, indent=1))
   print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
         " tokens; by position: " + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}"
-                                           for b in report["by_position"]), file=sys.stderr)
+                                           for b in report["by_position"])
+        + "; by tree depth: " + ", ".join(f"{b['depth']}: {b['hit_rate']:.3f}" for b in report["by_depth"]),
+        file=sys.stderr)
 
 
 def main(argv=None) -> None:

@@ -4,10 +4,12 @@ cross-attention -> chunked next-token loss -> AdamW.
 The target only supplies its K/V at every position and, with `Labels.TARGET`, its
 next-token distribution as the soft label (no gradients reach it). Positions are
 vanilla or anchor-offset (LongSpec Algorithm 1), the same for target and draft. Flash
-noisy training (Algorithm 2) delays the cross-attention by a random j in [1, max_shift]
-per sequence: query i sees target K/V up to index i - j, as a draft query at inference
-sees only the committed cache; it is expressed as per-query key limits, so the attention
-stays a plain prefix pass.
+noisy training (Algorithm 2) delays the cross-attention by a random j per sequence: query
+i sees target K/V up to index i - j, as a draft query at inference sees only the
+committed cache; it is expressed as per-query key limits, so the attention stays a plain
+prefix pass. At inference the draft's query for depth d of its tree is d tokens past the
+committed cache, so j is drawn from 1 .. the tree's depth (`delay_weights`; the paper's
+1..4 left the default tree's fifth depth untrained).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ class TrainConfig:
   accumulate: int = 1  # micro-batches per optimizer update
   loss_chunk: int = 512  # positions per chunk of the cross-entropy
   compute_dtype: str = "bfloat16"  # parameters and optimizer state stay float32
-  max_shift: int = 4  # flash noisy training: delay j in [1, max_shift]; 0 turns it off
+  # Flash noisy training: the weight of each cross-attention delay j = 1, 2, ...; (0.0,)
+  # alone: no delay (the draft reads target K/V at its own position, which inference never has).
+  delay_weights: tuple[float, ...] = (1.0,) * 5
   positions: Positions = Positions.ANCHOR_OFFSET
   max_position: int = 8192  # anchor-offset positions reach up to this
   labels: Labels = Labels.TARGET
@@ -56,12 +60,28 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   return optax.MultiSteps(optimizer, every_k_schedule=config.accumulate) if config.accumulate > 1 else optimizer
 
 
-def noisy_cross_limits(key: jax.Array, batch: int, length: int, max_shift: int) -> jax.Array:
+def tree_delays(depth: int) -> tuple[float, ...]:
+  """The delays a draft with a tree `depth` deep meets, weighted as the accepted path of a
+  round meets them: one query at each depth d, d tokens past the committed cache."""
+  return (1.0,) * depth
+
+
+def noisy_cross_limits(key: jax.Array, batch: int, length: int, delay_weights: tuple[float, ...]) -> jax.Array:
   """Per-query limits [B, T] on target K/V indices: query i sees indices < i - j + 1, with
-  j uniform in [1, max_shift] per sequence (the first j queries see nothing, as the
-  paper's zero padding); max_shift 0 gives plain causal cross-attention (j = 0)."""
-  shift = jax.random.randint(key, (batch, 1), 1, max_shift + 1) if max_shift else jnp.zeros((batch, 1), jnp.int32)
+  j in 1..len(delay_weights) drawn per sequence with those weights (the first j queries
+  see nothing, as the paper's zero padding); weights (0,) give plain causal
+  cross-attention (j = 0)."""
+  weights = jnp.asarray(delay_weights, jnp.float32)
+  if not any(delay_weights):
+    shift = jnp.zeros((batch, 1), jnp.int32)
+  else:
+    shift = 1 + jax.random.categorical(key, jnp.log(weights), shape=(batch, 1)).astype(jnp.int32)
   return jnp.maximum(jnp.arange(length)[None, :] - shift + 1, 0).astype(jnp.int32)
+
+
+def fixed_delay(delay: int) -> tuple[float, ...]:
+  """Weights that always draw `delay` (0: none)."""
+  return (0.0,) if delay == 0 else (0.0,) * (delay - 1) + (1.0,)
 
 
 def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: int) -> jax.Array:
@@ -109,7 +129,7 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
   batch, length = tokens.shape
   position_key, shift_key = jax.random.split(key)
   positions = training_positions(position_key, config, batch, length)
-  limits = noisy_cross_limits(shift_key, batch, length, config.max_shift)
+  limits = noisy_cross_limits(shift_key, batch, length, config.delay_weights)
   (loss, (count, hit_rate)), grads = jax.value_and_grad(draft_loss, has_aux=True)(
       draft_params, draft_graphdef, target, tokens, loss_mask, positions, limits, config)
   updates, opt_state = optimizer.update(grads, opt_state, draft_params)
@@ -118,13 +138,15 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
                                    "grad_norm": optax.global_norm(grads)}
 
 
-def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig):
-  """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them:
-  vanilla positions, cross-attention delayed by one token (the committed cache)."""
+def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig,
+              delay: int = 1):
+  """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them at
+  a tree depth `delay`: vanilla positions, cross-attention delayed by that many tokens
+  (depth 1, the root's prediction, reads the committed cache up to the token before it)."""
   target = nnx.merge(target_graphdef, target_params)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  limits = noisy_cross_limits(jax.random.key(0), batch, length, 1)
+  limits = noisy_cross_limits(jax.random.key(0), batch, length, fixed_delay(delay))
   return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, limits, config)
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The paper's training ablations at equal steps and data: anchor-offset vs vanilla
 # positions (trained on 1k-token rows, evaluated on held-out 8k-token documents, where
-# positions past 1k are unseen by the vanilla draft), and flash noisy training on vs off
-# (evaluated with the one-token cross-attention delay that inference has). Each arm
-# writes OUT/ARM/eval.json; docs/training.md tabulates them.
+# positions past 1k are unseen by the vanilla draft), and flash noisy training (delays
+# 1 .. the tree's depth) against a fixed delay of one token (the fair baseline: a draft
+# at inference never reads the target at its own position), evaluated at each tree
+# depth's delay. Each arm writes OUT/ARM/eval.json; docs/training.md tabulates them.
 #
 #   train/recipes/ablate.sh runs/ablate [more train.run flags]
 set -euo pipefail
@@ -22,4 +23,4 @@ arm() {
 }
 arm anchor_offset --positions anchor_offset "$@"
 arm vanilla --positions vanilla "$@"
-arm no_noise --positions anchor_offset --max-shift 0 "$@"
+arm fixed_delay --positions anchor_offset --delays 1 "$@"
