@@ -30,10 +30,14 @@ class Impl(enum.Enum):
 
   REFERENCE: the pure-jnp functions of this module; any backend, differentiable, the
   ground truth in tests. PALLAS: the kernels of `pallas_kernels/` (GPU; interpreted
-  elsewhere, slowly); not differentiable, so a draft in training uses REFERENCE."""
+  elsewhere, slowly); not differentiable. FLASH: a draft in training, over a whole
+  sequence: `jax.nn.dot_product_attention` (cuDNN's fused forward and backward on a GPU
+  in bf16, never a [T, T] score matrix; XLA elsewhere), for the two structured masks
+  training has (`causal_attention`, `delayed_attention`)."""
 
   REFERENCE = "reference"
   PALLAS = "pallas"
+  FLASH = "flash"
 
   @classmethod
   def default(cls) -> Impl:
@@ -139,6 +143,43 @@ def masked_attention(q, k, v, mask, *, impl: Impl):
 
     return tree_attention(q, k, v, mask)
   return masked_attention_reference(q, k, v, mask)
+
+
+def causal_attention(q, k, v, window: int | None, *, impl: Impl) -> jnp.ndarray:
+  """A sequence's queries [B, T, K, G, D] over its own keys/values [B, T, K, D], each key
+  at or before its query and (with `window`) fewer than `window` tokens back: the draft's
+  self-attention in training. Returns out [B, T, K, G, D] (compute dtype with FLASH,
+  float32 with REFERENCE)."""
+  if impl is Impl.FLASH:
+    return _flash(q, k, v, local_window_size=None if window is None else (window - 1, 0))
+  index = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+  return masked_attention(q, k, v, causal_block_mask(index, jnp.ones(q.shape[:2], bool), window), impl=impl)[0]
+
+
+def delayed_attention(q, k, v, delay: jnp.ndarray, *, impl: Impl) -> jnp.ndarray:
+  """A sequence's queries [B, T, K, G, D] over the target's keys/values [B, T, K, D] of the
+  same tokens, query i seeing keys 0 .. i - delay[b] (delay [B] int32; flash noisy
+  training's cross-attention; queries before the first key get 0). Returns out [B, T, K,
+  G, D]."""
+  if impl is Impl.FLASH:  # query i is query i - delay of a plain causal pass, shifted
+    length = q.shape[1]
+    index = jnp.arange(length)[None, :]
+    take = lambda x, at: jnp.take_along_axis(x, jnp.clip(at, 0, length - 1)[:, :, None, None, None], axis=1)
+    out = _flash(take(q, index + delay[:, None]), k, v)  # (rows past length - delay: never read)
+    return jnp.where((index >= delay[:, None])[:, :, None, None, None], take(out, index - delay[:, None]), 0)
+  limits = jnp.maximum(jnp.arange(q.shape[1])[None, :] - delay[:, None] + 1, 0)
+  return prefix_attention(q, k, v, limits, impl=impl)[0]
+
+
+def _flash(q, k, v, **masks) -> jnp.ndarray:
+  """`jax.nn.dot_product_attention`, causal, on our [B, T, K, G, D] queries (query head
+  k * G + g reads key head k, its grouping): cuDNN on a GPU in 16-bit floats, XLA
+  elsewhere."""
+  b, t, kv, g, d = q.shape
+  fused = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+  out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, is_causal=True,
+                                     implementation="cudnn" if fused else "xla", **masks)
+  return out.reshape(b, t, kv, g, d)
 
 
 def merge(out_a, lse_a, out_b, lse_b) -> tuple[jnp.ndarray, jnp.ndarray]:

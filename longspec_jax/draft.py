@@ -35,9 +35,12 @@ class SelfAttend:
   the window (no ring: nothing before this call), and the block's keys under `mask`. The
   block is this call's own tokens (N = T), or, with `buffer = (k, v [L, B, N, K, D],
   slots [B, T])`, a buffer of earlier tree nodes into which this call's K/V are first
-  written at `slots`."""
+  written at `slots`. Training passes no mask: the block is a whole sequence, each token
+  seeing itself and the `window` - 1 before it (structured, so `Impl.FLASH` never builds
+  the [T, T] mask)."""
 
-  mask: jax.Array  # [B, T, N] bool
+  mask: jax.Array | None  # [B, T, N] bool; None: causal within `window`
+  window: int | None = None
   ring: RingCache | None = None
   ring_limit: jax.Array | None = None  # [B] int32
   buffer: tuple[jax.Array, jax.Array, jax.Array] | None = None
@@ -48,12 +51,15 @@ class CrossAttend:
   """The target's cached keys/values of the cross-attended layer and, per query, how many
   slots it may see (the committed length, delayed as flash noisy training simulates).
   k and v are that layer's [B, S, K, D], or the target's whole cache [L, B, S, K, D] with
-  `layer` naming it (the attention kernel then reads it in place, no copy per pass)."""
+  `layer` naming it (the attention kernel then reads it in place, no copy per pass).
+  Training gives a `delay` per sequence instead of limits: the K/V are those of the same
+  tokens, and query i sees slots 0 .. i - delay (structured, for `Impl.FLASH`)."""
 
   k: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
   v: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
-  limits: jax.Array  # [B, T] int32
+  limits: jax.Array | None  # [B, T] int32; None: by `delay`
   layer: int | None = None
+  delay: jax.Array | None = None  # [B] int32
 
 
 class DraftLayer(DecoderLayer):
@@ -75,14 +81,17 @@ class DraftLayer(DecoderLayer):
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
-    out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=cross.layer, impl=impl)
+    if cross.delay is not None:
+      out = attention.delayed_attention(q, cross.k, cross.v, cross.delay, impl=impl)
+    else:
+      out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=cross.layer, impl=impl)
     return self.add_attention(x, out, self.cross_o[...])
 
 
 class Draft(nnx.Module):
   """The draft's own parameters; the target supplies embedding, LM head and K/V.
   `attention` picks the code of all its attention, self and cross (`attention.Impl`; a
-  draft being trained needs REFERENCE, which is differentiable)."""
+  draft being trained needs FLASH or REFERENCE, which are differentiable)."""
 
   def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs,
                attention: attention.Impl | None = None):
@@ -114,7 +123,10 @@ class Draft(nnx.Module):
       if buffer_k is not None:
         k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
         v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
-      out, lse = attention.masked_attention(q, k, v, own.mask, impl=self.attention)
+      if own.mask is None:
+        out, lse = attention.causal_attention(q, k, v, own.window, impl=self.attention), None
+      else:
+        out, lse = attention.masked_attention(q, k, v, own.mask, impl=self.attention)
       if ring_k is not None:
         ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
         out, _ = attention.merge(ring_out, ring_lse, out, lse)

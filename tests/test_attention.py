@@ -101,3 +101,26 @@ def test_causal_block_mask(window):
   i, j = np.meshgrid(np.arange(5), np.arange(5), indexing="ij")
   expected = (j <= i) & (j < 4) & ((i - j < window) if window else True)
   np.testing.assert_array_equal(mask[0], expected)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 29), kv_heads=st.sampled_from([1, 2]),
+       group=st.sampled_from([1, 3]), window=st.sampled_from([None, 1, 5, 64]), max_delay=st.integers(0, 6))
+def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads, group, window, max_delay):
+  """The draft's structured training passes (causal within a window; a per-sequence delay)
+  by `Impl.FLASH`: the reference's outputs and gradients, GQA and odd sizes."""
+  import jax
+
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((batch, length, kv_heads, group, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, 8)), jnp.float32) for _ in "kv")
+  delay = jnp.asarray(rng.integers(0, max_delay + 1, batch), jnp.int32)
+  passes = {"causal": lambda q, k, v, impl: attention.causal_attention(q, k, v, window, impl=impl),
+            "delayed": lambda q, k, v, impl: attention.delayed_attention(q, k, v, delay, impl=impl)}
+  for name, fn in passes.items():
+    loss = lambda q, k, v, impl: jnp.sum(jnp.sin(fn(q, k, v, impl).astype(jnp.float32)))
+    want, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, attention.Impl.REFERENCE)
+    got, got_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, attention.Impl.FLASH)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-4, atol=1e-4, err_msg=name)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=name)

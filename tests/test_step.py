@@ -8,26 +8,27 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax.attention import Impl, prefix_attention_reference, with_impl
+from longspec_jax.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
 from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
 from train import Labels, Positions
-from train.step import TrainConfig, fixed_delay, make_optimizer, make_train_step, noisy_cross_limits, tree_delays
+from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
 
 from conftest import real_texts
 
 
-def test_noisy_shift_matches_the_papers_slicing():
-  """Algorithm 2: out[j:] = causal attention(Q[j:], K[:-j], V[:-j]), out[:j] = 0."""
+def test_delayed_cross_attention_matches_the_papers_slicing():
+  """Algorithm 2: out[j:] = causal attention(Q[j:], K[:-j], V[:-j]), out[:j] = 0, for the
+  delay j each sequence drew."""
   rng = np.random.default_rng(0)
   length = 11
   q = jnp.asarray(rng.standard_normal((3, length, 2, 2, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.standard_normal((3, length, 2, 8)), jnp.float32) for _ in "kv")
-  limits = noisy_cross_limits(jax.random.key(1), 3, length, (1.0,) * 4)
-  out, _ = prefix_attention_reference(q, k, v, limits)
+  delays = noisy_delays(jax.random.key(1), 3, (1.0,) * 4)
+  out = delayed_attention(q, k, v, delays, impl=Impl.REFERENCE)
   for b in range(3):
-    shift = length - int(limits[b, -1])  # limits[b, i] = i - j + 1
+    shift = int(delays[b])
     assert 1 <= shift <= 4
     causal = jnp.arange(1, length - shift + 1)[None]  # query m of the slice sees keys 0..m
     sliced, _ = prefix_attention_reference(q[b:b + 1, shift:], k[b:b + 1, :-shift], v[b:b + 1, :-shift], causal)
@@ -36,19 +37,16 @@ def test_noisy_shift_matches_the_papers_slicing():
 
 
 def test_delays_are_drawn_with_their_weights():
-  """Per sequence j in 1..len(weights) with probability weight / sum; (0,) is no delay and a
-  fixed delay always draws its own (the sampler's law, checked with a chi-square bound)."""
+  """Per sequence j in 1..len(weights) with probability weight / sum, and (0,) is no
+  delay (the sampler's law, checked with a chi-square bound)."""
   weights = (1.0, 2.0, 0.0, 5.0)
-  limits = noisy_cross_limits(jax.random.key(3), 8000, 12, weights)
-  shifts = 11 - np.asarray(limits[:, -1]) + 1  # limits[b, i] = i - j + 1
-  counts = np.bincount(shifts, minlength=5)[1:]
+  counts = np.bincount(np.asarray(noisy_delays(jax.random.key(3), 8000, weights)), minlength=5)
   expected = 8000 * np.asarray(weights) / sum(weights)
   drawn = expected > 0
-  assert counts[2] == 0 and sum((counts - expected)[drawn] ** 2 / expected[drawn]) < 16.3  # (chi2, 2 dof: p 3e-4)
-  np.testing.assert_array_equal(np.asarray(noisy_cross_limits(jax.random.key(0), 2, 5, (0.0,))),
-                                [[1, 2, 3, 4, 5]] * 2)  # its own position: no delay
-  assert set(np.asarray(noisy_cross_limits(jax.random.key(0), 50, 9, fixed_delay(3))[:, -1]).tolist()) == {8 - 3 + 1}
-  assert tree_delays(5) == (1.0,) * 5 and fixed_delay(1) == (1.0,) and fixed_delay(0) == (0.0,)
+  assert counts[0] == counts[3] == 0
+  assert sum((counts[1:] - expected)[drawn] ** 2 / expected[drawn]) < 16.3  # (chi2, 2 dof: p 3e-4)
+  np.testing.assert_array_equal(np.asarray(noisy_delays(jax.random.key(0), 4, (0.0,))), [0] * 4)
+  assert tree_delays(5) == (1.0,) * 5
 
 
 TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
@@ -111,15 +109,41 @@ def test_the_targets_pallas_forward_gives_the_same_step():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 37)), jnp.int32)
   config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
   positions = training_positions(jax.random.key(0), config, 2, 37)
-  limits = noisy_cross_limits(jax.random.key(1), 2, 37, (1.0,) * 4)
+  delays = noisy_delays(jax.random.key(1), 2, (1.0,) * 4)
 
   def loss_and_grads(impl):
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
     return nnx.jit(grad_fn, static_argnums=(1, 7))(draft_params, draft_graphdef, with_impl(target, impl), tokens,
-                                                   jnp.ones_like(tokens), positions, limits, config)
+                                                   jnp.ones_like(tokens), positions, delays, config)
 
   (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
   (got, _), got_grads = loss_and_grads(Impl.PALLAS)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", [(1.0,) * 5, (0.0,)])
+def test_the_drafts_flash_attention_gives_the_same_step(weights):
+  """The draft's own attention in training as structured flash passes (a window shorter
+  than the sequence, a delay per sequence or none): the reference's loss and gradients."""
+  from train.step import draft_loss, training_positions
+
+  target = random_model(TARGET, jnp.float32, seed=0)
+  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 211, (3, 41)), jnp.int32)
+  positions = training_positions(jax.random.key(2), config, 3, 41)
+  delays = noisy_delays(jax.random.key(3), 3, weights)
+
+  def loss_and_grads(impl):
+    graphdef, params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=4,
+                                              attention=impl))
+    grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
+    return jax.jit(grad_fn, static_argnums=(1, 7))(params, graphdef, target, tokens, jnp.ones_like(tokens),
+                                                   positions, delays, config)
+
+  (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
+  (got, _), got_grads = loss_and_grads(Impl.FLASH)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)

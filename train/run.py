@@ -228,12 +228,12 @@ def prepare(args, sources, eval_sources) -> Run:
 
   compute = jnp.dtype(resolve_dtype(args.dtype))
   target = load_target(target_path, compute)  # its forward on the Pallas kernels on a GPU
-  # The draft trains on the differentiable reference attention.
+  # The draft trains on differentiable attention: flash passes with structured masks.
   if args.init_draft:
-    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.REFERENCE)
+    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH)
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
-                         jnp.float32, seed=args.seed, attention=Impl.REFERENCE)
+                         jnp.float32, seed=args.seed, attention=Impl.FLASH)
   config = TrainConfig(
       learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
       positions=Positions(args.positions) if args.positions else stage.positions,

@@ -66,22 +66,14 @@ def tree_delays(depth: int) -> tuple[float, ...]:
   return (1.0,) * depth
 
 
-def noisy_cross_limits(key: jax.Array, batch: int, length: int, delay_weights: tuple[float, ...]) -> jax.Array:
-  """Per-query limits [B, T] on target K/V indices: query i sees indices < i - j + 1, with
-  j in 1..len(delay_weights) drawn per sequence with those weights (the first j queries
-  see nothing, as the paper's zero padding); weights (0,) give plain causal
-  cross-attention (j = 0)."""
-  weights = jnp.asarray(delay_weights, jnp.float32)
+def noisy_delays(key: jax.Array, batch: int, delay_weights: tuple[float, ...]) -> jax.Array:
+  """The cross-attention delay j [B] of each sequence, in 1..len(delay_weights) with those
+  weights: query i sees target K/V indices 0 .. i - j (the first j queries see nothing,
+  as the paper's zero padding); weights (0,) give j = 0, plain causal cross-attention."""
   if not any(delay_weights):
-    shift = jnp.zeros((batch, 1), jnp.int32)
-  else:
-    shift = 1 + jax.random.categorical(key, jnp.log(weights), shape=(batch, 1)).astype(jnp.int32)
-  return jnp.maximum(jnp.arange(length)[None, :] - shift + 1, 0).astype(jnp.int32)
-
-
-def fixed_delay(delay: int) -> tuple[float, ...]:
-  """Weights that always draw `delay` (0: none)."""
-  return (0.0,) if delay == 0 else (0.0,) * (delay - 1) + (1.0,)
+    return jnp.zeros((batch,), jnp.int32)
+  weights = jnp.asarray(delay_weights, jnp.float32)
+  return 1 + jax.random.categorical(key, jnp.log(weights), shape=(batch,)).astype(jnp.int32)
 
 
 def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: int) -> jax.Array:
@@ -90,13 +82,14 @@ def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: 
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
-def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, cross_limits, config: TrainConfig):
+def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig):
   """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
   and hits [B, T - 1]: the draft's argmax is the label (the target's argmax)."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
-  if draft.attention is not Impl.REFERENCE:
-    raise ValueError("a draft in training needs Impl.REFERENCE attention: the Pallas kernels have no gradient.")
+  if draft.attention is Impl.PALLAS:
+    raise ValueError("a draft in training needs Impl.FLASH or REFERENCE attention: the Pallas kernels have no"
+                     " gradient.")
   batch, length = tokens.shape
   index = jnp.broadcast_to(jnp.arange(length), (batch, length))
   everything = jnp.ones((batch, length), bool)
@@ -106,16 +99,16 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
   layer = draft.config.cross_layer
   target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
-  own = SelfAttend(mask=causal_block_mask(index, everything, draft.config.window))
-  hidden, _ = draft(target, tokens, positions, own, CrossAttend(k=target_k, v=target_v, limits=cross_limits))
+  own = SelfAttend(mask=None, window=draft.config.window)
+  hidden, _ = draft(target, tokens, positions, own, CrossAttend(k=target_k, v=target_v, limits=None, delay=delays))
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
 
-def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, cross_limits, config: TrainConfig):
+def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config: TrainConfig):
   """Mean loss over the predicted tokens (loss_mask [B, T] marks them). Returns (loss,
   (number of predicted tokens, fraction of them hit))."""
-  losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, cross_limits, config)
+  losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
   weights = loss_mask[:, 1:].astype(jnp.float32)
   count = jnp.maximum(jnp.sum(weights), 1.0)
   return jnp.sum(losses * weights) / count, (jnp.sum(weights), jnp.sum(hits * weights) / count)
@@ -129,9 +122,9 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
   batch, length = tokens.shape
   position_key, shift_key = jax.random.split(key)
   positions = training_positions(position_key, config, batch, length)
-  limits = noisy_cross_limits(shift_key, batch, length, config.delay_weights)
+  delays = noisy_delays(shift_key, batch, config.delay_weights)
   (loss, (count, hit_rate)), grads = jax.value_and_grad(draft_loss, has_aux=True)(
-      draft_params, draft_graphdef, target, tokens, loss_mask, positions, limits, config)
+      draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config)
   updates, opt_state = optimizer.update(grads, opt_state, draft_params)
   draft_params = optax.apply_updates(draft_params, updates)
   return draft_params, opt_state, {"loss": loss, "tokens": count, "hit_rate": hit_rate,
@@ -146,8 +139,8 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
   target = nnx.merge(target_graphdef, target_params)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  limits = noisy_cross_limits(jax.random.key(0), batch, length, fixed_delay(delay))
-  return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, limits, config)
+  delays = jnp.full((batch,), delay, jnp.int32)
+  return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
 
 
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
