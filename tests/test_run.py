@@ -25,7 +25,8 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] > 0 for r in records)
   assert (out / "loss.png").stat().st_size > 0
   held_out = f"{sysconfig.get_paths()['stdlib']}/email/*.py"
-  assert run(common + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3"]) == 0
+  assert run(common + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3",
+                       "--eval-every", "2"]) == 0
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # continued after the final checkpoint of step 3
   assert all(0 <= r["hit_rate"] <= 1 for r in records)
@@ -33,6 +34,8 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert report["tokens"] == 3 * 47 and [(b["from"], b["to"]) for b in report["by_position"]] == [(0, 47)]
   assert [b["depth"] for b in report["by_depth"]] == [1, 2, 3, 4, 5]  # (the default tree's depths)
   assert report["by_depth"][0]["hit_rate"] == report["hit_rate"]
+  curve = [json.loads(line) for line in (out / "eval_curve.jsonl").read_text().splitlines()]
+  assert [c["step"] for c in curve] == [4, 5] and curve[-1]["by_depth"] == report["by_depth"]  # (every 2, the end)
 
   from infer.generate import main as generate
 

@@ -60,7 +60,7 @@ STAGES = {
 # Dense bf16 peak FLOP/s per device kind, for MFU.
 PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
 # What a run writes into --out (an --overwrite removes exactly these).
-RUN_FILES = ("checkpoints", "metrics.jsonl", "loss.png", "draft", "eval.json")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_curve.jsonl", "loss.png", "draft", "eval.json")
 at_least_two = number_type(int, lambda x: x >= 2, "an integer >= 2")
 
 
@@ -85,6 +85,8 @@ def parse_args(argv=None):
   p.add_argument("--eval", nargs="+", help="held-out data, evaluated after training (eval.json)")
   p.add_argument("--eval-length", type=at_least_two, help="tokens per eval sequence (default: the target's context)")
   p.add_argument("--eval-rows", type=positive_int, default=8, help="eval sequences")
+  p.add_argument("--eval-every", type=positive_int,
+                 help="also evaluate every this many steps (eval_curve.jsonl, plotted beside the loss)")
   p.add_argument("--out", type=Path, required=True)
   p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
   p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
@@ -116,6 +118,8 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if args.resume and args.overwrite:
     p.error("--resume continues the run in --out and --overwrite replaces it; give one")
+  if args.eval_every and not args.eval:
+    p.error("--eval-every evaluates the --eval data; give --eval too")
   if args.warmup_steps >= args.steps and args.warmup_steps:
     p.error(f"--warmup-steps ({args.warmup_steps}) must be fewer than --steps ({args.steps})")
   return args
@@ -166,7 +170,7 @@ def prepare_out_dir(args) -> None:
 
 def keep_metrics_until(path: Path, step: int) -> None:
   """Drops the metric lines after `step` (written after the checkpoint a run resumes
-  from), so that metrics.jsonl holds each step once."""
+  from), so that metrics.jsonl (and eval_curve.jsonl) hold each step once."""
   if path.exists():
     lines = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
     path.write_text("".join(line + "\n" for line in lines))
@@ -191,6 +195,7 @@ class Run:
   batch: int
   flops_per_token: float
   tree_depth: int  # of the draft's tree: held-out agreement is reported at each depth's delay
+  eval_fn: Any = None  # the jitted held-out pass (`depth_report`), built at its first use
 
 
 def prepare(args, sources, eval_sources) -> Run:
@@ -286,7 +291,8 @@ def train(args, run: Run) -> None:
     run.params, run.opt_state, loop = restored
     micro = loop["micro_step"]
     if jax.process_index() == 0:
-      keep_metrics_until(args.out / "metrics.jsonl", micro // args.accumulate)
+      for name in ("metrics.jsonl", "eval_curve.jsonl"):
+        keep_metrics_until(args.out / name, micro // args.accumulate)
     print(f"resumed from step {micro // args.accumulate} ({args.out / 'checkpoints'}).", file=sys.stderr, flush=True)
   hosts, host = jax.process_count(), jax.process_index()
   stream = batches(run.data, run.batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
@@ -316,6 +322,13 @@ def train(args, run: Run) -> None:
         bar.set_postfix(loss=f"{record['loss']:.3f}", hit=f"{record['hit_rate']:.2f}",
                         tok_s=f"{record['tokens_per_second']:.0f}", **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
         bar.update(1)
+        step = micro // args.accumulate
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:  # (the last: in `finish`)
+          report = depth_report(run)
+          if host == 0:
+            with (args.out / "eval_curve.jsonl").open("a") as curve:
+              curve.write(json.dumps({"step": step, **{k: report[k] for k in ("loss", "hit_rate", "by_depth")}})
+                          + "\n")
         window_tokens, window_start = 0.0, time.perf_counter()
       out_of_time = micro % args.accumulate == 0 and time.perf_counter() > deadline
       if hosts > 1:  # every host stops at the same step
@@ -340,23 +353,19 @@ def finish(args, run: Run) -> None:
   from flax import nnx
 
   from longspec_jax.weights.drafts import save_draft
-  from train.step import eval_step
 
   host = jax.process_index()
+  report = None if run.held_out is None else depth_report(run)
   if host == 0:
     save_draft(args.out / "draft", nnx.merge(run.draft_graphdef, jax.device_get(run.params)))
-    plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage)
+    if report is not None and args.eval_every:  # the curve's last point: the final draft
+      with (args.out / "eval_curve.jsonl").open("a") as curve:
+        curve.write(json.dumps({"step": args.steps, **{k: report[k] for k in ("loss", "hit_rate", "by_depth")}})
+                    + "\n")
+    plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage, args.out / "eval_curve.jsonl")
   print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
-  if run.held_out is None:
+  if report is None:
     return
-  fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef,
-                                 config=run.config), static_argnames=("delay",))
-  # Each depth d of the tree at the delay it has at inference (d tokens past the cache),
-  # the whole report at depth 1 (the root's prediction).
-  depths = [evaluate(lambda rows, d=d: fn(run.params, rows, run.target_params, delay=d), run.held_out)
-            for d in range(1, run.tree_depth + 1)]
-  report = {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
-                                      for d, r in enumerate(depths, 1)]}
   if host == 0:
     (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, **report}, indent=1))
   print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
@@ -413,17 +422,48 @@ def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)
   }
 
 
-def plot_loss(metrics: Path, out: Path, title: str) -> None:
+def depth_report(run: Run) -> dict:
+  """Held-out loss and top-1 agreement of the draft as it is, at each depth d of its tree
+  with the delay d has at inference (d tokens past the cache); the whole report
+  (`evaluate`) at depth 1, the root's prediction, plus `by_depth`."""
+  import jax
+
+  from train.step import eval_step
+
+  if run.eval_fn is None:
+    run.eval_fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef,
+                                            target_graphdef=run.target_graphdef, config=run.config),
+                          static_argnames=("delay",))
+  depths = [evaluate(lambda rows, d=d: run.eval_fn(run.params, rows, run.target_params, delay=d), run.held_out)
+            for d in range(1, run.tree_depth + 1)]
+  return {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
+                                    for d, r in enumerate(depths, 1)]}
+
+
+def plot_loss(metrics: Path, out: Path, title: str, curve: Path | None = None) -> None:
+  """The loss against the step, and beside it, when `curve` (eval_curve.jsonl) exists,
+  held-out agreement at each tree depth against the step."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-  fig, ax = plt.subplots(figsize=(6, 3.5))
+  evals = [] if curve is None or not curve.exists() else [
+      json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
+  fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 6, 3.5), squeeze=False)
+  ax = axes[0, 0]
   ax.plot([r["step"] for r in records], [r["loss"] for r in records])
   ax.set(xlabel="optimizer step", ylabel="draft cross-entropy", title=title)
   ax.grid(alpha=0.3)
+  if evals:
+    ax = axes[0, 1]
+    for depth in range(len(evals[-1]["by_depth"])):
+      ax.plot([e["step"] for e in evals], [e["by_depth"][depth]["hit_rate"] for e in evals], marker="o",
+              label=f"depth {depth + 1}")
+    ax.set(xlabel="optimizer step", ylabel="held-out top-1 agreement", title="by tree depth (its delay)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(out, dpi=120)
   plt.close(fig)
