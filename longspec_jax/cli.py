@@ -18,8 +18,9 @@ from typing import NoReturn
 
 from longspec_jax.errors import UserError
 
-# The values of `longspec_jax.attention.Impl`, listed here free of JAX so that flags are
-# checked before JAX is imported (tests/test_cli.py keeps the two equal).
+# The values of `longspec_jax.attention.Impl` that decode (FLASH is the draft's training
+# passes only), listed here free of JAX so that flags are checked before JAX is imported
+# (tests/test_cli.py keeps the two equal).
 ATTENTION = ("reference", "pallas")
 GEMM = ("xla", "cublas")  # likewise `longspec_jax.gemm.Gemm`
 EXIT_USAGE = 2

@@ -70,7 +70,7 @@ def test_attention_choices_are_the_impls():
   from longspec_jax.attention import Impl
   from longspec_jax.cli import ATTENTION
 
-  assert set(ATTENTION) == {impl.value for impl in Impl}
+  assert set(ATTENTION) == {impl.value for impl in Impl if impl is not Impl.FLASH}  # (training passes only)
 
 
 def test_gemm_choices_are_the_gemms():
