@@ -29,6 +29,10 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   assert {r["kind"] for r in records} <= {"continuation", "answer"} and all(0 < r["new_tokens"] <= 5 for r in records)
   for r in records:
     assert ("messages" in r) == (r["kind"] == "answer") and r["domain"] in ("python", "markdown")
+  resumed = tmp_path / "resumed.jsonl"  # 2 records (one batch) written, then the rest
+  resumed.write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+  assert run_cli(main, common + ["--method", "ar", "--out", str(resumed), "--resume"], PROG) == 0
+  assert [json.loads(line) for line in resumed.read_text().splitlines()] == records
   greedy = [i for i, r in enumerate(records) if r["temperature"] == 0.0]
   assert [runs["pld"][i] for i in greedy] == [records[i] for i in greedy]  # lossless: the target's own text
   loaded = load_records(str(tmp_path / "ar.jsonl"))

@@ -9,7 +9,7 @@ instructions about it (summarize, explain, list the main points, answer a questi
 writes what the target generated with this project's engine (`--method`: `auto` by
 default, lossless, so the text is the target's) greedily and sampled (`--temperatures`,
 one per batch in turn). Records go to a JSONL file batch by batch (a crash keeps what was
-written): continuations as `{"text": prefix + continuation}`, answers as `{"messages":
+written; `--resume` goes on from it, `--time-limit` stops between batches): continuations as `{"text": prefix + continuation}`, answers as `{"messages":
 [user, assistant]}`, each with its `domain`, `source`, `temperature` and `kind`; both
 forms train with `train.run --stage sft --data FILE` (loss on the assistant's tokens of
 answers, on every token of continuations).
@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from longspec_jax.cli import (
   ArgumentParser,
   nonnegative_float,
   output_path,
+  positive_float,
   positive_int,
   resolve_dtype,
   run_main,
@@ -47,6 +49,9 @@ def parse_args(argv=None):
   p.add_argument("--data", nargs="+", required=True, help="the documents: JSONL with 'text' (train.corpus), or files")
   p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
   p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+  p.add_argument("--resume", action="store_true",
+                 help="continue --out: keep its records, skip the documents they used, write the rest")
+  p.add_argument("--time-limit", type=positive_float, help="seconds: stop after the first batch past this")
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--method", choices=METHODS, default="auto", help="how the engine decodes (all are lossless)")
   p.add_argument("--draft", default="default", help="for auto and longspec: 'default', a checkpoint dir, 'none'")
@@ -63,6 +68,8 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if args.chat_share > 1:
     p.error(f"--chat-share must be in [0, 1], got {args.chat_share}")
+  if args.resume and args.overwrite:
+    p.error("--resume continues --out and --overwrite replaces it; give one")
   return args
 
 
@@ -89,8 +96,8 @@ def finished_record(start: dict, written: str, meta: dict) -> dict:
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  if args.out.exists() and not args.overwrite:
-    raise UserError(f"{args.out} exists; pass --overwrite to replace it.")
+  if args.out.exists() and not (args.overwrite or args.resume):
+    raise UserError(f"{args.out} exists; pass --resume to continue it or --overwrite to replace it.")
   output_path(args.out)
 
   from train.data import load_records, resolve_sources
@@ -122,9 +129,11 @@ def main(argv=None) -> None:
   eos = tuple(target.config.eos_token_ids or (target.tokenizer.eos_token_id,))
   rng = np.random.default_rng(args.seed)
   order = iter(rng.permutation(len(records)))
+  kept = len(args.out.read_text().splitlines()) if args.resume and args.out.exists() else 0
   written, tokens, seconds, batch_index = 0, 0, 0.0, 0
-  with open(args.out, "w") as out:
-    while written < args.samples:
+  deadline = time.perf_counter() + (args.time_limit or float("inf"))
+  with open(args.out, "a" if args.resume else "w") as out:
+    while written < args.samples and time.perf_counter() < deadline:
       temperature = args.temperatures[batch_index % len(args.temperatures)]
       prompts, starts = [], []
       for index in order:
@@ -142,6 +151,10 @@ def main(argv=None) -> None:
           break
       if not prompts:
         break  # every document used
+      if written + len(prompts) <= kept:  # (written before: the same documents, drawn again, skipped)
+        written += len(prompts)
+        batch_index += 1
+        continue
       decoding = Decoding(proposer=proposer, sampling=SamplingConfig(temperature=temperature), eos_ids=eos)
       result = generate(target.model, prompts, args.new_tokens, decoding, params, seed=args.seed + batch_index)
       for (start, meta), ids in zip(starts, result.token_ids):
@@ -156,7 +169,8 @@ def main(argv=None) -> None:
             f" {tokens / max(seconds, 1e-9):.0f} tokens/s ({args.method}, tau"
             f" {result.stats.mean_accepted_length:.2f})", file=sys.stderr, flush=True)
   if written < args.samples:
-    print(f"the data ran out: {written} records written.", file=sys.stderr)
+    why = "--time-limit" if time.perf_counter() >= deadline else "the data ran out"
+    print(f"{why}: {written} of {args.samples} records in {args.out}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

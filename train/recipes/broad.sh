@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A draft trained on everything the machine has (issue 17), in stages that each resume:
+# run it again with the same OUT (e.g. once per device call, OUT carried between calls as
+# a tar) and it goes on where it stopped, each call spending at most SECONDS.
+#
+#   1. corpus:   python -m train.corpus (held out by package; never /usr/include or Perl)
+#   2. pretrain: the corpus, anchor-offset positions, delays over every tree depth,
+#                held-out agreement per depth every 500 steps
+#   3. self:     the target's own continuations and answers on corpus documents
+#   4. sft:      the pretrained draft on the target's text
+#
+#   SECONDS_PER_CALL=480 train/recipes/broad.sh runs/broad [more train.run flags]
+set -euo pipefail
+out=${1:?usage: train/recipes/broad.sh OUT_DIR [train.run flags]}
+shift
+budget=${SECONDS_PER_CALL:-480}
+started=$(date +%s)
+left() { echo $((budget - ($(date +%s) - started))); }
+resume() { [ -d "$1/checkpoints" ] && echo --resume || true; }
+
+if [ ! -f "$out/corpus/manifest.json" ]; then
+  python3 -m train.corpus --out "$out/corpus" --max-chars-per-domain 40000000
+fi
+if [ ! -f "$out/pretrain/eval.json" ] && [ "$(left)" -gt 60 ]; then
+  python3 -m train.run --stage pretrain --target smollm2-135m --data "$out/corpus/train.jsonl" \
+    --max-tokens 200000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 --eval-every 500 \
+    --length 1024 --batch 16 --steps 20000 --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
+    --time-limit "$(left)" --out "$out/pretrain" $(resume "$out/pretrain") "$@"
+fi
+if [ -f "$out/pretrain/eval.json" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
+  python3 -m train.self_text --data "$out/corpus/train.jsonl" --out "$out/self.jsonl" \
+    $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
+    --draft "$out/pretrain/draft" --samples 4000 --new-tokens 768 --batch 16
+  if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
+fi
+if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/eval.json" ] && [ "$(left)" -gt 60 ]; then
+  python3 -m train.run --stage sft --target smollm2-135m --data "$out/self.jsonl" \
+    --init-draft "$out/pretrain/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
+    --eval-every 250 --steps 3000 --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
+fi
