@@ -111,7 +111,7 @@ class GenerationStats:
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
   max_stream_gap_seconds: float  # the longest wait between two streamed chunks
-  chunks: int  # decode calls (each one a launch and a read-back on the host)
+  chunks: int  # chunks of rounds streamed (each read back by the host; `auto`'s a call per run of one kind)
   # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
@@ -231,9 +231,9 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
 
   def one_round(state, step_key, make_tree):
     """propose -> verify -> accept for the tree `make_tree()` returns: the accepted path
-    and the new tokens [B, N] at the tree's own size (padded to `size`, AR's one-node
-    path in `auto` had its cache moved as a whole tree's, and XLA copied the K/V cache
-    every round to gather before it scattered)."""
+    and the new tokens [B, N] at the tree's own size (padded to the largest tree's, an AR
+    round of `auto` moved its one node's K/V as a whole tree's path, a gather before a
+    scatter, and XLA copied the K/V cache every round to do it)."""
     # (Named scopes: `python -m infer.profile` charges device time to them.)
     with jax.named_scope("propose"):
       tree, proposal = make_tree()
@@ -296,7 +296,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
 
   # `auto`: this call's rounds are all of `kind`, each chosen after the round before; the
   # loop ends where the choice changes kind, and the host calls that kind's program
-  # (`_auto_chunk`). No conditional picks a kind on device: XLA copied the whole K/V cache
+  # (`_Rounds`). No conditional picks a kind on device: XLA copied the whole K/V cache
   # in and out of a switch's branches (on a CPU, twice every round).
   def plan(state):
     return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)

@@ -8,10 +8,11 @@ the target would go on) or asks the target, through its chat template, one of a 
 instructions about it (summarize, explain, list the main points, answer a question), and
 writes what the target generated with this project's engine (`--method`: `auto` by
 default, lossless, so the text is the target's) greedily and sampled (`--temperatures`,
-one per batch in turn). Records go to a JSONL file batch by batch (a crash keeps what was
-written; `--resume` goes on from it, `--time-limit` stops between batches): continuations as `{"text": prefix + continuation}`, answers as `{"messages":
-[user, assistant]}`, each with its `domain`, `source`, `temperature` and `kind`; both
-forms train with `train.run --stage sft --data FILE` (loss on the assistant's tokens of
+one per batch in turn). Records go to a JSONL file batch by batch: a crash keeps what
+was written, `--resume` goes on from it and `--time-limit` stops between batches.
+Continuations are `{"text": prefix + continuation}`, answers `{"messages": [user,
+assistant]}`, each with its `domain`, `source`, `temperature` and `kind`; both forms
+train with `train.run --stage sft --data FILE` (loss on the assistant's tokens of
 answers, on every token of continuations).
 
   python -m train.self_text --data corpus/train.jsonl --out self.jsonl --samples 2000 --new-tokens 512
