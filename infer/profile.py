@@ -72,12 +72,10 @@ def scope_of(op_name: str | None) -> str:
   return next((part for part in parts if part in SCOPES), "unattributed")
 
 
-def device_events(xspace: Path):
-  """(start ns, duration ns, hlo op) of every device event of the decode loop. Device
-  planes on an accelerator; the host's XLA thunks on a CPU-only machine."""
-  from jax.profiler import ProfileData
-
-  data = ProfileData.from_file(str(xspace))
+def device_events(data):
+  """(start ns, duration ns, hlo op) of every device event of the decode loop in a trace
+  (`jax.profiler.ProfileData`). Device planes on an accelerator; the host's XLA thunks on
+  a CPU-only machine."""
   planes = [p for p in data.planes if p.name.startswith("/device:")] or \
            [p for p in data.planes if p.name == "/host:CPU"]
   for plane in planes:
@@ -88,12 +86,10 @@ def device_events(xspace: Path):
           yield event.start_ns, event.duration_ns, str(stats["hlo_op"])
 
 
-def host_events(xspace: Path):
-  """(start ns, duration ns, thread, event name) of every host event: XLA's runtime
-  (thunks, graph launches and updates, host syncs) and the Python side of a call."""
-  from jax.profiler import ProfileData
-
-  for plane in ProfileData.from_file(str(xspace)).planes:
+def host_events(data):
+  """(start ns, duration ns, thread, event name) of every host event in a trace: XLA's
+  runtime (thunks, graph launches and updates, host syncs) and the Python side of a call."""
+  for plane in data.planes:
     if plane.name.startswith("/host:"):
       for line in plane.lines:
         for event in line.events:
@@ -213,11 +209,12 @@ def main(argv=None):
   xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
   if not xspace:
     raise UserError(f"the profiler wrote no trace under {trace_dir}.")
-  events = list(device_events(Path(xspace[-1])))
+  trace = jax.profiler.ProfileData.from_file(xspace[-1])
+  events = list(device_events(trace))
   summary = summarize(events, op_names(dump_dir), args.top)
   if events:  # the host's work while the loop ran
     span = min(s for s, _, _ in events), max(s + d for s, d, _ in events)
-    summary["host_events"] = host_summary(host_events(Path(xspace[-1])), *span, args.top)
+    summary["host_events"] = host_summary(host_events(trace), *span, args.top)
   stats = result.stats
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
             "target": target_name, "set": None if args.shape else args.set,

@@ -326,9 +326,7 @@ def train(args, run: Run) -> None:
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:  # (the last: in `finish`)
           report = depth_report(run)
           if host == 0:
-            with (args.out / "eval_curve.jsonl").open("a") as curve:
-              curve.write(json.dumps({"step": step, **{k: report[k] for k in ("loss", "hit_rate", "by_depth")}})
-                          + "\n")
+            append_to_curve(args.out / "eval_curve.jsonl", step, report)
         window_tokens, window_start = 0.0, time.perf_counter()
       out_of_time = micro % args.accumulate == 0 and time.perf_counter() > deadline
       if hosts > 1:  # every host stops at the same step
@@ -359,9 +357,7 @@ def finish(args, run: Run) -> None:
   if host == 0:
     save_draft(args.out / "draft", nnx.merge(run.draft_graphdef, jax.device_get(run.params)))
     if report is not None and args.eval_every:  # the curve's last point: the final draft
-      with (args.out / "eval_curve.jsonl").open("a") as curve:
-        curve.write(json.dumps({"step": args.steps, **{k: report[k] for k in ("loss", "hit_rate", "by_depth")}})
-                    + "\n")
+      append_to_curve(args.out / "eval_curve.jsonl", args.steps, report)
     plot_loss(args.out / "metrics.jsonl", args.out / "loss.png", args.stage, args.out / "eval_curve.jsonl")
   print(f"wrote {args.out / 'draft'} and {args.out / 'loss.png'}", file=sys.stderr)
   if report is None:
@@ -427,17 +423,24 @@ def depth_report(run: Run) -> dict:
   with the delay d has at inference (d tokens past the cache); the whole report
   (`evaluate`) at depth 1, the root's prediction, plus `by_depth`."""
   import jax
+  import jax.numpy as jnp
 
   from train.step import eval_step
 
   if run.eval_fn is None:
     run.eval_fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef,
-                                            target_graphdef=run.target_graphdef, config=run.config),
-                          static_argnames=("delay",))
-  depths = [evaluate(lambda rows, d=d: run.eval_fn(run.params, rows, run.target_params, delay=d), run.held_out)
-            for d in range(1, run.tree_depth + 1)]
+                                            target_graphdef=run.target_graphdef, config=run.config))
+  # (the delay traced: one compilation serves every depth)
+  depths = [evaluate(lambda rows, d=d: run.eval_fn(run.params, rows, run.target_params, delay=jnp.int32(d)),
+                     run.held_out) for d in range(1, run.tree_depth + 1)]
   return {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
                                     for d, r in enumerate(depths, 1)]}
+
+
+def append_to_curve(path: Path, step: int, report: dict) -> None:
+  """One point of eval_curve.jsonl: `depth_report`'s loss and agreement at `step`."""
+  with path.open("a") as curve:
+    curve.write(json.dumps({"step": step, **{k: report[k] for k in ("loss", "hit_rate", "by_depth")}}) + "\n")
 
 
 def plot_loss(metrics: Path, out: Path, title: str, curve: Path | None = None) -> None:

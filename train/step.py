@@ -6,10 +6,11 @@ next-token distribution as the soft label (no gradients reach it). Positions are
 vanilla or anchor-offset (LongSpec Algorithm 1), the same for target and draft. Flash
 noisy training (Algorithm 2) delays the cross-attention by a random j per sequence: query
 i sees target K/V up to index i - j, as a draft query at inference sees only the
-committed cache; it is expressed as per-query key limits, so the attention stays a plain
-prefix pass. At inference the draft's query for depth d of its tree is d tokens past the
-committed cache, so j is drawn from 1 .. the tree's depth (`delay_weights`; the paper's
-1..4 left the default tree's fifth depth untrained).
+committed cache; it is a causal pass over the queries shifted by j
+(`attention.delayed_attention`), so no [T, T] mask or score matrix is built. At inference
+the draft's query for depth d of its tree is d tokens past the committed cache, so j is
+drawn from 1 .. the tree's depth (`delay_weights`; the paper's 1..4 left the default
+tree's fifth depth untrained).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
 
 
 def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig,
-              delay: int = 1):
+              delay=1):
   """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them at
   a tree depth `delay`: vanilla positions, cross-attention delayed by that many tokens
   (depth 1, the root's prediction, reads the committed cache up to the token before it)."""
