@@ -163,6 +163,7 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
   save_draft(tmp_path / "d", draft)
   loaded = load_draft(str(tmp_path / "d"), target, jnp.float32)
   assert loaded.config == draft.config
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(nnx.state(loaded)))  # on the device, not host arrays
   for a, b in zip(jax.tree.leaves(nnx.state(draft)), jax.tree.leaves(nnx.state(loaded))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   shutil.rmtree(tmp_path / "d" / "params")
