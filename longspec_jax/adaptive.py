@@ -9,8 +9,8 @@ Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
-Each kind's rounds run as a program of their own (the engine's), so changing kind has a
-price of its own (the host reads the choice back and calls the next kind's program;
+Each kind's rounds run as a loop of their own (the engine's), so changing kind has a
+price of its own (a switch to the next loop on a GPU, a call from the host elsewhere;
 measured on the device, `calibration`), spread over `run` rounds of the new kind: a
 choice flapping between kinds that differ by a few percent would pay it every other
 round.
@@ -190,7 +190,7 @@ class Adaptive:
 
   def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
               root) -> tuple[Tree, AdaptiveState]:
-    """The tree of a round of `kind` (static: each kind is a program of the engine's)."""
+    """The tree of a round of `kind` (static: each kind is a loop of the engine's)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
     if kind is Kind.COPY:

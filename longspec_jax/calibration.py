@@ -16,8 +16,8 @@ with the rounds it ran (the state counts them), so short generations still add t
 measurement (64-token generations on a CPU almost never held a whole 9-round chunk of
 copy rounds). A difference lost in the chunks' own jitter (below a quarter of a chunk's
 time per round) is replaced by that time per round, an overestimate, so that no kind
-ever looks free. Last comes the price of a change of kind (the engine ends one kind's
-program and the host calls another's): the same chunks with rounds that each take the
+ever looks free. Last comes the price of a change of kind (the engine leaves one kind's
+loop for another's, on a CPU through a call from the host): the same chunks with rounds that each take the
 kind after the previous round's (`adaptive.CYCLE`), less their rounds' prices, leave a
 change a round beyond the first.
 

@@ -15,8 +15,9 @@ dispatched after the last, `_Chunk`). A chunk runs as
 many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
 that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
 host (Ctrl-C included) gets control back as often. `auto` (`adaptive.py`) chooses each
-round's kind on device; each kind is a program of its own, and a chunk of its rounds is
-one call per run of one kind (`_Rounds`).
+round's kind on device; on a GPU one program holds a loop per kind, elsewhere each kind
+is a program of its own and a chunk of its rounds is one call per run of one kind
+(`_Rounds`, `_one_program`).
 """
 
 from __future__ import annotations
@@ -294,29 +295,50 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     state, out, _ = jax.lax.while_loop(cond, body, (state, out, written))
     return state, out, jnp.all(state.done)
 
-  # `auto`: this call's rounds are all of `kind`, each chosen after the round before; the
-  # loop ends where the choice changes kind, and the host calls that kind's program
-  # (`_Rounds`). No conditional picks a kind on device: XLA copied the whole K/V cache
-  # in and out of a switch's branches (on a CPU, twice every round).
+  # `auto`: each round's kind is chosen after the round before. With a `kind`, this call's
+  # rounds are all of it, and the loop ends where the choice changes kind (the host then
+  # calls that kind's program, `_Rounds`); without one, one program holds a loop per kind
+  # and a switch picks the next loop where the choice changes (`_one_program`).
   def plan(state):
     return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
 
-  def body(carry):
-    state, out, written, chosen = carry
-    key, step_key = jax.random.split(state.key)
-    make_tree = functools.partial(proposer.propose, Kind(kind), proposer_params, state.proposal, chosen,
-                                  target=model, cache=state.cache, history=state.history, root=_live_root(state))
-    result = one_round(state, step_key, make_tree)
-    committed, out, written = commit(state, key, result, out, written)
-    proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
-                                lengths=committed.cache.lengths)
-    committed = dataclasses.replace(committed, proposal=proposal)
-    return committed, out, written, plan(committed)
+  def kind_body(kind):
+    def body(carry):
+      state, out, written, chosen = carry
+      key, step_key = jax.random.split(state.key)
+      make_tree = functools.partial(proposer.propose, kind, proposer_params, state.proposal, chosen, target=model,
+                                    cache=state.cache, history=state.history, root=_live_root(state))
+      result = one_round(state, step_key, make_tree)
+      committed, out, written = commit(state, key, result, out, written)
+      proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
+                                  lengths=committed.cache.lengths)
+      return dataclasses.replace(committed, proposal=proposal), out, written, plan(committed)
+    return body
 
-  state, out, _, chosen = jax.lax.while_loop(lambda c: cond(c[:3]) & (c[3].kind == kind), body,
-                                             (state, out, written, plan(state)))
+  def kind_loop(kind):
+    return functools.partial(jax.lax.while_loop, lambda c: cond(c[:3]) & (c[3].kind == kind), kind_body(kind))
+
+  carry = (state, out, written, plan(state))
+  if kind is None:
+    loops = [kind_loop(k) for k in proposer.kinds]
+    carry = jax.lax.while_loop(lambda c: cond(c[:3]), lambda c: jax.lax.switch(c[3].kind, loops, c), carry)
+  else:
+    carry = kind_loop(Kind(kind))(carry)
+  state, out, _, chosen = carry
   state = dataclasses.replace(state, proposal=dataclasses.replace(state.proposal, next_kind=chosen.kind))
   return state, out, jnp.all(state.done)
+
+
+def _one_program() -> bool:
+  """Whether `auto`'s rounds of every kind run in one program (a loop per kind under a
+  switch) rather than as a program per kind that the host calls where the choice changes
+  kind. XLA copies the K/V cache in and out of the switch's branches (four times a change
+  of kind, twice an AR round); a call from the host costs set-up, graph updates and a
+  read-back. On a GPU the call is the dearer: ~2.5 ms on an H100 with SmolLM2 (two of its
+  AR steps; `auto` then stayed with the draft's rounds where prompt lookup's were 1.9x
+  cheaper), against ~0.07 ms a copy of its 4k cache. On a CPU a call is ~4.5 ms of a
+  ~50 ms round, and the copies and the nested loops cost more (~47 ms a chunk)."""
+  return jax.default_backend() == "gpu"
 
 
 def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConfig, vocab: int) -> jax.Array:
@@ -403,10 +425,10 @@ def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = De
 
 @dataclasses.dataclass(frozen=True)
 class _Rounds:
-  """Runs a chunk of rounds (`_decode_chunk`): one call, or for `auto` one call per run of
-  rounds of one kind, each kind its own program (a plain loop, as prompt lookup's): the
-  round before chooses the next one's kind on device, and the host reads it back and
-  calls that kind's program where it changes."""
+  """Runs a chunk of rounds (`_decode_chunk`): one call, or for `auto` off a GPU one call
+  per run of rounds of one kind, each kind its own program (a plain loop, as prompt
+  lookup's): the round before chooses the next one's kind on device, and the host reads
+  it back and calls that kind's program where it changes (`_one_program`)."""
 
   decode_fn: Callable
   graphdef: Any
@@ -423,22 +445,26 @@ class _Rounds:
 
   @property
   def kinds(self) -> list[int | None]:
+    """The programs: one per kind for `auto` off a GPU (`_one_program`), else one (None)."""
     proposer = self.decoding.proposer
-    return [int(kind) for kind in proposer.kinds] if isinstance(proposer, Adaptive) else [None]
+    per_kind = isinstance(proposer, Adaptive) and not _one_program()
+    return [int(kind) for kind in proposer.kinds] if per_kind else [None]
 
   def compile(self, state: DecodeState) -> None:
     for kind in self.kinds:
       self.decode_fn.lower(*self.args(state, 1, kind)).compile()
 
   def __call__(self, state: DecodeState, rounds: int):
-    if not isinstance(self.decoding.proposer, Adaptive):
+    if self.kinds == [None]:
       return self.decode_fn(*self.args(state, rounds))
-    tokens, left, ran = [], rounds, int(state.rounds)
+    tokens, left = [], rounds
+    ran, kind = jax.device_get((state.rounds, state.proposal.next_kind))  # (one read-back a call)
     while True:  # (a call whose kind was not the choice runs no round and reads the choice)
-      state, out, finished = self.decode_fn(*self.args(state, left, int(state.proposal.next_kind)))
+      state, out, finished = self.decode_fn(*self.args(state, left, int(kind)))
       tokens.append(out)
-      left, ran = left - (int(state.rounds) - ran), int(state.rounds)
-      if left <= 0 or bool(finished):
+      now, kind, done = jax.device_get((state.rounds, state.proposal.next_kind, finished))
+      left, ran = left - (now - ran), now
+      if left <= 0 or done:
         return state, tokens[0] if len(tokens) == 1 else jnp.concatenate(tokens, axis=1), finished
 
 

@@ -265,10 +265,14 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, monkeypatch):
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
-def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny):
-  """Each run of rounds of one kind is a call of that kind's program, which stops where
-  the choice changes kind; a chunk goes on across the changes until its rounds have run.
-  With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ..., AR's tokens."""
+@pytest.mark.parametrize("one_program", [False, True])
+def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_program, monkeypatch):
+  """A chunk goes on across changes of kind until its rounds have run: each run of rounds
+  of one kind a call of that kind's program, which stops where the choice changes kind
+  (a CPU's structure), or every kind's loop in one program under a switch (a GPU's, run
+  here too). With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ...,
+  AR's tokens."""
+  monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(7)
   prompts = [rng.integers(3, 211, size=8).tolist() * 4, rng.integers(3, 211, size=29).tolist()]
   reference = generate(tiny, prompts, 30).token_ids
