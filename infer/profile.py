@@ -9,9 +9,11 @@ emits without a source (e.g. its GPU top-k) are "unattributed". Also reports how
 the loop's span the device sat idle (launch gaps, host syncs), and where the host's
 threads spent their time in that span, by event (on a GPU, XLA steps while loops and
 conditionals from the host: graph launches and updates, reads of a loop's condition or a
-switch's index, show up there). On a GPU, run with
-`XLA_FLAGS=--xla_gpu_enable_command_buffer=` for per-kernel names: inside CUDA graphs the
-profiler sees only the graph (and the idle share is then the graph's, not the kernels').
+switch's index, show up there). Inside a CUDA graph (XLA's command buffers) the profiler
+names the graph as each kernel's op; a kernel XLA generated is charged to its own
+instruction by its name, a library's (cuBLAS) stays the graph's. A table of the graphs
+gives each one's device time and scopes, its launches and how often the host updated
+it (a graph whose buffers moved since its last launch is rewritten: milliseconds).
 Writes `profile.json`, `profile.png` and the raw trace under --out. `--shape` profiles a
 random-weight model of a real model's shape (e.g. Llama-3.1-8B) on random prompt tokens,
 with a random draft: what a round costs at that size (its tau means nothing).
@@ -52,18 +54,22 @@ SETS = tuple(PROMPT_SETS)
 
 SCOPES = ("propose", "verify", "accept", "commit")
 LOOP = "decode_chunk"  # the jitted decode loop's module name contains this
+GRAPH = "command_buffer_"  # XLA's name for a command buffer (CUDA graph) op, and its host event
+UPDATE = "command_buffer::update"  # the host rewriting a graph's buffer addresses
 _ITERATION = re.compile(r"\[iter=\d+\]")
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]+)"')
 
 
 def op_names(dump_dir: Path) -> dict[str, str]:
   """HLO instruction name -> the JAX op path it came from (e.g. `.../while/body/verify/
-  dot_general`), from the optimized HLO of the decode loop."""
+  dot_general`), from the optimized HLO of the decode loop; each name also as its kernel
+  is named (`loop_add_fusion.3` -> `loop_add_fusion_3`)."""
   names = {}
   for path in glob.glob(str(dump_dir / f"*{LOOP}*after_optimizations.txt")):
     for line in Path(path).read_text().splitlines():
       if match := _INSTRUCTION.match(line):
-        names.setdefault(match.group(1), match.group(2))
+        for name in (match.group(1), re.sub(r"[.\-]", "_", match.group(1))):
+          names.setdefault(name, match.group(2))
   return names
 
 
@@ -73,9 +79,9 @@ def scope_of(op_name: str | None) -> str:
 
 
 def device_events(data):
-  """(start ns, duration ns, hlo op) of every device event of the decode loop in a trace
-  (`jax.profiler.ProfileData`). Device planes on an accelerator; the host's XLA thunks on
-  a CPU-only machine."""
+  """(start ns, duration ns, hlo op, kernel name) of every device event of the decode
+  loop in a trace (`jax.profiler.ProfileData`). Device planes on an accelerator; the
+  host's XLA thunks on a CPU-only machine."""
   planes = [p for p in data.planes if p.name.startswith("/device:")] or \
            [p for p in data.planes if p.name == "/host:CPU"]
   for plane in planes:
@@ -83,7 +89,7 @@ def device_events(data):
       for event in line.events:
         stats = dict(event.stats)
         if LOOP in str(stats.get("hlo_module", "")) and "hlo_op" in stats:
-          yield event.start_ns, event.duration_ns, str(stats["hlo_op"])
+          yield event.start_ns, event.duration_ns, str(stats["hlo_op"]), event.name
 
 
 def host_events(data):
@@ -109,25 +115,58 @@ def host_summary(events, start_ns: float, end_ns: float, top: int) -> list[dict]
   return [{"thread": thread, "event": name, "ms": ns / 1e6, "calls": calls} for (thread, name), (ns, calls) in ranked]
 
 
+def graph_updates(events, start_ns: float, end_ns: float) -> dict[str, list]:
+  """Graph -> [launches, updates, update ns] from the host events inside [start_ns,
+  end_ns]: each update is charged to the graph event around it on its thread."""
+  by_graph = collections.defaultdict(lambda: [0, 0, 0.0])
+  inside = sorted((event for event in events if event[0] >= start_ns and event[0] + event[1] <= end_ns),
+                  key=lambda event: (event[0], -event[1]))  # (an event before those it holds)
+  open_graphs = collections.defaultdict(list)  # thread -> the graph events around now
+  for start, duration, thread, name in inside:
+    stack = open_graphs[thread]
+    while stack and stack[-1][0] + stack[-1][1] < start + duration:
+      stack.pop()
+    if name.startswith(GRAPH):
+      by_graph[name][0] += 1
+      stack.append((start, duration, name))
+    elif name == UPDATE and stack:
+      by_graph[stack[-1][2]][1] += 1
+      by_graph[stack[-1][2]][2] += duration
+  return by_graph
+
+
+def kernel_op(hlo_op: str, kernel: str, names: dict[str, str]) -> str:
+  """The HLO instruction a kernel ran: its op, or inside a CUDA graph (whose kernels all
+  name the graph as their op) the kernel's own instruction where XLA generated it."""
+  return kernel if hlo_op.startswith(GRAPH) and kernel in names else hlo_op
+
+
 def busy_ns(events) -> float:
   """Length of the union of the events' intervals (concurrent kernels count once)."""
   total, end = 0.0, float("-inf")
-  for start, duration, _ in sorted(events):
+  for start, duration, *_ in sorted(events):
     total += max(0.0, start + duration - max(start, end))
     end = max(end, start + duration)
   return total
 
 
-def summarize(events: list, names: dict[str, str], top: int) -> dict:
+def summarize(events: list, names: dict[str, str], top: int, updates: dict[str, list] | None = None) -> dict:
+  """Device time by op and by scope, the idle share of the loop's span, and per CUDA
+  graph its device time by scope with its launches and updates (`graph_updates`)."""
   by_op = collections.defaultdict(lambda: [0.0, 0])
-  for _, duration, op in events:
+  graphs = collections.defaultdict(collections.Counter)  # graph -> scope -> ns
+  for _, duration, hlo_op, kernel in events:
+    op = kernel_op(hlo_op, kernel, names)
     by_op[op][0] += duration
     by_op[op][1] += 1
+    if hlo_op.startswith(GRAPH):
+      graphs[hlo_op][scope_of(names.get(op))] += duration
   total = sum(d for d, _ in by_op.values()) or 1.0
   by_scope = collections.Counter()
   for op, (duration, _) in by_op.items():
     by_scope[scope_of(names.get(op))] += duration
-  span = (max(s + d for s, d, _ in events) - min(s for s, _, _ in events)) if events else 0.0
+  span = (max(s + d for s, d, *_ in events) - min(s for s, *_ in events)) if events else 0.0
+  updates = updates or {}
   ranked = sorted(by_op.items(), key=lambda item: -item[1][0])[:top]
   return {
       "kernel_ms": total / 1e6,
@@ -136,6 +175,11 @@ def summarize(events: list, names: dict[str, str], top: int) -> dict:
       "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
       "top_ops": [{"hlo_op": op, "ms": ns / 1e6, "share": ns / total, "calls": calls,
                    "scope": scope_of(names.get(op)), "op_name": names.get(op)} for op, (ns, calls) in ranked],
+      "graphs": [{"graph": graph, "ms": sum(scopes.values()) / 1e6,
+                  "scopes": {scope: ns / 1e6 for scope, ns in scopes.most_common()},
+                  "launches": updates.get(graph, [0])[0], "updates": updates.get(graph, [0, 0])[1],
+                  "update_ms": updates.get(graph, [0, 0, 0.0])[2] / 1e6}
+                 for graph, scopes in sorted(graphs.items(), key=lambda item: -sum(item[1].values()))],
   }
 
 
@@ -211,10 +255,11 @@ def main(argv=None):
     raise UserError(f"the profiler wrote no trace under {trace_dir}.")
   trace = jax.profiler.ProfileData.from_file(xspace[-1])
   events = list(device_events(trace))
-  summary = summarize(events, op_names(dump_dir), args.top)
-  if events:  # the host's work while the loop ran
-    span = min(s for s, _, _ in events), max(s + d for s, d, _ in events)
-    summary["host_events"] = host_summary(host_events(trace), *span, args.top)
+  span = (min(s for s, *_ in events), max(s + d for s, d, *_ in events)) if events else None
+  on_host = list(host_events(trace)) if events else []
+  summary = summarize(events, op_names(dump_dir), args.top, graph_updates(on_host, *span) if span else None)
+  if span:  # the host's work while the loop ran
+    summary["host_events"] = host_summary(on_host, *span, args.top)
   stats = result.stats
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
             "target": target_name, "set": None if args.shape else args.set,
@@ -236,6 +281,12 @@ def main(argv=None):
     origin = (row["op_name"] or "").split("/")[-3:]
     print(f"{row['hlo_op'][:35]:35} | {row['scope']:8} | {1e3 * row['ms'] / rounds:12.1f} |"
           f" {row['calls'] / rounds:11.1f} | {100 * row['share']:4.1f}% | {'/'.join(origin)}")
+  if summary["graphs"]:
+    print("CUDA graph           | device us/round | launches | updates | update ms | scopes (device ms)")
+    for row in summary["graphs"]:
+      scopes = ", ".join(f"{scope} {ms:.1f}" for scope, ms in row["scopes"].items())
+      print(f"{row['graph'][:20]:20} | {1e3 * row['ms'] / rounds:15.1f} | {row['launches']:8d} | {row['updates']:7d} |"
+            f" {row['update_ms']:9.2f} | {scopes}")
   if summary.get("host_events"):
     print("host thread          | event                               | us per round | calls/round")
     for row in summary["host_events"]:

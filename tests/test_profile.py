@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from infer.profile import busy_ns, host_summary, scope_of
+from infer.profile import busy_ns, graph_updates, host_summary, scope_of, summarize
 
 
 def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_path):
@@ -41,3 +41,28 @@ def test_host_summary_totals_the_events_inside_the_span():
   rows = host_summary(events, 0, 30, top=5)
   assert rows == [{"thread": "main", "event": "launch", "ms": 10e-6, "calls": 2},
                   {"thread": "main", "event": "[iter]", "ms": 3e-6, "calls": 2}]
+
+
+def test_kernels_inside_a_cuda_graph_are_charged_to_their_own_instructions():
+  names = {"loop_add_fusion.3": "jit(_decode_chunk)/while/body/verify/add",
+           "loop_add_fusion_3": "jit(_decode_chunk)/while/body/verify/add",
+           "fusion.7": "jit(_decode_chunk)/while/body/propose/mul"}
+  events = [(0, 10, "command_buffer_5", "loop_add_fusion_3"),  # XLA's kernel in a graph: its instruction
+            (10, 4, "command_buffer_5", "nvjet_sm90_gemm"),  # a library's kernel: the graph's
+            (20, 6, "fusion.7", "fusion_7")]  # outside a graph: the op as named
+  report = summarize(events, names, top=5, updates={"command_buffer_5": [3, 1, 2e6]})
+  assert report["by_scope"]["verify"]["ms"] == 10e-6 and report["by_scope"]["propose"]["ms"] == 6e-6
+  assert report["by_scope"]["unattributed"]["ms"] == 4e-6
+  assert [row["hlo_op"] for row in report["top_ops"]] == ["loop_add_fusion_3", "fusion.7", "command_buffer_5"]
+  assert report["graphs"] == [{"graph": "command_buffer_5", "ms": 14e-6, "scopes": {"verify": 10e-6,
+                                                                                    "unattributed": 4e-6},
+                               "launches": 3, "updates": 1, "update_ms": 2.0}]
+
+
+def test_a_graph_update_is_charged_to_the_graph_around_it():
+  events = [(0, 100, "main", "command_buffer_1"), (0, 30, "main", "command_buffer::update"),  # same start
+            (40, 10, "main", "cuGraphLaunch"), (200, 50, "main", "command_buffer_2"),
+            (210, 20, "main", "command_buffer::update"), (300, 40, "main", "command_buffer_1"),
+            (400, 5, "main", "command_buffer::update"),  # in no graph: not charged
+            (500, 5, "main", "command_buffer::update")]  # outside the span
+  assert graph_updates(events, 0, 450) == {"command_buffer_1": [2, 1, 30.0], "command_buffer_2": [1, 1, 20.0]}
