@@ -47,6 +47,10 @@ from longspec_jax.weights.default import cache_root
 ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
 REPEATS = 3
 FILE_NAME = "round_costs.json"
+# Part of every key: raised when what a price covers changes, so that no table written
+# before is read as current (2: a GPU changes kind inside one program again, where for
+# a while the host's call was priced, ~2.5 ms on an H100).
+PRICES_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +104,13 @@ _MEMORY: dict[str, Prices] = {}
 
 
 def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: int) -> str:
-  """What a round's price depends on: the device, the target's config, dtype and code
-  choices, the trees of every kind (the draft's array shapes included), the sampling (a
-  sampled round's acceptance costs more than a greedy one's), the batch and the cache's
-  length (to the next power of two)."""
+  """What a round's price depends on: what a price covers (`PRICES_VERSION`), the device,
+  the target's config, dtype and code choices, the trees of every kind (the draft's array
+  shapes included), the sampling (a sampled round's acceptance costs more than a greedy
+  one's), the batch and the cache's length (to the next power of two)."""
   shapes = [(x.shape, str(x.dtype)) for x in jax.tree.leaves(proposer_params)]
   draft = proposer.draft
-  parts = [jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
+  parts = [PRICES_VERSION, jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
            str(model.attention), str(model.gemm), str(model.batch_invariant), proposer.lookup.num_tokens,
            None if draft is None else draft.widths, shapes, repr(sampling), batch,
            1 << max(0, (max_len - 1).bit_length())]

@@ -242,12 +242,14 @@ def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_
   np.testing.assert_array_equal(np.asarray(ring.positions), np.asarray(fresh.positions))
 
 
-@pytest.mark.parametrize("with_draft", [False, True])
-def test_auto_emits_the_ar_tokens(tiny, with_draft, monkeypatch):
+@pytest.mark.parametrize("with_draft, one_program", [(False, False), (True, False), (True, True)])
+def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, monkeypatch):
   """Greedy auto on a repetitive and a random prompt (batched, unequal lengths, an EOS):
   AR's tokens, with every kind of round run; near-zero temperature too (1e-6: this
-  model's top two logits lie 2.5e-5 apart at one step, a coin flip at 1e-4)."""
+  model's top two logits lie 2.5e-5 apart at one step, a coin flip at 1e-4). Both
+  structures: a program per kind (a CPU's) and every kind in one program (a GPU's)."""
   monkeypatch.setattr(calibration, "REPEATS", 1)  # (every kind measured within 100 tokens)
+  monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(5)
   pattern = rng.integers(3, 211, size=9).tolist()
   prompts = [pattern * 4, rng.integers(3, 211, size=23).tolist()]
