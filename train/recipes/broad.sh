@@ -6,8 +6,13 @@
 #   1. corpus:   python -m train.corpus (held out by package; never /usr/include or Perl)
 #   2. pretrain: the corpus, anchor-offset positions, delays over every tree depth,
 #                held-out agreement per depth every 500 steps
-#   3. self:     the target's own continuations and answers on corpus documents
-#   4. sft:      the pretrained draft on the target's text
+#   3. long:     the same text in sequences of the target's full context (8k), flash
+#                attention in the draft's passes (the paper's stage 2)
+#   4. self:     the target's own continuations and answers on corpus documents
+#   5. sft:      the long stage's draft on the target's text
+#
+# The corpus is rebuilt where it is missing (seconds; deterministic on one machine
+# image), so a carried OUT may leave out $OUT/corpus and the finished stages' checkpoints.
 #
 #   SECONDS_PER_CALL=480 train/recipes/broad.sh runs/broad [more train.run flags]
 set -euo pipefail
@@ -27,14 +32,20 @@ if [ ! -f "$out/pretrain/eval.json" ] && [ "$(left)" -gt 60 ]; then
     --length 1024 --batch 16 --steps 20000 --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
     --time-limit "$(left)" --out "$out/pretrain" $(resume "$out/pretrain") "$@"
 fi
-if [ -f "$out/pretrain/eval.json" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
+if [ -f "$out/pretrain/eval.json" ] && [ ! -f "$out/long/eval.json" ] && [ "$(left)" -gt 60 ]; then
+  python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" \
+    --init-draft "$out/pretrain/draft" --max-tokens 20000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 \
+    --eval-length 8192 --eval-every 100 --steps 600 --save-every 100 --time-limit "$(left)" --out "$out/long" \
+    $(resume "$out/long") "$@"
+fi
+if [ -f "$out/long/eval.json" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.self_text --data "$out/corpus/train.jsonl" --out "$out/self.jsonl" \
     $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
-    --draft "$out/pretrain/draft" --samples 4000 --new-tokens 768 --batch 16
+    --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
   if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
 fi
 if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/eval.json" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage sft --target smollm2-135m --data "$out/self.jsonl" \
-    --init-draft "$out/pretrain/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
+    --init-draft "$out/long/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
     --eval-every 250 --steps 3000 --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
 fi
