@@ -112,7 +112,7 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   draft = proposer.draft
   parts = [PRICES_VERSION, jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
            str(model.attention), str(model.gemm), str(model.batch_invariant), proposer.lookup.num_tokens,
-           None if draft is None else draft.widths, shapes, repr(sampling), batch,
+           None if draft is None else (draft.widths, draft.cape), shapes, repr(sampling), batch,
            1 << max(0, (max_len - 1).bit_length())]
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 

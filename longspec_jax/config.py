@@ -200,6 +200,39 @@ class DraftConfig(BlockConfig):
                                                          if "tree_widths" in d else {})})
 
 
+@dataclasses.dataclass(frozen=True)
+class CapeConfig:
+  """CAPE's expanded proposal (GLIDE with a CAPE, section 4.2): a greedy chain of `gamma`
+  draft tokens, and beside each the next-best tokens at its position, as many as the
+  draft's confidence there (its top-1 probability p) asks for: `sizes[i]` for p in
+  (edges[i - 1], edges[i]] (edges[-1] = 0, edges[len] = 1). The paper's: 7, 5, 3, 1 for
+  p in (0, .3], (.3, .6], (.6, .8], (.8, 1]."""
+
+  gamma: int = 5
+  edges: tuple[float, ...] = (0.3, 0.6, 0.8)
+  sizes: tuple[int, ...] = (7, 5, 3, 1)
+
+  def __post_init__(self):
+    if self.gamma < 1:
+      raise UserError(f"a CAPE chain needs gamma >= 1 tokens, got {self.gamma}.")
+    if len(self.sizes) != len(self.edges) + 1 or any(s < 0 for s in self.sizes):
+      raise UserError(f"CAPE needs one expansion size >= 0 per confidence bin ({len(self.edges) + 1} for edges"
+                      f" {list(self.edges)}), got {list(self.sizes)}.")
+    if any(not 0 < e < 1 for e in self.edges) or any(a >= b for a, b in zip(self.edges, self.edges[1:])):
+      raise UserError(f"CAPE's confidence edges must rise strictly inside (0, 1), got {list(self.edges)}.")
+
+  @property
+  def most(self) -> int:
+    """The largest expansion at one position."""
+    return max(self.sizes)
+
+  @property
+  def tree_size(self) -> int:
+    """Nodes of its tree: the root, the chain, and room for the largest expansion at each
+    position (`tree.cape_tree`)."""
+    return 1 + self.gamma * (1 + self.most)
+
+
 # Most nodes a token tree may have (root included): the papers' trees have 20-70 nodes,
 # and past a few hundred a verification pass costs more than any acceptance can repay.
 MAX_TREE_NODES = 1024

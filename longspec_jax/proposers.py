@@ -24,9 +24,11 @@ from longspec_jax import gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
+from longspec_jax.config import CapeConfig
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
+from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.tree import Tree, beam_offsets, best_children, chain, graft_chain
+from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain
 
 # Tokens one catch-up pass takes when the draft's ring lags behind (`LongSpecDraft.catch_up`):
 # after 32 copy rounds of ~5 tokens, one pass of 128 instead of ten of 16, each with its
@@ -59,6 +61,11 @@ class LongSpecDraft:
   and to its tree ancestors (a small K/V buffer of the tree's own nodes). Cross-attention
   sees the committed target cache only.
 
+  `cape`: CAPE's tree instead of the beam search (GLIDE with a CAPE): a greedy chain of
+  `cape.gamma` draft tokens, one pass per token, with the next-best tokens at each
+  position as leaves beside it, as many as the draft's confidence there asks for
+  (`tree.cape_tree`).
+
   `copy_tokens` > 0: prompt lookup's continuation of that many tokens (`PromptLookup`)
   joins the tree as a branch under the root (`tree.graft_chain`), verified in the same
   pass, so a round gets whichever of copying and drafting is right.
@@ -67,14 +74,15 @@ class LongSpecDraft:
   graphdef: nnx.GraphDef
   widths: tuple[int, ...]
   copy_tokens: int = 0
+  cape: CapeConfig | None = None
 
   @property
   def tree_size(self) -> int:
-    return beam_offsets(self.widths)[-1] + self.copy_tokens
+    return (self.cape.tree_size if self.cape else beam_offsets(self.widths)[-1]) + self.copy_tokens
 
   @property
   def depth(self) -> int:
-    return max(len(self.widths), self.copy_tokens)
+    return max(self.cape.gamma if self.cape else len(self.widths), self.copy_tokens)
 
   def start(self, params, *, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
@@ -121,8 +129,15 @@ class LongSpecDraft:
     return step(ring, span)
 
   def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
-    """The beam-search tree from the root's hidden state [B, 1, E]: per depth, the
-    frontier's best children by cumulative log-prob, then one draft pass over them."""
+    """The round's tree from the root's hidden state [B, 1, E]: CAPE's or the beam
+    search's."""
+    if self.cape is not None:
+      return self._cape_tree(draft, target, cache, ring, root, root_hidden)
+    return self._beam_tree(draft, target, cache, ring, root, root_hidden)
+
+  def _beam_tree(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+    """Per depth, the frontier's best children by cumulative log-prob, then one draft
+    pass over them."""
     lengths = cache.lengths
     batch = root.shape[0]
     offsets = beam_offsets(self.widths)
@@ -158,6 +173,30 @@ class LongSpecDraft:
     return Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
                 valid=jnp.ones((batch, n), bool), ancestors=ancestors)
 
+  def _cape_tree(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+    """The greedy chain, keeping each position's `1 + cape.most` most likely tokens and
+    the chain token's probability; one draft pass per chain token (the leaves get none)."""
+    cape, lengths, cfg = self.cape, cache.lengths, draft.config
+    batch = root.shape[0]
+    nodes = cape.gamma + 1  # the chain's, root first (in the ring, not the buffer)
+    buffer_shape = (cfg.num_layers, batch, nodes, cfg.num_kv_heads, cfg.head_dim)
+    buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
+    hidden, tops, confidence = root_hidden, [], []
+    for depth in range(1, cape.gamma + 1):
+      top_lp, top_tokens = target.top_log_probs(hidden, 1 + cape.most)  # [B, 1, 1 + most]
+      tops.append(top_tokens[:, 0])
+      confidence.append(jnp.exp(top_lp[:, 0, 0]))
+      if depth == cape.gamma:
+        break
+      seen = (jnp.arange(nodes) >= 1) & (jnp.arange(nodes) <= depth)  # the chain so far, this node included
+      hidden, buffer = draft(
+          target, top_tokens[:, :, 0], jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
+          SelfAttend(mask=jnp.broadcast_to(seen, (batch, 1, nodes)), ring=ring, ring_limit=lengths + 1,
+                     buffer=(*buffer, jnp.full((batch, 1), depth))),
+          CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None], layer=cfg.cross_layer),
+      )
+    return cape_tree(root, jnp.stack(tops, axis=1), jnp.stack(confidence, axis=1), cape)
+
   @staticmethod
   def _append(draft: Draft, target, cache, history, ring: RingCache | None, positions, valid, keep=None):
     """One draft pass over the tokens at consecutive `positions [B, T]` (where valid),
@@ -185,23 +224,27 @@ DRAFT_METHODS = ("longspec",)
 
 
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
-                  copy_tokens: int | None = None):
+                  copy_tokens: int | None = None, cape: CapeConfig | None = None):
   """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
-  draft's graphdef and tree, `tree_widths` with `copy_tokens` of prompt lookup grafted in
-  (each by default the draft's own, `DraftConfig`), and its params are the draft's. `auto`
-  chooses each round among AR, prompt lookup's chain of `copy_tokens` (by default the
-  draft's, or `PromptLookup`'s where that is none) and, if a draft is given, the draft's
-  tree with the chain grafted in. The other methods have no params."""
+  draft's graphdef and tree, `tree_widths` (or with `cape`, CAPE's tree) with
+  `copy_tokens` of prompt lookup grafted in (each by default the draft's own,
+  `DraftConfig`), and its params are the draft's. `auto` chooses each round among AR,
+  prompt lookup's chain of `copy_tokens` (by default the draft's, or `PromptLookup`'s
+  where that is none) and, if a draft is given, the draft's tree with the chain grafted
+  in. The other methods have no params."""
   stored = draft.config if draft is not None else None
+  if cape is not None and stored is not None and cape.most >= stored.vocab_size:
+    raise UserError(f"CAPE's largest expansion ({cape.most} tokens beside the chain's) needs a vocabulary of more"
+                    f" than {cape.most} tokens; the draft's has {stored.vocab_size}.")
   if method == "auto":
     copies = copy_tokens or (stored.copy_tokens if stored else 0)
     lookup = PromptLookup(num_tokens=copies) if copies else PromptLookup()
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)
-    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(tree_widths or stored.tree_widths))), params
+    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(tree_widths or stored.tree_widths), cape=cape)), params
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
     copies = stored.copy_tokens if copy_tokens is None else copy_tokens
-    return PROPOSERS[method](graphdef, tuple(tree_widths or stored.tree_widths), copies), params
+    return PROPOSERS[method](graphdef, tuple(tree_widths or stored.tree_widths), copies, cape), params
   return PROPOSERS[method](), None

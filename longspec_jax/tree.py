@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longspec_jax.config import MAX_TREE_NODES
+from longspec_jax.config import MAX_TREE_NODES, CapeConfig
 
 
 def node_budget(vocab_size: int, batch: int = 1) -> int:
@@ -125,6 +125,45 @@ def graft_chain(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
     ancestors = ancestors.at[:, node].set(jnp.where(new[:, None], ancestors[rows, at] | own, False))
     at = jnp.where(alive & shared, jnp.argmax(same, axis=1), jnp.where(new, node, at)).astype(jnp.int32)
   return Tree(tokens=tokens, parents=parents, depths=depths, valid=node_valid, ancestors=ancestors)
+
+
+def cape_tree(root: jax.Array, top_tokens: jax.Array, confidence: jax.Array, cape: CapeConfig) -> Tree:
+  """CAPE's expanded proposal as a token tree (GLIDE with a CAPE, Algorithm 1): the draft's
+  greedy chain root -> c_1 -> ... -> c_gamma, c_i = top_tokens[:, i - 1, 0], and beside
+  each c_i its next-best tokens top_tokens[:, i - 1, 1:1 + K_i] as leaves under c_{i - 1}
+  (no descendants: CAPE grows only the chain), K_i as `cape` sizes the draft's confidence
+  at that position. Each node then attends to the chain before its position and to itself:
+  the paper's CAPE mask, as an ancestor mask.
+
+  root [B]; top_tokens [B, gamma, 1 + cape.most]: each position's most likely tokens, best
+  first; confidence [B, gamma]: the probability of the chain's token there. Nodes: the
+  root, the chain, then `cape.most` places per position (those past K_i unused)."""
+  batch, gamma, _ = top_tokens.shape
+  most = cape.most
+  position = np.repeat(np.arange(gamma), most)  # each expansion place's chain position (0-based)
+  rank = np.tile(np.arange(1, most + 1), gamma)  # its rank among that position's tokens (0: the chain's)
+  sizes = jnp.asarray(cape.sizes, jnp.int32)[jnp.searchsorted(jnp.asarray(cape.edges, confidence.dtype),
+                                                                confidence, side="left")]  # [B, gamma]
+  expanded = rank[None, :] <= sizes[:, position]  # [B, gamma * most]
+  line = chain(root, top_tokens[:, :, 0])
+  # Static layout: chain node i's ancestors are nodes 0..i; an expansion's, the chain
+  # before its position (nodes 0..position) and itself.
+  n = 1 + gamma + gamma * most
+  parents = np.concatenate([np.arange(-1, gamma), position])
+  ancestors = np.zeros((n, n), bool)
+  for node in range(n):
+    at = node if node <= gamma else parents[node]
+    ancestors[node, : at + 1] = True
+    ancestors[node, node] = True
+  valid = jnp.concatenate([line.valid, expanded], axis=1)  # [B, N]
+  return Tree(
+      tokens=jnp.concatenate([line.tokens, top_tokens[:, position, rank].astype(jnp.int32)], axis=1),
+      parents=jnp.where(valid, jnp.asarray(parents, jnp.int32)[None], -1),
+      depths=jnp.broadcast_to(jnp.asarray(np.concatenate([np.arange(gamma + 1), position + 1]), jnp.int32),
+                              (batch, n)),
+      valid=valid,
+      ancestors=jnp.asarray(ancestors)[None] & valid[:, :, None] & valid[:, None, :],
+  )
 
 
 def static_topology(branching: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from flax import nnx
 
 from longspec_jax import gemm
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
-from longspec_jax.config import DraftConfig
+from longspec_jax.config import CapeConfig, DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
@@ -162,21 +162,23 @@ def test_prompt_lookup_is_lossless(tiny):
   assert result.stats.rounds < 2 * 23  # rounds, over both sequences
 
 
-def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, **draft_config):
-  """A LongSpec proposer (with `copy_tokens` of prompt lookup grafted in) and its random
-  draft's params."""
+def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, cape=None, **draft_config):
+  """A LongSpec proposer (with `copy_tokens` of prompt lookup grafted in; CAPE's tree
+  with `cape`) and its random draft's params."""
   draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed,
                        attention=attention)
   graphdef, params = nnx.split(draft)
-  return LongSpecDraft(graphdef, widths, copy_tokens), params
+  return LongSpecDraft(graphdef, widths, copy_tokens, cape), params
 
 
-def test_longspec_with_a_random_draft_is_lossless(tiny):
+@pytest.mark.parametrize("cape", [None, CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))],
+                         ids=["beam", "cape"])
+def test_longspec_with_a_random_draft_is_lossless(tiny, cape):
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids
   eos = reference[1][6]
-  proposer, params = longspec(tiny, num_layers=2, window=8)
+  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape)
   result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
 
@@ -268,8 +270,8 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD,
   LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
-  time, prompt lookup's copies grafted in), auto with that draft and an oracle tree with
-  decoys emit exactly the AR tokens for 80 new tokens."""
+  time, prompt lookup's copies grafted in; and CAPE's tree), auto with that draft and an
+  oracle tree with decoys emit exactly the AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -283,6 +285,8 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   longspec_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
+  proposer, params = make_proposer("longspec", draft, cape=CapeConfig(gamma=4))
+  assert generate(target.model, prompts, 80, Decoding(proposer=proposer), params).token_ids == reference
   proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2))
   auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference

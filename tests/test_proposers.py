@@ -10,10 +10,12 @@ from flax import nnx
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
-from longspec_jax.config import DraftConfig
+from longspec_jax.config import CapeConfig, DraftConfig
 from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.engine import prefill
+from longspec_jax.errors import UserError
 from longspec_jax.proposers import LongSpecDraft, make_proposer
+from longspec_jax.tree import cape_tree
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -96,6 +98,47 @@ def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
       assert np.asarray(tree.parents[b]).tolist() == parents
       np.testing.assert_array_equal(np.asarray(tree.depths[b]), [0, 1, 1, 2, 2, 2, 3, 3, 3])
     np.testing.assert_array_equal(np.asarray(ring.length), np.asarray(lengths) + 1)  # the root is in the ring
+
+
+def test_cape_tree_matches_recomputed_reference_over_two_rounds(models):
+  """CAPE on the LongSpec draft: the chain is the draft's greedy continuation, and each
+  position's leaves and their number come from the draft's distribution there
+  (recomputed over the whole sequence), as `tree.cape_tree` lays them out."""
+  target, draft = models
+  graphdef, params = nnx.split(draft)
+  cape = CapeConfig(gamma=3, edges=(0.005, 0.01), sizes=(3, 2, 1))
+  proposer = LongSpecDraft(graphdef, WIDTHS, cape=cape)
+  assert proposer.tree_size == cape.tree_size == 13 and proposer.depth == 3
+  rng = np.random.default_rng(1)
+  texts = [rng.integers(3, 211, size=40).tolist(), rng.integers(3, 211, size=40).tolist()]
+  history = jnp.asarray(texts, jnp.int32)
+  propose = jax.jit(lambda ring, cache, root: proposer.propose(
+      params, ring, target=target, cache=cache, history=history, root=root))
+  first, ring = [20, 11], None
+  for step, lengths in enumerate([first, [n + cape.gamma + 1 for n in first]]):
+    cache, _ = prefill(target, [t[:n] for t, n in zip(texts, lengths)], 64, 16)
+    root = jnp.asarray([t[n] for t, n in zip(texts, lengths)], jnp.int32)
+    if step == 0:
+      ring = proposer.start(params, target=target, cache=cache, history=history)
+    tree, ring = propose(ring, cache, root)
+    for b, (text, n) in enumerate(zip(texts, lengths)):
+      context, top, confidence = text[: n + 1], [], []
+      for _ in range(cape.gamma):
+        log_probs = reference_log_probs(target, draft, cache, b, context)
+        best = np.argsort(-log_probs)[: 1 + cape.most]
+        top.append(best)
+        confidence.append(np.exp(log_probs[best[0]]))
+        context = context + [int(best[0])]
+      want = cape_tree(root[b : b + 1], jnp.asarray([top]), jnp.asarray([confidence], jnp.float32), cape)
+      for field in ("tokens", "parents", "depths", "valid"):
+        np.testing.assert_array_equal(np.asarray(getattr(tree, field)[b]), np.asarray(getattr(want, field)[0]))
+      np.testing.assert_array_equal(np.asarray(tree.ancestors[b]), np.asarray(want.ancestors[0]))
+
+
+def test_cape_needs_a_vocabulary_wider_than_its_largest_expansion(models):
+  target, draft = models
+  with pytest.raises(UserError, match="CAPE's largest expansion"):
+    make_proposer("longspec", draft, cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
 
 
 def test_draft_state_does_not_grow_with_context(models):

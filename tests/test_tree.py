@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.tree import Tree, beam_offsets, best_children, chain, graft_chain, static_topology
+from longspec_jax.config import CapeConfig
+from longspec_jax.errors import UserError
+from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain, static_topology
 
 
 def random_tree(rng, batch, size, vocab):
@@ -145,3 +147,50 @@ def test_tree_width_limits():
     check_tree_widths((32, 32), max_nodes=70, copy_tokens=10)
   assert 1 <= node_budget(128256, batch=8) <= node_budget(49152) == MAX_TREE_NODES  # this machine holds 1024
   assert node_budget(10**12) == 1  # a vocabulary no machine holds logits of
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), gamma=st.integers(1, 6))
+def test_cape_tree_is_the_chain_with_leaves_sized_by_confidence(seed, batch, gamma):
+  """Every chain token's position holds its next-best tokens as leaves beside it, as
+  many as the confidence there asks for; the ancestor mask is the tree's own and the
+  paper's CAPE mask: a proposal token sees the chain before its position, and itself."""
+  rng = np.random.default_rng(seed)
+  cape = CapeConfig(gamma=gamma)
+  top = np.stack([np.stack([rng.permutation(50)[: 1 + cape.most] for _ in range(gamma)]) for _ in range(batch)])
+  confidence = rng.uniform(0.01, 1.0, (batch, gamma)).astype(np.float32)
+  root = rng.integers(0, 50, batch)
+  tree = cape_tree(jnp.asarray(root), jnp.asarray(top), jnp.asarray(confidence), cape)
+  assert tree.size == cape.tree_size
+  computed = Tree(tree.tokens, tree.parents, tree.depths, tree.valid).ancestor_mask()
+  np.testing.assert_array_equal(tree.ancestors, computed)
+  sizes = {0.3: 7, 0.6: 5, 0.8: 3, 1.0: 1}
+  for b in range(batch):
+    nodes = [i for i in range(tree.size) if tree.valid[b, i]]
+    assert nodes[: gamma + 1] == list(range(gamma + 1))
+    assert [int(tree.tokens[b, i]) for i in range(gamma + 1)] == [root[b], *top[b, :, 0]]
+    for i in range(gamma):  # position i + 1: its leaves are children of chain node i
+      leaves = [n for n in nodes[gamma + 1:] if tree.parents[b, n] == i]
+      want = next(k for edge, k in sizes.items() if confidence[b, i] <= edge)
+      assert [int(tree.tokens[b, n]) for n in leaves] == list(top[b, i, 1: 1 + want])
+      assert all(tree.depths[b, n] == i + 1 for n in leaves)
+    # The paper's mask over the linearized proposal (chain first, then the leaves).
+    position = {n: (n if n <= gamma else int(tree.depths[b, n])) for n in nodes[1:]}
+    for i in nodes[1:]:
+      for j in nodes[1:]:
+        want = i == j or (j <= gamma and position[i] > j)
+        assert bool(tree.ancestors[b, i, j]) == want, (i, j)
+
+
+def test_cape_sizes_by_confidence_bin_and_bad_configs():
+  cape = CapeConfig(gamma=1)
+  top = jnp.asarray(np.arange(8)[None, None, :])
+  for p, leaves in [(1e-4, 7), (0.3, 7), (0.30001, 5), (0.6, 5), (0.7, 3), (0.8, 3), (0.81, 1), (1.0, 1)]:
+    tree = cape_tree(jnp.asarray([9]), top, jnp.asarray([[p]], jnp.float32), cape)
+    assert int(tree.valid.sum()) == 2 + leaves, p
+  assert CapeConfig(edges=(), sizes=(2,)).tree_size == 16
+  for bad, message in [(dict(gamma=0), "gamma >= 1"), (dict(sizes=(1, 2)), "one expansion size >= 0 per"),
+                       (dict(edges=(0.6, 0.3, 0.8)), "rise strictly"), (dict(edges=(0.0, 0.5, 0.8)), "rise strictly"),
+                       (dict(sizes=(7, 5, -1, 1)), "size >= 0")]:
+    with pytest.raises(UserError, match=message):
+      CapeConfig(**bad)

@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tree import random_tree
 
+from longspec_jax.config import CapeConfig
 from longspec_jax.engine import prefill
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.sampling import SamplingConfig, probs
 from longspec_jax.tree import Tree, chain, graft_chain
+from longspec_jax.tree import cape_tree as build_cape_tree
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -157,10 +159,14 @@ def copy_tree(context):
               depths=jnp.asarray([[0, 1, 1, 2, 2, 2, 2]], jnp.int32), valid=jnp.ones((1, len(nodes)), bool))
   history = jnp.asarray([list(context) + [0] * 8], jnp.int32)  # the engine's history has room past the root
   drafted, valid = PromptLookup(num_tokens=3).lookup(history, jnp.asarray([len(context) - 1]))
-  grafted = graft_chain(tree, drafted, valid)
-  keep = [i for i in range(grafted.size) if bool(grafted.valid[0, i])]
+  return [(1.0, nodes_of(graft_chain(tree, drafted, valid)))]
+
+
+def nodes_of(tree: Tree) -> list:
+  """A one-sequence `Tree`'s used nodes as (parent, token, no draft law), renumbered."""
+  keep = [i for i in range(tree.size) if bool(tree.valid[0, i])]
   index = {old: new for new, old in enumerate(keep)}
-  return [(1.0, [(index.get(int(grafted.parents[0, i]), -1), int(grafted.tokens[0, i]), None) for i in keep])]
+  return [(index.get(int(tree.parents[0, i]), -1), int(tree.tokens[0, i]), None) for i in keep]
 
 
 def random_tree_of_context(context, size=6):
@@ -171,11 +177,19 @@ def random_tree_of_context(context, size=6):
 
 
 def cape_tree(context):
-  """CAPE-style: the draft's top-3 candidates at the root, the best one extended by a chain."""
-  top = np.argsort(-draft_distribution(context))[:3]
-  nodes = [(-1, context[-1], None)] + [(0, int(t), None) for t in top]
-  follow = chain_tree(context + (int(top[0]),), length=2)[0][1][1:]
-  return [(1.0, nodes + [(1 if p == 0 else p + 3, t, q) for p, t, q in follow])]
+  """CAPE's expanded proposal (`tree.cape_tree`): the draft's greedy 2-token chain, and
+  beside each of its tokens the draft's next-best ones there, two where its confidence
+  is at most 0.5, else one."""
+  cape = CapeConfig(gamma=2, edges=(0.5,), sizes=(2, 1))
+  top, confidence, after = [], [], context
+  for _ in range(cape.gamma):
+    q = draft_distribution(after)
+    best = np.argsort(-q)[: 1 + cape.most]
+    top.append(best)
+    confidence.append(q[best[0]])
+    after += (int(best[0]),)
+  tree = build_cape_tree(jnp.asarray([context[-1]]), jnp.asarray([top]), jnp.asarray([confidence]), cape)
+  return [(1.0, nodes_of(tree))]
 
 
 def sampled_tree(context):
