@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import add_sampling_flags, sampling_config, tree_record, tree_widths
+from infer.cli import add_sampling_flags, add_tree_flags, sampling_config, tree_choice, tree_record
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds, warmed_up
@@ -110,8 +110,7 @@ def main(argv=None):
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
   p.add_argument("--draft", help="draft for longspec and auto: 'default' (the default), 'random', a checkpoint dir,"
                  " or 'none' (auto without a draft)")
-  p.add_argument("--tree-widths", type=tree_widths, nargs="+",
-                 help="longspec trees to compare, each beam widths per depth like 4,16,16 (default: the draft's)")
+  add_tree_flags(p, many=True)
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
                  help="longspec: prompt-lookup tokens grafted into the tree, one run per value; auto: the copy"
                  " chain's length (default: the draft's tree, else none for longspec and 10 for auto)")
@@ -137,15 +136,15 @@ def main(argv=None):
   if args.out:
     cli.output_path(args.out)
   methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
-  variants = []  # (label, method, tree widths, copy tokens): a draft method once per tree and copy length
+  variants = []  # (label, method, (tree widths, CAPE), copy tokens): a draft method once per tree and copy length
   for m in methods:
     if m not in drafting:
-      variants.append((m, m, None, 0))
+      variants.append((m, m, (None, None), 0))
       continue
-    for w in args.tree_widths or [None]:
+    for spec in args.tree_widths or [None]:
       for copies in args.copy_tokens or [None]:
-        label = m + (f"[{','.join(map(str, w))}]" if w else "") + (f"+copy{copies}" if copies else "")
-        variants.append((label, m, w, copies))
+        shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
+        variants.append((m + shape + (f"+copy{copies}" if copies else ""), m, tree_choice(spec, args), copies))
   sampling = sampling_config(args)
   dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
@@ -155,8 +154,11 @@ def main(argv=None):
   uses_draft = bool(set(methods) & drafting) and draft_spec != "none"
   if uses_draft:
     resolve_draft(draft_spec, args.target)
-  for widths in args.tree_widths or ():
-    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), max(args.copy_tokens or [0]))
+  for _, _, (widths, cape), copies in variants:
+    if widths:
+      check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), copies or 0)
+    if cape:
+      cape.check_fits(config.vocab_size, node_budget(config.vocab_size), copies or 0)
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
@@ -187,8 +189,8 @@ def main(argv=None):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, widths, copies in variants:
-        proposer, draft_params = make_proposer(method, draft, widths, copies)
+      for label, method, (widths, cape), copies in variants:
+        proposer, draft_params = make_proposer(method, draft, widths, copies, cape)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result

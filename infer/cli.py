@@ -1,5 +1,5 @@
 """Command-line pieces of the inference CLIs (generate, benchmark, profile): the method
-names, the sampling flags, tree widths and the prompt. The plumbing every CLI shares is
+names, the sampling flags, trees (beam widths or CAPE's) and the prompt. The plumbing every CLI shares is
 `longspec_jax.cli`."""
 
 from __future__ import annotations
@@ -37,10 +37,15 @@ def sampling_config(args):
                         penalty=args.penalty, penalty_window=args.penalty_window)
 
 
-def tree_widths(text: str) -> tuple[int, ...]:
-  """argparse type for `--tree-widths 4,16,16`: beam widths per depth."""
+CAPE = "cape"  # a --tree-widths value: CAPE's tree (--cape-gamma, --cape-bins) instead of a beam search
+
+
+def tree_widths(text: str) -> tuple[int, ...] | str:
+  """argparse type for `--tree-widths 4,16,16`: beam widths per depth, or `cape`."""
   from longspec_jax.config import check_tree_widths
 
+  if text == CAPE:
+    return CAPE
   try:
     widths = tuple(int(w) for w in text.split(","))
     check_tree_widths(widths)
@@ -51,18 +56,67 @@ def tree_widths(text: str) -> tuple[int, ...]:
   return widths
 
 
+def cape_bins(text: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
+  """argparse type for `--cape-bins 0.3:7,0.6:5,0.8:3,1:1`: each bin's highest confidence
+  and its leaves per position, the last bin ending at 1 -> (edges, sizes)."""
+  from longspec_jax.config import CapeConfig
+
+  try:
+    pairs = [(float(p), int(k)) for p, k in (pair.split(":") for pair in text.split(","))]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected confidence:leaves pairs like 0.3:7,1:1, got {text!r}") from None
+  if pairs[-1][0] != 1.0:
+    raise argparse.ArgumentTypeError(f"the last CAPE bin must end at confidence 1, got {text!r}")
+  edges, sizes = tuple(p for p, _ in pairs[:-1]), tuple(k for _, k in pairs)
+  try:
+    CapeConfig(edges=edges, sizes=sizes)
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return edges, sizes
+
+
+def add_tree_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
+  """--tree-widths (beam widths per depth, or `cape`; `many`: several, one run each) and
+  CAPE's settings."""
+  p.add_argument("--tree-widths", type=tree_widths, nargs="+" if many else None,
+                 help="longspec, auto: beam widths per tree depth like 4,16,16, or 'cape' for CAPE's tree (a greedy"
+                      " chain with the draft's next-best tokens as leaves, as many as its confidence asks for;"
+                      " default: the draft's)" + ("; several: one run each" if many else ""))
+  p.add_argument("--cape-gamma", type=positive_int, default=5, help="CAPE: draft tokens in its chain")
+  p.add_argument("--cape-bins", type=cape_bins, default=((0.3, 0.6, 0.8), (7, 5, 3, 1)),
+                 help="CAPE: confidence bins as highest-confidence:leaves pairs, the paper's 0.3:7,0.6:5,0.8:3,1:1")
+
+
+def tree_choice(spec, args):
+  """(beam widths, CapeConfig) of one --tree-widths value: one of them None (both: the
+  draft's default tree)."""
+  from longspec_jax.config import CapeConfig
+
+  if spec == CAPE:
+    edges, sizes = args.cape_bins
+    return None, CapeConfig(gamma=args.cape_gamma, edges=edges, sizes=sizes)
+  return spec, None
+
+
 def tree_record(proposer) -> dict:
   """The results' description of the trees a proposer verifies: the draft's beam widths
-  (auto without a draft: None) and the copied tokens (auto: its chains' length; its
-  rounds by kind are in the stats). Methods without trees beyond a chain: nothing."""
+  or CAPE's settings (auto without a draft: None) and the copied tokens (auto: its
+  chains' length; its rounds by kind are in the stats). Methods without trees beyond a
+  chain: nothing."""
+  import dataclasses
+
   from longspec_jax.adaptive import Adaptive
   from longspec_jax.proposers import LongSpecDraft
 
+  def shape(draft) -> dict:
+    if draft is None:
+      return {"tree_widths": None}
+    return {"cape": dataclasses.asdict(draft.cape)} if draft.cape else {"tree_widths": list(draft.widths)}
+
   if isinstance(proposer, Adaptive):
-    widths = None if proposer.draft is None else list(proposer.draft.widths)
-    return {"tree_widths": widths, "copy_tokens": proposer.lookup.num_tokens}
+    return {**shape(proposer.draft), "copy_tokens": proposer.lookup.num_tokens}
   if isinstance(proposer, LongSpecDraft):
-    return {"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
+    return {**shape(proposer), "copy_tokens": proposer.copy_tokens}
   return {}
 
 

@@ -11,23 +11,24 @@ import sys
 import time
 
 from infer.cli import (
-    METHODS,
-    add_sampling_flags,
-    encode_prompt,
-    read_prompt,
-    sampling_config,
-    tree_record,
-    tree_widths,
+  METHODS,
+  add_sampling_flags,
+  add_tree_flags,
+  encode_prompt,
+  read_prompt,
+  sampling_config,
+  tree_choice,
+  tree_record,
 )
 from longspec_jax.cli import (
-    ArgumentParser,
-    add_attention_flag,
-    add_batch_invariant_flag,
-    attention_impl,
-    nonnegative_int,
-    positive_int,
-    resolve_dtype,
-    run_main,
+  ArgumentParser,
+  add_attention_flag,
+  add_batch_invariant_flag,
+  attention_impl,
+  nonnegative_int,
+  positive_int,
+  resolve_dtype,
+  run_main,
 )
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
@@ -48,8 +49,7 @@ def parse_args(argv=None):
   p.add_argument("--method", choices=METHODS, default="auto",
                  help="decoding method; auto (default) chooses each round among AR, prompt lookup and the draft's"
                       " tree by their measured cost and recent gain")
-  p.add_argument("--tree-widths", type=tree_widths,
-                 help="longspec, auto: beam widths per tree depth, e.g. 4,16,16 (default: the draft's)")
+  add_tree_flags(p)
   p.add_argument("--copy-tokens", type=nonnegative_int,
                  help="longspec: graft prompt lookup's continuation of this many tokens into each tree; auto: the"
                       " length of its copied chains (default: the draft's tree, else none for longspec and 10 for"
@@ -161,8 +161,11 @@ def main(argv=None) -> None:
     resolve_draft(draft_spec, args.target)
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
-  if args.tree_widths:
-    check_tree_widths(args.tree_widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
+  widths, cape = tree_choice(args.tree_widths, args)
+  if widths:
+    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
+  if cape:
+    cape.check_fits(config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
@@ -172,7 +175,7 @@ def main(argv=None) -> None:
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  proposer, draft_params = make_proposer(method, draft, args.tree_widths, args.copy_tokens)
+  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape)
   with PrefillBar() as on_prefill:
     decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,

@@ -32,7 +32,7 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import METHODS, add_sampling_flags, sampling_config, tree_widths
+from infer.cli import METHODS, add_sampling_flags, add_tree_flags, sampling_config, tree_choice
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.shapes import SHAPES
@@ -188,7 +188,7 @@ def main(argv=None):
   p.add_argument("--method", default="longspec", choices=METHODS)
   p.add_argument("--draft", default="default",
                  help="draft for longspec and auto: 'default', 'random', a checkpoint dir, 'none' (auto only)")
-  p.add_argument("--tree-widths", type=tree_widths, help="beam widths per depth like 4,16,16 (default: the draft's)")
+  add_tree_flags(p)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
   p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
@@ -240,7 +240,8 @@ def main(argv=None):
   set_gemm(model, args.gemm)
   draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
            if uses_draft else None)
-  proposer, proposer_params = make_proposer(args.method, draft, args.tree_widths)
+  widths, cape = tree_choice(args.tree_widths, args)
+  proposer, proposer_params = make_proposer(args.method, draft, widths, cape=cape)
   decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
 
   def run():

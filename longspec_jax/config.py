@@ -200,6 +200,27 @@ class DraftConfig(BlockConfig):
                                                          if "tree_widths" in d else {})})
 
 
+# Most nodes a token tree may have (root included): the papers' trees have 20-70 nodes,
+# and past a few hundred a verification pass costs more than any acceptance can repay.
+MAX_TREE_NODES = 1024
+
+
+def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
+                      max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0) -> None:
+  """Beam widths per depth: positive, each at most the vocabulary (a depth picks its nodes
+  among the tokens), and 1 + sum(widths) nodes, with `copy_tokens` grafted copies, within
+  `max_nodes`."""
+  if not widths or any(w < 1 for w in widths):
+    raise UserError(f"tree widths must be one or more positive integers, got {list(widths)}.")
+  if vocab_size is not None and max(widths) > vocab_size:
+    raise UserError(f"a tree width of {max(widths)} exceeds the vocabulary of {vocab_size} tokens.")
+  nodes = 1 + sum(widths) + copy_tokens
+  if nodes > max_nodes:
+    copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
+    raise UserError(f"tree widths {','.join(map(str, widths))}{copies} make {nodes} nodes, over the limit of"
+                    f" {max_nodes} on this machine.")
+
+
 @dataclasses.dataclass(frozen=True)
 class CapeConfig:
   """CAPE's expanded proposal (GLIDE with a CAPE, section 4.2): a greedy chain of `gamma`
@@ -232,23 +253,14 @@ class CapeConfig:
     position (`tree.cape_tree`)."""
     return 1 + self.gamma * (1 + self.most)
 
-
-# Most nodes a token tree may have (root included): the papers' trees have 20-70 nodes,
-# and past a few hundred a verification pass costs more than any acceptance can repay.
-MAX_TREE_NODES = 1024
-
-
-def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
-                      max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0) -> None:
-  """Beam widths per depth: positive, each at most the vocabulary (a depth picks its nodes
-  among the tokens), and 1 + sum(widths) nodes, with `copy_tokens` grafted copies, within
-  `max_nodes`."""
-  if not widths or any(w < 1 for w in widths):
-    raise UserError(f"tree widths must be one or more positive integers, got {list(widths)}.")
-  if vocab_size is not None and max(widths) > vocab_size:
-    raise UserError(f"a tree width of {max(widths)} exceeds the vocabulary of {vocab_size} tokens.")
-  nodes = 1 + sum(widths) + copy_tokens
-  if nodes > max_nodes:
-    copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
-    raise UserError(f"tree widths {','.join(map(str, widths))}{copies} make {nodes} nodes, over the limit of"
-                    f" {max_nodes} on this machine.")
+  def check_fits(self, vocab_size: int, max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0) -> None:
+    """Raises UserError unless the largest expansion leaves the chain's token among the
+    vocabulary's and the tree, with `copy_tokens` grafted copies, fits `max_nodes`."""
+    if self.most >= vocab_size:
+      raise UserError(f"CAPE's largest expansion ({self.most} tokens beside the chain's) needs a vocabulary of more"
+                      f" than {self.most} tokens; this one has {vocab_size}.")
+    nodes = self.tree_size + copy_tokens
+    if nodes > max_nodes:
+      copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
+      raise UserError(f"CAPE's tree of {self.gamma} tokens with up to {self.most} leaves each{copies} makes {nodes}"
+                      f" nodes, over the limit of {max_nodes} on this machine.")

@@ -26,7 +26,6 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
 from longspec_jax.config import CapeConfig
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
-from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain
 
@@ -233,9 +232,8 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   where that is none) and, if a draft is given, the draft's tree with the chain grafted
   in. The other methods have no params."""
   stored = draft.config if draft is not None else None
-  if cape is not None and stored is not None and cape.most >= stored.vocab_size:
-    raise UserError(f"CAPE's largest expansion ({cape.most} tokens beside the chain's) needs a vocabulary of more"
-                    f" than {cape.most} tokens; the draft's has {stored.vocab_size}.")
+  if cape is not None and stored is not None:
+    cape.check_fits(stored.vocab_size)
   if method == "auto":
     copies = copy_tokens or (stored.copy_tokens if stored else 0)
     lookup = PromptLookup(num_tokens=copies) if copies else PromptLookup()

@@ -12,21 +12,23 @@ PROG = "python -m infer.benchmark"
 def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, capsys):
   common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "longspec", "--draft", "random",
             "--sets", "code", "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32",
-            "--tree-widths", "2,2", "1,1,1"]
-  greedy = common + ["--copy-tokens", "0", "4", "--out", str(tmp_path / "greedy.json")]
+            "--cape-gamma", "2"]
+  greedy = common + ["--tree-widths", "2,2", "1,1,1", "cape", "--copy-tokens", "0", "4",
+                     "--out", str(tmp_path / "greedy.json")]
   assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
   assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[2,2]+copy4", "longspec[1,1,1]",
-                                         "longspec[1,1,1]+copy4"]
+                                         "longspec[1,1,1]+copy4", "longspec[cape]", "longspec[cape]+copy4"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
   assert rows[4]["tree_widths"] == [1, 1, 1] and rows[5]["copy_tokens"] == 4
+  assert rows[6]["cape"] == {"gamma": 2, "edges": [0.3, 0.6, 0.8], "sizes": [7, 5, 3, 1]}
   assert all(len(r["per_prompt"]) == 1 and r["per_prompt"][0]["new_tokens"] == 4 for r in rows)  # (1 prompt)
   for row in rows:  # the phase split is a partition of the decode time
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
   assert (tmp_path / "greedy.png").stat().st_size > 0  # the plot beside the JSON
-  sampled = common[:-1] + ["--methods", "ar", "longspec", "auto", "--temperature", "1.0", "--top-k", "50",
-                           "--out", str(tmp_path / "sampled.json")]
+  sampled = common + ["--tree-widths", "2,2", "--methods", "ar", "longspec", "auto", "--temperature", "1.0",
+                      "--top-k", "50", "--out", str(tmp_path / "sampled.json")]
   assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err
   result = json.loads((tmp_path / "sampled.json").read_text())
   assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] is None for r in result["rows"])

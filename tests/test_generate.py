@@ -77,6 +77,10 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--tree-widths", "0,4"], "tree widths must be one or more positive integers, got [0, 4]"
                                                     " (see --help)."),
         (["--prompt", "x", "--tree-widths", "a"], "expected comma-separated integers"),
+        (["--prompt", "x", "--cape-bins", "0.5:2"], "the last CAPE bin must end at confidence 1"),
+        (["--prompt", "x", "--cape-bins", "half:2,1:1"], "expected confidence:leaves pairs"),
+        (["--prompt", "x", "--cape-bins", "0.6:2,0.3:1,1:1"], "confidence edges must rise strictly"),
+        (["--prompt", "x", "--cape-gamma", "0"], "--cape-gamma: expected an integer >= 1"),
         (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"],
          "--top-p: expected a number in (0, 1]"),
         (["--prompt", "x", "--penalty", "0.5"], "--penalty: expected a finite number >= 1"),
@@ -109,6 +113,8 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
     (["--prompt", "x", "--method", "longspec", "--draft", "random", "--tree-widths", "1000,20",
       "--copy-tokens", "10"], "tree widths 1000,20 and 10 copied tokens make 1031 nodes, over the limit of 1024"),
     (["--prompt", "x", "--draft", "/no/such/draft"], "the draft '/no/such/draft' does not exist"),
+    (["--prompt", "x", "--draft", "random", "--tree-widths", "cape", "--cape-gamma", "200"],
+     "CAPE's tree of 200 tokens with up to 7 leaves each makes 1601 nodes, over the limit of 1024"),
     (["--prompt", "x", "--tree-widths", "2,2"], "--tree-widths shapes a draft's tree, but no draft is used here"),
 ])
 def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, capsys):
@@ -142,16 +148,20 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
                       ("random", ["--method", "longspec", "--draft", "random"]),
                       ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
+                      ("cape", ["--method", "longspec", "--draft", "random", "--tree-widths", "cape",
+                                "--cape-gamma", "3", "--cape-bins", "0.5:2,1:1"]),
                       ("auto", []),  # (no draft on a CPU unless one is named)
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "random", "copies", "auto", "checkpoint"):
+  for name in ("pld", "random", "copies", "cape", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
   assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
+  assert results["cape"]["cape"] == {"gamma": 3, "edges": [0.5], "sizes": [2, 1]}
+  assert "tree_widths" not in results["cape"]
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
