@@ -14,7 +14,7 @@ from longspec_jax import calibration, engine, proposers
 from longspec_jax.adaptive import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.cache import KVCache
 from longspec_jax.calibration import REPEATS, ROUNDS
-from longspec_jax.config import DraftConfig
+from longspec_jax.config import CapeConfig, DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, prefill
 from longspec_jax.ngram import PromptLookup
@@ -267,18 +267,21 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, monkeypatch):
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
-@pytest.mark.parametrize("one_program", [False, True])
-def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_program, monkeypatch):
+@pytest.mark.parametrize("one_program, cape",
+                         [(False, None), (True, None), (False, CapeConfig(gamma=3, sizes=(2,) * 4))],
+                         ids=["program-per-kind", "one-program", "cape-draft"])
+def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_program, cape, monkeypatch):
   """A chunk goes on across changes of kind until its rounds have run: each run of rounds
   of one kind a call of that kind's program, which stops where the choice changes kind
   (a CPU's structure), or every kind's loop in one program under a switch (a GPU's, run
   here too). With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ...,
-  AR's tokens."""
+  AR's tokens; the draft's rounds with CAPE's tree too."""
   monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(7)
   prompts = [rng.integers(3, 211, size=8).tolist() * 4, rng.integers(3, 211, size=29).tolist()]
   reference = generate(tiny, prompts, 30).token_ids
   draft, params, _ = draft_for(tiny, widths=(2, 3))
+  draft = dataclasses.replace(draft, cape=cape)
   proposer = Adaptive(PromptLookup(num_tokens=5), draft)
   decoding = Decoding(proposer=proposer)
   started = engine.start(tiny, prompts, 30, decoding, params)
