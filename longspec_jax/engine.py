@@ -214,9 +214,10 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
                   max_rounds, kind=None):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
   compilation) propose -> verify -> accept -> commit rounds on device, until every
-  sequence is done; `auto`'s rounds of one `kind` (`adaptive.Kind`), until the choice
-  changes kind. Returns the new state, this chunk's tokens [B, max_rounds * N] (each row's
-  tokens first, PAD_ID after them) and whether every sequence is now done."""
+  sequence is done; `auto`'s rounds of one `kind` (`adaptive.Kind`) until the choice
+  changes kind, or with no `kind` its rounds of every kind (`_one_program`). Returns the
+  new state, this chunk's tokens [B, max_rounds * N] (each row's tokens first, PAD_ID
+  after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
   proposer, sampling = decoding.proposer, decoding.sampling
   eos_ids = decoding.eos_array()
