@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from infer.cli import METHODS
+from infer.cli import METHODS, cape_bins
 from longspec_jax.cli import run_main
 
 from conftest import run_cli
@@ -26,6 +26,8 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ("infer.benchmark", ["--methods", "ar", "pld", "--tree-widths", "2,2"], "--tree-widths shapes a draft method"),
     ("infer.benchmark", ["--methods", "ar", "--draft", "random"], "--draft shapes a draft method"),
     ("infer.benchmark", ["--methods", "longspec", "--draft", "/no/such"], "the draft '/no/such' does not exist"),
+    ("infer.benchmark", ["--methods", "longspec", "--tree-widths", "cape", "--cape-bins", "0.5:1,0.9:2"],
+     "the last CAPE bin must end at confidence 1"),
     ("infer.benchmark", ["--out", "/"], "the output / is a directory"),
     ("infer.benchmark", ["--temperature", "inf"], "--temperature: expected a finite number >= 0"),
     ("infer.profile", ["--out", "/etc/hostname"], "the output /etc/hostname is a file; give a directory"),
@@ -92,3 +94,9 @@ def test_flags_are_parsed_before_jax_loads(module, argv):
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "False"
+
+
+def test_cape_bins_are_confidence_leaves_pairs():
+  """The paper's bins; one bin is the paper's fixed-size ablation (4 leaves everywhere)."""
+  assert cape_bins("0.3:7,0.6:5,0.8:3,1:1") == ((0.3, 0.6, 0.8), (7, 5, 3, 1))
+  assert cape_bins("1:4") == ((), (4,))
