@@ -23,16 +23,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import add_sampling_flags, add_tree_flags, sampling_config, tree_choice, tree_record
+from infer.cli import add_sampling_flags, add_tree_flags, check_tree, sampling_config, tree_choice, tree_record
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
-from longspec_jax.config import check_tree_widths
 from longspec_jax.engine import Decoding, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
-from longspec_jax.tree import node_budget
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
@@ -155,10 +153,7 @@ def main(argv=None):
   if uses_draft:
     resolve_draft(draft_spec, args.target)
   for _, _, (widths, cape), copies in variants:
-    if widths:
-      check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), copies or 0)
-    if cape:
-      cape.check_fits(config.vocab_size, node_budget(config.vocab_size), copies or 0)
+    check_tree(widths, cape, config.vocab_size, copies or 0)
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)

@@ -1,6 +1,6 @@
 """Command-line pieces of the inference CLIs (generate, benchmark, profile): the method
-names, the sampling flags, trees (beam widths or CAPE's) and the prompt. The plumbing every CLI shares is
-`longspec_jax.cli`."""
+names, the sampling flags, trees (beam widths or CAPE's) and the prompt. The plumbing
+every CLI shares is `longspec_jax.cli`."""
 
 from __future__ import annotations
 
@@ -96,6 +96,18 @@ def tree_choice(spec, args):
     edges, sizes = args.cape_bins
     return None, CapeConfig(gamma=args.cape_gamma, edges=edges, sizes=sizes)
   return spec, None
+
+
+def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
+  """Raises UserError unless the tree `tree_choice` gave (beam widths or CAPE's, with
+  `copy_tokens` grafted) fits the vocabulary and this machine's node budget."""
+  from longspec_jax.config import check_tree_widths
+  from longspec_jax.tree import node_budget
+
+  if widths:
+    check_tree_widths(widths, vocab_size, node_budget(vocab_size), copy_tokens)
+  if cape:
+    cape.check_fits(vocab_size, node_budget(vocab_size), copy_tokens)
 
 
 def tree_record(proposer) -> dict:

@@ -14,6 +14,7 @@ from infer.cli import (
   METHODS,
   add_sampling_flags,
   add_tree_flags,
+  check_tree,
   encode_prompt,
   read_prompt,
   sampling_config,
@@ -136,10 +137,8 @@ def main(argv=None) -> None:
   import jax  # after argument checks: bad flags fail fast
   import jax.numpy as jnp
 
-  from longspec_jax.config import check_tree_widths
   from longspec_jax.engine import Decoding, check_capacity, generate
   from longspec_jax.proposers import DRAFT_METHODS, make_proposer
-  from longspec_jax.tree import node_budget
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft, resolve_draft
 
@@ -162,10 +161,7 @@ def main(argv=None) -> None:
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   widths, cape = tree_choice(args.tree_widths, args)
-  if widths:
-    check_tree_widths(widths, config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
-  if cape:
-    cape.check_fits(config.vocab_size, node_budget(config.vocab_size), args.copy_tokens or 0)
+  check_tree(widths, cape, config.vocab_size, args.copy_tokens or 0)
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)

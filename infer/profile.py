@@ -175,12 +175,16 @@ def summarize(events: list, names: dict[str, str], top: int, updates: dict[str, 
       "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
       "top_ops": [{"hlo_op": op, "ms": ns / 1e6, "share": ns / total, "calls": calls,
                    "scope": scope_of(names.get(op)), "op_name": names.get(op)} for op, (ns, calls) in ranked],
-      "graphs": [{"graph": graph, "ms": sum(scopes.values()) / 1e6,
-                  "scopes": {scope: ns / 1e6 for scope, ns in scopes.most_common()},
-                  "launches": updates.get(graph, [0])[0], "updates": updates.get(graph, [0, 0])[1],
-                  "update_ms": updates.get(graph, [0, 0, 0.0])[2] / 1e6}
+      "graphs": [graph_row(graph, scopes, *updates.get(graph, (0, 0, 0.0)))
                  for graph, scopes in sorted(graphs.items(), key=lambda item: -sum(item[1].values()))],
   }
+
+
+def graph_row(graph: str, scopes: collections.Counter, launches: int, updates: int, update_ns: float) -> dict:
+  """A CUDA graph's row: its device time in all and by scope, launches and updates."""
+  return {"graph": graph, "ms": sum(scopes.values()) / 1e6,
+          "scopes": {scope: ns / 1e6 for scope, ns in scopes.most_common()},
+          "launches": launches, "updates": updates, "update_ms": update_ns / 1e6}
 
 
 def main(argv=None):

@@ -17,9 +17,9 @@ measurement (64-token generations on a CPU almost never held a whole 9-round chu
 copy rounds). A difference lost in the chunks' own jitter (below a quarter of a chunk's
 time per round) is replaced by that time per round, an overestimate, so that no kind
 ever looks free. Last comes the price of a change of kind (the engine leaves one kind's
-loop for another's, on a CPU through a call from the host): the same chunks with rounds that each take the
-kind after the previous round's (`adaptive.CYCLE`), less their rounds' prices, leave a
-change a round beyond the first.
+loop for another's, on a CPU through a call from the host): the same chunks with rounds
+that each take the kind after the previous round's (`adaptive.CYCLE`), less their
+rounds' prices, leave a change a round beyond the first.
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
 finished and the chunks it timed, and the next one goes on from there: without that,

@@ -451,9 +451,9 @@ def plot_loss(metrics: Path, out: Path, title: str, curve: Path | None = None) -
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-  evals = [] if curve is None or not curve.exists() else [
-      json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
+  read = lambda path: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = read(metrics)
+  evals = read(curve) if curve is not None and curve.exists() else []
   fig, axes = plt.subplots(1, 2 if evals else 1, figsize=(11 if evals else 6, 3.5), squeeze=False)
   ax = axes[0, 0]
   ax.plot([r["step"] for r in records], [r["loss"] for r in records])

@@ -101,8 +101,8 @@ def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft:
   config.check_matches(target_config)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Draft(config, dtype, rngs=nnx.Rngs(0))))
   # Restored onto the device: without a sharding orbax returns host (numpy) arrays, which
-  # every jitted call then copies to the device again (on an H100, ~1 ms a call of `auto`'s
-  # rounds, a quarter of its price of a change of kind).
+  # every jitted call then copies to the device again (~1 ms a call on an H100 for
+  # SmolLM2's draft).
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
   try:
