@@ -14,6 +14,10 @@ names the graph as each kernel's op; a kernel XLA generated is charged to its ow
 instruction by its name, a library's (cuBLAS) stays the graph's. A table of the graphs
 gives each one's device time and scopes, its launches and how often the host updated
 it (a graph whose buffers moved since its last launch is rewritten: milliseconds).
+`--generations N` profiles N generations one after another, each on prompts of its own,
+as the benchmark runs them, and lists each one's decode time and graph updates: a graph
+rewritten at the start of every generation costs each of them (what the profile of one
+generation after the warm-up cannot tell from a rewrite that only the first one pays).
 Writes `profile.json`, `profile.png` and the raw trace under --out. `--shape` profiles a
 random-weight model of a real model's shape (e.g. Llama-3.1-8B) on random prompt tokens,
 with a random draft: what a round costs at that size (its tau means nothing).
@@ -135,6 +139,21 @@ def graph_updates(events, start_ns: float, end_ns: float) -> dict[str, list]:
   return by_graph
 
 
+def back_to_back(generations: list[tuple[list, list]]) -> tuple[list, list]:
+  """The (device, host) events of several traced generations (start ns first) on one time
+  line: each generation's shifted to begin where the previous one's device events ended,
+  so that the gaps between generations (prefill, host work outside the decode loop) do
+  not count as the loop's idle time."""
+  device, host, end = [], [], 0
+  for on_device, on_host in generations:
+    if on_device:
+      shift = end - min(event[0] for event in on_device)
+      device += [(start + shift, *rest) for start, *rest in on_device]
+      host += [(start + shift, *rest) for start, *rest in on_host]
+      end = max(start + duration for start, duration, *_ in device)
+  return device, host
+
+
 def kernel_op(hlo_op: str, kernel: str, names: dict[str, str]) -> str:
   """The HLO instruction a kernel ran: its op, or inside a CUDA graph (whose kernels all
   name the graph as their op) the kernel's own instruction where XLA generated it."""
@@ -199,6 +218,8 @@ def main(argv=None):
   p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
   p.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight target of this shape, random prompt tokens")
   p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together")
+  p.add_argument("--generations", type=positive_int, default=1,
+                 help="generations profiled one after another, each on prompts of its own")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   add_attention_flag(p)
   add_gemm_flag(p)
@@ -233,14 +254,15 @@ def main(argv=None):
     target_name = f"random {args.shape}"
     config = SHAPES[args.shape]
     model = random_model(config, dtype, attention=impl)
-    prompts = np.random.default_rng(args.seed).integers(0, config.vocab_size, (args.batch, args.length)).tolist()
+    prompts = np.random.default_rng(args.seed).integers(
+        0, config.vocab_size, (args.generations * args.batch, args.length)).tolist()
   else:
     from longspec_jax.weights import default, load_target
 
     target_name = args.target or default.NAME
     target = load_target(target_name, dtype, attention=impl)
     model, config = target.model, target.config
-    prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.batch)
+    prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
   set_gemm(model, args.gemm)
   draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
            if uses_draft else None)
@@ -248,36 +270,58 @@ def main(argv=None):
   proposer, proposer_params = make_proposer(args.method, draft, widths, cape=cape)
   decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
 
-  def run():
-    return generate(model, prompts, args.new_tokens, decoding, proposer_params, seed=args.seed)
+  def run(generation: int):
+    batch = prompts[generation * args.batch:(generation + 1) * args.batch]
+    return generate(model, batch, args.new_tokens, decoding, proposer_params, seed=args.seed)
 
-  warmed_up(run)  # compiles (and `auto` measures its round prices)
-  trace_dir = args.out / "trace"
-  with jax.profiler.trace(str(trace_dir)):
-    result = run()
-  xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
-  if not xspace:
-    raise UserError(f"the profiler wrote no trace under {trace_dir}.")
-  trace = jax.profiler.ProfileData.from_file(xspace[-1])
-  events = list(device_events(trace))
+  warmed_up(lambda: run(0))  # compiles (and `auto` measures its round prices)
+  names = op_names(dump_dir)
+  traced, generations = [], []
+  for generation in range(args.generations):
+    trace_dir = args.out / "trace" / str(generation)
+    with jax.profiler.trace(str(trace_dir)):
+      result = run(generation)
+    xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
+    if not xspace:
+      raise UserError(f"the profiler wrote no trace under {trace_dir}.")
+    trace = jax.profiler.ProfileData.from_file(xspace[-1])
+    events = list(device_events(trace))
+    span = (min(s for s, *_ in events), max(s + d for s, d, *_ in events)) if events else (0, 0)
+    on_host = [event for event in host_events(trace) if event[0] >= span[0] and event[0] + event[1] <= span[1]]
+    updates = graph_updates(on_host, *span)
+    stats = result.stats
+    generations.append({"decode_ms": 1e3 * stats.decode_seconds, "rounds": stats.rounds,
+                        "tau": stats.mean_accepted_length, "new_tokens": stats.num_new_tokens,
+                        "graph_launches": sum(row[0] for row in updates.values()),
+                        "graph_updates": sum(row[1] for row in updates.values()),
+                        "update_ms": sum(row[2] for row in updates.values()) / 1e6})
+    traced.append((events, on_host))
+    del result  # (its caches: each generation starts as the benchmark's do)
+  events, on_host = back_to_back(traced)
   span = (min(s for s, *_ in events), max(s + d for s, d, *_ in events)) if events else None
-  on_host = list(host_events(trace)) if events else []
-  summary = summarize(events, op_names(dump_dir), args.top, graph_updates(on_host, *span) if span else None)
+  summary = summarize(events, names, args.top, graph_updates(on_host, *span) if span else None)
   if span:  # the host's work while the loop ran
     summary["host_events"] = host_summary(on_host, *span, args.top)
-  stats = result.stats
+  rounds = sum(row["rounds"] for row in generations)
   report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
             "target": target_name, "set": None if args.shape else args.set,
-            "batch": args.batch, "prefill_tokens": len(prompts[0]), "new_tokens": stats.num_new_tokens,
-            "rounds": stats.rounds, "tau": stats.mean_accepted_length, "decode_ms": 1e3 * stats.decode_seconds,
-            **summary}
+            "batch": args.batch, "prefill_tokens": len(prompts[0]),
+            "new_tokens": sum(row["new_tokens"] for row in generations), "rounds": rounds,
+            "tau": sum(row["tau"] * row["rounds"] for row in generations) / max(rounds, 1),
+            "decode_ms": sum(row["decode_ms"] for row in generations), "generations": generations, **summary}
   (args.out / "profile.json").write_text(json.dumps(report, indent=1))
   plot(report, args.out / "profile.png")
 
-  rounds = max(stats.rounds, 1)
-  print(f"{args.method} on {report['device']}: {len(prompts[0])} prefill tokens, {stats.num_new_tokens} new in {rounds}"
-        f" rounds (tau {stats.mean_accepted_length:.2f}); decode {report['decode_ms']:.1f} ms, device kernels"
-        f" {summary['kernel_ms']:.1f} ms, idle {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
+  rounds = max(rounds, 1)
+  print(f"{args.method} on {report['device']}: {len(prompts[0])} prefill tokens, {report['new_tokens']} new in"
+        f" {rounds} rounds over {args.generations} generation(s) (tau {report['tau']:.2f}); decode"
+        f" {report['decode_ms']:.1f} ms, device kernels {summary['kernel_ms']:.1f} ms, idle"
+        f" {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
+  if args.generations > 1:
+    print("generation | decode ms | rounds | tau  | graph launches | updates | update ms")
+    for index, row in enumerate(generations):
+      print(f"{index:10d} | {row['decode_ms']:9.1f} | {row['rounds']:6d} | {row['tau']:4.2f} |"
+            f" {row['graph_launches']:14d} | {row['graph_updates']:7d} | {row['update_ms']:9.2f}")
   print("scope    | ms per round | share")
   for scope, row in summary["by_scope"].items():
     print(f"{scope:8} | {row['ms'] / rounds:12.3f} | {100 * row['share']:4.1f}%")

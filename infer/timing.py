@@ -33,6 +33,10 @@ def warmed_up(generate_once):
   per machine and shape: they are kept on disk), at most `WARM_UPS` times; the last
   result."""
   for _ in range(WARM_UPS):
+    # (the previous generation's caches are freed first, as the timed generations' are:
+    # a generation that runs while another's are held gets other buffers, and the next
+    # one, back in the old ones, pays a rewrite of every CUDA graph of its loop)
+    result = None
     result = generate_once()
     if result.stats.calibration_seconds == 0:
       break

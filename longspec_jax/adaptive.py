@@ -242,6 +242,12 @@ class Adaptive:
     """The state (donated) with every following round of `kind` (or CHOOSE, CYCLE)."""
     return _donated(_forced, state, np.int32(kind))
 
+  def nothing_learnt(self) -> Learnt:
+    """What a first generation starts from: every gain unseen, the first wait before
+    exploring."""
+    return Learnt(copy_gain=np.full((self.lookup.max_ngram,), np.nan, np.float32),
+                  draft_gain=np.full((2,), np.nan, np.float32), explore_after=self.explore_every)
+
   @staticmethod
   def learnt(state: AdaptiveState) -> Learnt:
     """The state's gains averaged over its sequences, those that saw each case."""

@@ -408,3 +408,24 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids
+
+
+def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
+  """A warm-up of one generation covers every program of the later ones, those that
+  start from the gains learnt too: a compile there is timed as decoding."""
+  monkeypatch.setattr(calibration, "REPEATS", 1)
+  rng = np.random.default_rng(7)
+  prompts = [rng.integers(3, 211, size=30).tolist()]
+  decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
+  generate(tiny, prompts, 60, decoding)
+  compiles = []
+  def listener(event, seconds, **kwargs):
+    if "backend_compile" in event:
+      compiles.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for _ in range(2):
+      generate(tiny, prompts, 60, decoding)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert compiles == []

@@ -5,14 +5,14 @@ import json
 import subprocess
 import sys
 
-from infer.profile import busy_ns, graph_updates, host_summary, scope_of, summarize
+from infer.profile import back_to_back, busy_ns, graph_updates, host_summary, scope_of, summarize
 
 
 def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_path):
   out = tmp_path / "prof"
   proc = subprocess.run([sys.executable, "-m", "infer.profile", "--target", str(tiny_with_tokenizer), "--method",
                          "longspec", "--draft", "random", "--tree-widths", "2,2", "--length", "48", "--new-tokens", "6",
-                         "--dtype", "float32", "--top", "5", "--out", str(out)],
+                         "--generations", "2", "--dtype", "float32", "--top", "5", "--out", str(out)],
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads((out / "profile.json").read_text())
@@ -21,6 +21,8 @@ def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_
   assert abs(sum(s["share"] for s in report["by_scope"].values()) - 1) < 1e-6
   assert len(report["top_ops"]) == 5 and "verify" in proc.stdout
   assert 0 < len(report["host_events"]) <= 5 and all(row["ms"] >= 0 for row in report["host_events"])
+  assert len(report["generations"]) == 2 and report["rounds"] == sum(g["rounds"] for g in report["generations"])
+  assert "generation | decode ms" in proc.stdout
 
 
 def test_bad_input_is_one_line(tmp_path):
@@ -66,3 +68,12 @@ def test_a_graph_update_is_charged_to_the_graph_around_it():
             (400, 5, "main", "command_buffer::update"),  # in no graph: not charged
             (500, 5, "main", "command_buffer::update")]  # outside the span
   assert graph_updates(events, 0, 450) == {"command_buffer_1": [2, 1, 30.0], "command_buffer_2": [1, 1, 20.0]}
+
+
+def test_generations_are_laid_back_to_back_with_their_host_events():
+  first = ([(100, 10, "op", "k"), (120, 5, "op", "k")], [(101, 2, "main", "launch")])
+  second = ([(1000, 4, "op", "k")], [(999, 1, "main", "early"), (1001, 2, "main", "launch")])
+  device, host = back_to_back([first, second])
+  assert device == [(0, 10, "op", "k"), (20, 5, "op", "k"), (25, 4, "op", "k")]
+  assert host == [(1, 2, "main", "launch"), (24, 1, "main", "early"), (26, 2, "main", "launch")]
+  assert busy_ns(device) == 19
