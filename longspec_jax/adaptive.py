@@ -35,8 +35,8 @@ does not help, exploring every 32 rounds cost a draft round and a long catch-up 
 time. A draft round among copy rounds also costs more than its price, measured on draft
 rounds back to back (H100, SmolLM2, greedy: 3-4 ms more on code, where 6 of 46 rounds
 were such); what the prices leave unexplained in a generation's time is charged to its
-draft rounds in the next ones (`calibration.surcharge`). The choice depends on earlier
-rounds only, so every round's tokens keep the target's law (greedy: AR's tokens).
+draft rounds in the next ones (`calibration.surcharge`). The choice depends on earlier rounds only, so every round's tokens keep the
+target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations
