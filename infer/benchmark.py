@@ -76,8 +76,7 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
       "per_prompt": [{"tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "new_tokens": s.num_new_tokens,
                       "chunks": s.chunks,
-                      **({"rounds_by_kind": s.rounds_by_kind, "draft_surcharge_ms": 1e3 * s.draft_surcharge_seconds}
-                         if s.rounds_by_kind else {})} for s in stats],
+                      **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {})} for s in stats],
       "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
       "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
       **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},

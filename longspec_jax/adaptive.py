@@ -32,10 +32,7 @@ runs after at most `explore_every` rounds without one, so that its gain follows 
 each such round forced while the draft was not the choice doubles that wait (up to
 `max_explore_every`), and a draft round chosen on its merit resets it: on text the draft
 does not help, exploring every 32 rounds cost a draft round and a long catch-up each
-time. A draft round among copy rounds also costs more than its price, measured on draft
-rounds back to back (H100, SmolLM2, greedy: 3-4 ms more on code, where 6 of 46 rounds
-were such); what the prices leave unexplained in a generation's time is charged to its
-draft rounds in the next ones (`calibration.surcharge`). The choice depends on earlier rounds only, so every round's tokens keep the
+time. The choice depends on earlier rounds only, so every round's tokens keep the
 target's law (greedy: AR's tokens).
 """
 
@@ -115,7 +112,6 @@ class Learnt:
   copy_gain: np.ndarray  # [M]
   draft_gain: np.ndarray  # [2]
   explore_after: int
-  draft_surcharge: float = 0.0  # seconds a draft round cost beyond its price (`calibration.surcharge`)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,25 +100,6 @@ def price(chunks, switch: bool) -> float | None:
   return difference if difference > whole / 4 else whole
 
 
-SURCHARGE_WEIGHT = 0.5  # of the newest generation in `surcharge`
-
-
-def surcharge(previous: float, seconds: float, rounds_by_kind, prices, draft: int) -> float:
-  """The seconds a draft round costs beyond its price, after a generation whose rounds
-  (`rounds_by_kind`, at `prices` a round) took `seconds`: the time the prices leave
-  unexplained, laid on the draft rounds (kind index `draft`) and moved into `previous`.
-  A draft round's price is measured on draft rounds back to back; one among copy rounds
-  catches up on their tokens and changes kind twice, and costs more. Laying every
-  unexplained second on the draft rounds (the generation's own fixed costs too) errs
-  toward prompt lookup's rounds, the cheaper ones. A generation without draft rounds
-  shows nothing."""
-  rounds = int(rounds_by_kind[draft])
-  if rounds == 0:
-    return previous
-  unexplained = seconds - float(np.dot(np.asarray(rounds_by_kind, np.float64), np.asarray(prices, np.float64)))
-  return (1 - SURCHARGE_WEIGHT) * previous + SURCHARGE_WEIGHT * max(unexplained / rounds, 0.0)
-
-
 _MEMORY: dict[str, Prices] = {}
 
 

@@ -119,7 +119,6 @@ class GenerationStats:
   # (and "switch": a change of kind; None: not measured yet)
   round_seconds_by_kind: dict[str, float | None] | None = None
   calibration_seconds: float = 0.0
-  draft_surcharge_seconds: float = 0.0  # charged to each draft round beyond its price (`calibration.surcharge`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,10 +554,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       ready_at = previous_done = time.perf_counter()
       calibration_seconds = ready_at - t1
     else:
-      charged = list(prices.seconds)
-      if Kind.DRAFT in decoding.proposer.kinds:
-        charged[Kind.DRAFT] += learnt.draft_surcharge
-      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, charged))
+      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(prices.seconds)))
     round_seconds = list(prices.seconds)
 
   def stream(chunk: _Chunk) -> bool:
@@ -597,11 +593,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
   decode_seconds = time.perf_counter() - t1
   if isinstance(decoding.proposer, Adaptive):
-    surcharge = learnt.draft_surcharge
-    if calibration_seconds == 0 and Kind.DRAFT in decoding.proposer.kinds:  # (every price known and charged)
-      surcharge = calibration.surcharge(surcharge, decode_seconds, np.asarray(state.proposal.rounds_by_kind),
-                                        prices.seconds[:-1], Kind.DRAFT)
-    _LEARNT[learnt_key] = dataclasses.replace(decoding.proposer.learnt(state.proposal), draft_surcharge=surcharge)
+    _LEARNT[learnt_key] = decoding.proposer.learnt(state.proposal)
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
@@ -622,7 +614,6 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       chunks=len(chunks) - 1,  # (the first token's is none)
       **_kind_stats(decoding.proposer, state.proposal, round_seconds),
       calibration_seconds=calibration_seconds,
-      draft_surcharge_seconds=learnt.draft_surcharge if isinstance(decoding.proposer, Adaptive) else 0.0,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
 

@@ -372,35 +372,6 @@ def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
   assert calibration.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True) == 0.0  # (a change costs nothing here)
 
 
-def test_what_the_prices_leave_unexplained_is_charged_to_the_draft_rounds():
-  # 10 copy rounds at 1 ms and 2 draft rounds at 2 ms took 20 ms: 6 ms unexplained, 3 a draft round
-  assert calibration.surcharge(0.0, 0.020, [0, 10, 2], [0.001, 0.001, 0.002], Kind.DRAFT) == pytest.approx(0.0015)
-  assert calibration.surcharge(0.001, 0.020, [0, 10, 2], [0.001, 0.001, 0.002], Kind.DRAFT) == pytest.approx(0.002)
-  assert calibration.surcharge(0.004, 0.010, [0, 10, 2], [0.001, 0.001, 0.002], Kind.DRAFT) == 0.002  # (none: 0)
-  assert calibration.surcharge(0.004, 0.050, [3, 10, 0], [0.001, 0.001, 0.002], Kind.DRAFT) == 0.004  # no draft round
-
-
-def test_a_later_generation_charges_its_draft_rounds_what_earlier_ones_cost_beyond_their_price(tiny, monkeypatch):
-  kinds = 3
-  prices = calibration.Prices(seconds=(1e-6,) * kinds + (0.0,), chunks=((),) * (kinds + 1))
-  monkeypatch.setattr(calibration, "known", lambda key: prices)  # (far below what a CPU round takes)
-  draft, params, _ = draft_for(tiny)
-  decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3), draft, explore_every=2))
-  prompts = [np.random.default_rng(8).integers(3, 211, size=30).tolist()]
-  first = generate(tiny, prompts, 40, decoding, params)
-  assert first.stats.rounds_by_kind["draft"] >= 1 and first.stats.draft_surcharge_seconds == 0
-  charged = engine._LEARNT[(decoding, tiny.config)].draft_surcharge
-  rounds = sum(first.stats.rounds_by_kind.values())
-  expected = calibration.surcharge(0.0, first.stats.decode_seconds, list(first.stats.rounds_by_kind.values()),
-                                   [1e-6] * kinds, Kind.DRAFT)
-  assert charged == pytest.approx(expected) and charged > rounds * 1e-6
-  again = generate(tiny, prompts, 40, decoding, params)
-  assert again.stats.draft_surcharge_seconds == charged
-  assert again.stats.round_seconds_by_kind["draft"] == 1e-6  # (the measured price, as reported)
-  np.testing.assert_allclose(np.asarray(again.state.proposal.costs), [1e-6, 1e-6, 1e-6 + charged], rtol=1e-6)
-  assert again.token_ids == first.token_ids
-
-
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
   """A generation that ends while its kinds are being timed keeps the prices it finished
   and the chunks it timed, a chunk cut short with the rounds it ran; the next one goes on
