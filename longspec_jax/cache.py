@@ -74,7 +74,8 @@ def write_block(layers: jax.Array, lengths: jax.Array, block: jax.Array) -> jax.
 @dataclasses.dataclass(frozen=True)
 class RingCache:
   """The draft's self-attention K/V for the latest `window` committed positions: position
-  p lives in slot p % window, so memory is constant however long the context grows."""
+  p lives in slot p % window, so memory is constant however long the context grows
+  (LongSpec's); a ring as long as the target's cache never wraps (GLIDE's)."""
 
   k: jax.Array  # [L, B, W, K, D]
   v: jax.Array  # [L, B, W, K, D]
@@ -82,11 +83,11 @@ class RingCache:
   length: jax.Array  # [B] int32: every position below this has been written
 
   @classmethod
-  def create(cls, config: DraftConfig, batch: int, dtype) -> RingCache:
-    shape = (config.num_layers, batch, config.window, config.num_kv_heads, config.head_dim)
+  def create(cls, config: DraftConfig, batch: int, dtype, window: int) -> RingCache:
+    shape = (config.num_layers, batch, window, config.num_kv_heads, config.head_dim)
     return cls(
         k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-        positions=jnp.full((batch, config.window), -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+        positions=jnp.full((batch, window), -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
     )
 
   @property

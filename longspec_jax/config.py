@@ -1,5 +1,5 @@
 """Frozen model configs: targets read from a Hugging Face `config.json` or GGUF metadata,
-and the LongSpec draft built for a target.
+and the draft (LongSpec's or GLIDE's) built for a target.
 
 One `TargetConfig` describes every supported Llama-family decoder (Llama 2/3.x, Vicuna,
 LongChat, Mistral, Qwen2/2.5/QwQ, SmolLM2): they differ only in head counts, RoPE
@@ -9,6 +9,7 @@ scaling, q/k/v biases, tied embeddings and an optional sliding window.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,14 +143,29 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
   return RopeConfig(theta=theta, kind=kind, **extra)
 
 
+class DraftKind(enum.Enum):
+  """Whose draft: LongSpec's, every layer's self-attention over a sliding window (a ring
+  of `window` slots: constant memory) and its cross-attention over one target layer's
+  cache; or GLIDE's (glide-cape.md, section 4.1), full causal self-attention over its own
+  cache of the whole context (it grows with the context) and draft layer m cross-attending
+  to target layer `cross_layer` + m, by default the top ones: N_T - N_D + m."""
+
+  LONGSPEC = "longspec"
+  GLIDE = "glide"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DraftConfig(BlockConfig):
-  """A LongSpec draft for one target: blocks of the target's shape (its embedding and LM
-  head are the target's own arrays, shared, so they appear here only as `vocab_size`)."""
+  """A draft for one target: blocks of the target's shape (its embedding and LM head are
+  the target's own arrays, shared, so they appear here only as `vocab_size`)."""
 
   num_layers: int = 1
-  window: int = 512  # sliding window of the self-attention (and size of its ring buffer)
-  cross_layer: int = -1  # the target layer whose cached K/V the cross-attention reads
+  kind: DraftKind = DraftKind.LONGSPEC
+  window: int = 512  # LongSpec: sliding window of the self-attention (and size of its ring buffer)
+  # The target layer the cross-attention reads (LongSpec: every draft layer; GLIDE: the
+  # first draft layer, each next one the layer above). None: the last layer (LongSpec),
+  # the top `num_layers` layers (GLIDE).
+  cross_layer: int | None = None
   # The tree inference uses by default: beam widths per depth, LongSpec's (paper,
   # Appendix D), and prompt-lookup tokens grafted in as a copy branch (none), unless a
   # measurement (`python -m infer.tree_search --store`) found a faster tree for this
@@ -159,6 +175,8 @@ class DraftConfig(BlockConfig):
 
   def __post_init__(self):
     super().__post_init__()
+    if not isinstance(self.kind, DraftKind):
+      raise UserError(f"a draft's kind is one of {', '.join(k.value for k in DraftKind)}, got {self.kind!r}.")
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
     if self.copy_tokens < 0:
@@ -172,20 +190,39 @@ class DraftConfig(BlockConfig):
               "rms_norm_eps")
     return cls(**{name: getattr(target, name) for name in shared}, **overrides)
 
+  @property
+  def self_window(self) -> int | None:
+    """The self-attention's window: LongSpec's `window`, or None (GLIDE: the whole context)."""
+    return self.window if self.kind is DraftKind.LONGSPEC else None
+
+  def ring_size(self, context: int) -> int:
+    """Slots of the draft's own K/V cache for a target cache of `context` slots: the
+    window (LongSpec's ring), or every slot (GLIDE's cache never wraps)."""
+    return self.window if self.kind is DraftKind.LONGSPEC else context
+
+  def target_layers(self, num_target_layers: int) -> tuple[int, ...]:
+    """The target layer (0-based) each draft layer cross-attends to. Raises UserError
+    where one lies outside the target's `num_target_layers`."""
+    glide = self.kind is DraftKind.GLIDE
+    first = self.cross_layer if self.cross_layer is not None else (-self.num_layers if glide else -1)
+    layers = tuple(first + m if glide else first for m in range(self.num_layers))
+    if not all(-num_target_layers <= layer < num_target_layers for layer in layers) or \
+        (glide and first < 0 <= layers[-1]):
+      raise UserError(f"the draft cross-attends to target layers {', '.join(map(str, layers))}, but the target has"
+                      f" {num_target_layers} layers.")
+    return tuple(layer % num_target_layers for layer in layers)
+
   def check_matches(self, target: TargetConfig) -> None:
     """Raises UserError unless this draft can run on `target` (shared vocabulary and
-    hidden size, the cross-attended layer's heads, the same RoPE)."""
+    hidden size, the cross-attended layers' heads, the same RoPE)."""
     for name in ("vocab_size", "hidden_size", "num_kv_heads", "head_dim", "rope"):
       mine, theirs = getattr(self, name), getattr(target, name)
       if mine != theirs:
         raise UserError(f"the draft does not match the target: its {name} is {mine}, the target's is {theirs}.")
-    if not -target.num_layers <= self.cross_layer < target.num_layers:
-      raise UserError(
-          f"the draft cross-attends to target layer {self.cross_layer}, but the target has {target.num_layers} layers."
-      )
+    self.target_layers(target.num_layers)
 
   def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    return {**dataclasses.asdict(self), "kind": self.kind.value}
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> DraftConfig:
@@ -196,8 +233,12 @@ class DraftConfig(BlockConfig):
     rope = dict(d.get("rope") or {})
     if rope.get("freq_factors") is not None:
       rope["freq_factors"] = tuple(rope["freq_factors"])
-    return cls(**{**d, "rope": RopeConfig(**rope), **({"tree_widths": tuple(d["tree_widths"])}
-                                                         if "tree_widths" in d else {})})
+    try:
+      kind = DraftKind(d.get("kind", DraftKind.LONGSPEC.value))
+    except ValueError:
+      raise UserError(f"a draft's kind is one of {', '.join(k.value for k in DraftKind)}, got {d['kind']!r}.") from None
+    return cls(**{**d, "kind": kind, "rope": RopeConfig(**rope), **({"tree_widths": tuple(d["tree_widths"])}
+                                                                    if "tree_widths" in d else {})})
 
 
 # Most nodes a token tree may have (root included): the papers' trees have 20-70 nodes,

@@ -1,11 +1,14 @@
-"""The LongSpec draft model: constant memory at any context length.
+"""The draft models: LongSpec's (constant memory at any context length) and GLIDE's.
 
 One block (or a few, stacked and scanned like the target's layers) of
-RMSNorm -> sliding-window self-attention over the draft's own ring buffer (the latest
-`window` positions) -> RMSNorm -> cross-attention whose keys and values are the target's
-cached K/V of one layer -> RMSNorm -> SwiGLU MLP, then a final RMSNorm. The input
-embedding and the LM head are the target's arrays, passed in, never copied: the draft's
-parameters are only its blocks, and its state only the ring.
+RMSNorm -> self-attention over the draft's own cache -> RMSNorm -> cross-attention whose
+keys and values are the target's cached K/V of one layer -> RMSNorm -> SwiGLU MLP, then a
+final RMSNorm. The input embedding and the LM head are the target's arrays, passed in,
+never copied: the draft's parameters are only its blocks, and its state only its cache.
+The two kinds differ only in what the attentions see (`config.DraftKind`): LongSpec's
+self-attention the latest `window` positions (a ring buffer) and every layer the same
+target layer; GLIDE's every earlier position (a cache as long as the target's) and
+layer m the target layer `cross_layer` + m.
 
 Cross-attention is delayed as at inference: a query at position p sees target slots below
 a per-query limit (the committed length, never p itself), which is what flash noisy
@@ -48,17 +51,16 @@ class SelfAttend:
 
 @dataclasses.dataclass(frozen=True)
 class CrossAttend:
-  """The target's cached keys/values of the cross-attended layer and, per query, how many
-  slots it may see (the committed length, delayed as flash noisy training simulates).
-  k and v are that layer's [B, S, K, D], or the target's whole cache [L, B, S, K, D] with
-  `layer` naming it (the attention kernel then reads it in place, no copy per pass).
-  Training gives a `delay` per sequence instead of limits: the K/V are those of the same
-  tokens, and query i sees slots 0 .. i - delay (structured, for `Impl.FLASH`)."""
+  """The target's cached keys/values of every layer [L, B, S, K, D] (each draft layer
+  reads the one its config names, in place: the attention kernel takes the layer's index,
+  no copy per pass) and, per query, how many slots it may see (the committed length,
+  delayed as flash noisy training simulates). Training gives a `delay` per sequence
+  instead of limits: the K/V are those of the same tokens, and query i sees slots
+  0 .. i - delay (structured, for `Impl.FLASH`)."""
 
-  k: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
-  v: jax.Array  # [B, S, K, D] or [L, B, S, K, D]
+  k: jax.Array  # [L, B, S, K, D]
+  v: jax.Array  # [L, B, S, K, D]
   limits: jax.Array | None  # [B, T] int32; None: by `delay`
-  layer: int | None = None
   delay: jax.Array | None = None  # [B] int32
 
 
@@ -73,18 +75,19 @@ class DraftLayer(DecoderLayer):
     self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
     self.cross_o = nnx.Param(init_weight(rngs.params(), (h, d, e), dtype))
 
-  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, impl: attention.Impl):
-    """x [B, T, E] attends to the target's cached keys/values at the slots `cross`
-    allows; queries get RoPE at their own positions (cos/sin)."""
+  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, layer, impl: attention.Impl):
+    """x [B, T, E] attends to the target's cached keys/values of `layer` (an int, or an
+    int32 scalar inside the layer scan) at the slots `cross` allows; queries get RoPE at
+    their own positions (cos/sin)."""
     c = self.config
     b, t = x.shape[:2]
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
     if cross.delay is not None:
-      out = attention.delayed_attention(q, cross.k, cross.v, cross.delay, impl=impl)
+      out = attention.delayed_attention(q, cross.k[layer], cross.v[layer], cross.delay, impl=impl)
     else:
-      out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=cross.layer, impl=impl)
+      out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=layer, impl=impl)
     return self.add_attention(x, out, self.cross_o[...])
 
 
@@ -115,9 +118,13 @@ class Draft(nnx.Module):
     rows = jnp.arange(tokens.shape[0])[:, None]
     layer_def, layer_state = nnx.split(self.layers)
     block_k, block_v, slots = (None, None, None) if own.buffer is None else own.buffer
+    # Each layer's cross-attended target layer: one static index when all are one
+    # (LongSpec's), else scanned with the layers (GLIDE's).
+    cross_layers = c.target_layers(target.config.num_layers)
+    scanned_layers = None if len(set(cross_layers)) == 1 else jnp.asarray(cross_layers, jnp.int32)
 
     def step(x, xs):
-      state, ring_k, ring_v, buffer_k, buffer_v = xs
+      state, ring_k, ring_v, buffer_k, buffer_v, cross_layer = xs
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if buffer_k is not None:
@@ -131,11 +138,12 @@ class Draft(nnx.Module):
         ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
         out, _ = attention.merge(ring_out, ring_lse, out, lse)
       x = layer.add_attention(x, out)
-      x = layer.add_cross_attention(x, cos, sin, cross, self.attention)
+      x = layer.add_cross_attention(x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer,
+                                    self.attention)
       return layer.add_mlp(x), (k, v)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)
-    x, block_kv = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v))
+    x, block_kv = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers))
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), block_kv
 
 

@@ -84,12 +84,13 @@ class LongSpecDraft:
     return max(self.cape.gamma if self.cape else len(self.widths), self.copy_tokens)
 
   def start(self, params, *, target, cache, history) -> RingCache:
-    """Fills the ring with the last `window` prompt positions (< lengths). Layer l's K/V
-    at p depend on the l layers below over the window before p, so the pass runs over
-    num_layers * window positions to make them exact."""
+    """Fills the ring with the last `window` prompt positions (< lengths; GLIDE's: all of
+    them). Layer l's K/V at p depend on the l layers below over the window before p, so
+    the pass runs over num_layers * window positions (at most the cache's) to make them
+    exact."""
     draft: Draft = nnx.merge(self.graphdef, params)
-    window = draft.config.window
-    span = draft.config.num_layers * window
+    window = draft.config.ring_size(cache.k.shape[2])
+    span = min(draft.config.num_layers * window, cache.k.shape[2])
     positions = cache.lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
     valid = positions >= 0
     keep = valid & (positions >= cache.lengths[:, None] - window)
@@ -121,7 +122,7 @@ class LongSpecDraft:
     span = gemm.aligned_rows(self.depth + 1)  # rows the draft's products take as they are
     if lagging:
       # Layer l's K/V at p depend on the l layers below over the window before p (as `start`).
-      oldest = jnp.maximum(lengths - draft.config.num_layers * draft.config.window, 0)
+      oldest = jnp.maximum(lengths - draft.config.num_layers * ring.window, 0)
       ring = dataclasses.replace(ring, length=jnp.maximum(ring.length, oldest))
       ring = jax.lax.while_loop(lambda ring: jnp.any(ring.length + span <= lengths),
                                 lambda ring: step(ring, max(LAG_ROWS, span))[1], ring)
@@ -165,8 +166,7 @@ class LongSpecDraft:
           target, new_tokens, node_positions,
           SelfAttend(mask=ancestors[:, nodes] & drafted, ring=ring, ring_limit=lengths + 1,
                      buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width)))),
-          CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width)),
-                      layer=cfg.cross_layer),
+          CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     return Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
@@ -192,7 +192,7 @@ class LongSpecDraft:
           target, top_tokens[:, :, 0], jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
           SelfAttend(mask=jnp.broadcast_to(seen, (batch, 1, nodes)), ring=ring, ring_limit=lengths + 1,
                      buffer=(*buffer, jnp.full((batch, 1), depth))),
-          CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None], layer=cfg.cross_layer),
+          CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None]),
       )
     return cape_tree(root, jnp.stack(tops, axis=1), jnp.stack(confidence, axis=1), cape)
 
@@ -204,14 +204,15 @@ class LongSpecDraft:
     slots < min(p, lengths)."""
     tokens = jnp.take_along_axis(history, jnp.clip(positions, 0, history.shape[1] - 1), axis=1)
     cfg = draft.config
+    window = cfg.ring_size(cache.k.shape[2])
     limits = jnp.minimum(positions, cache.lengths[:, None])
     hidden, (k, v) = draft(
         target, tokens, positions,
-        SelfAttend(mask=causal_block_mask(positions, valid, cfg.window), ring=ring, ring_limit=positions[:, 0]),
-        CrossAttend(k=cache.k, v=cache.v, limits=jnp.maximum(limits, 0), layer=cfg.cross_layer),
+        SelfAttend(mask=causal_block_mask(positions, valid, window), ring=ring, ring_limit=positions[:, 0]),
+        CrossAttend(k=cache.k, v=cache.v, limits=jnp.maximum(limits, 0)),
     )
     if ring is None:
-      ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype)
+      ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype, window)
     return hidden, ring.write(k, v, positions, valid if keep is None else keep)
 
 

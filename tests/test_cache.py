@@ -88,7 +88,7 @@ def test_commit_path_moves_accepted_nodes_into_the_prefix():
 def test_ring_keeps_the_latest_window_positions():
   config = DraftConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1,
                        head_dim=4, num_layers=2, window=5)
-  ring = RingCache.create(config, 2, jnp.float32)
+  ring = RingCache.create(config, 2, jnp.float32, config.window)
   rng = np.random.default_rng(0)
   written = {}  # (b, position) -> k
   for start, count in [(0, 3), (3, 4), (7, 1), (8, 4)]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.config import DraftConfig, RopeConfig, TargetConfig
+from longspec_jax.config import DraftKind, DraftConfig, RopeConfig, TargetConfig
 from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.target import random_model
@@ -28,12 +28,46 @@ def test_config_follows_the_target_and_round_trips():
     (dict(vocab_size=98), "vocab_size is 98"),
     (dict(head_dim=16), "head_dim is 16"),
     (dict(rope=RopeConfig(theta=10000.0)), "its rope is"),
-    (dict(cross_layer=3), "cross-attends to target layer 3"),
+    (dict(cross_layer=3), "cross-attends to target layers 3"),
 ])
 def test_mismatched_drafts_are_refused(change, message):
   config = dataclasses.replace(DraftConfig.for_target(TARGET), **change)
   with pytest.raises(UserError, match=message):
     config.check_matches(TARGET)
+
+
+def test_a_glide_draft_reads_the_top_target_layers_one_per_layer():
+  glide = DraftConfig.for_target(TARGET, num_layers=2, kind=DraftKind.GLIDE)
+  assert glide.target_layers(TARGET.num_layers) == (1, 2)  # N_T - N_D + m
+  assert dataclasses.replace(glide, cross_layer=0).target_layers(TARGET.num_layers) == (0, 1)  # the bottom ones
+  assert DraftConfig.for_target(TARGET, num_layers=2).target_layers(TARGET.num_layers) == (2, 2)  # LongSpec: the last
+  assert glide.self_window is None and glide.ring_size(4096) == 4096
+  assert DraftConfig.for_target(TARGET).ring_size(4096) == 512
+  assert DraftConfig.from_dict(glide.to_dict()) == glide and glide.to_dict()["kind"] == "glide"
+  for cross_layer in (2, -1):  # (its second layer would read past the top)
+    with pytest.raises(UserError, match="cross-attends to target layers"):
+      dataclasses.replace(glide, cross_layer=cross_layer).check_matches(TARGET)
+  with pytest.raises(UserError, match="kind is one of longspec, glide"):
+    DraftConfig.from_dict({**glide.to_dict(), "kind": "medusa"})
+
+
+def test_each_glide_layer_cross_attends_to_its_own_target_layer():
+  target = random_model(TARGET, jnp.float32, seed=1)
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(0, 97, size=(1, 5)))
+  positions = jnp.arange(5)[None]
+  k, v = (jnp.asarray(rng.standard_normal((TARGET.num_layers, 1, 16, 2, 8)), jnp.float32) for _ in "kv")
+
+  def changes(draft, layer):
+    """Whether the draft's output moves when target layer `layer`'s values do."""
+    run = lambda v: np.asarray(draft(target, tokens, positions, SelfAttend(mask=None),
+                                     CrossAttend(k=k, v=v, limits=jnp.full((1, 5), 16)))[0])
+    return bool(np.any(np.abs(run(v.at[layer].multiply(3.0)) - run(v)) > 1e-5))
+
+  for cross_layer, read in [(None, {1, 2}), (0, {0, 1})]:
+    config = DraftConfig.for_target(TARGET, num_layers=2, kind=DraftKind.GLIDE, cross_layer=cross_layer)
+    draft = random_draft(config, jnp.float32, seed=2)
+    assert {layer for layer in range(TARGET.num_layers) if changes(draft, layer)} == read
 
 
 def test_bad_tree_widths_are_refused():
@@ -47,7 +81,8 @@ def test_cross_attention_sees_only_slots_below_its_limits():
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, 97, size=(1, 6)))
   positions = 20 + jnp.arange(6)[None]
-  target_k, target_v = (jnp.asarray(rng.standard_normal((1, 32, 2, 8)), jnp.float32) for _ in "kv")
+  shape = (TARGET.num_layers, 1, 32, 2, 8)  # every target layer's cache: the draft reads the last one's
+  target_k, target_v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in "kv")
   limits = jnp.asarray([[20, 20, 21, 23, 23, 26]])
 
   def run(k, v):
@@ -56,8 +91,9 @@ def test_cross_attention_sees_only_slots_below_its_limits():
     return np.asarray(hidden[0])
 
   base = run(target_k, target_v)
-  later = run(target_k.at[:, 26:].set(9.0), target_v.at[:, 26:].set(9.0))
+  later = run(target_k.at[:, :, 26:].set(9.0), target_v.at[:, :, 26:].set(9.0))
   np.testing.assert_array_equal(later, base)  # beyond every limit: invisible
-  slot_22 = run(target_k, target_v.at[:, 22].set(9.0))
+  np.testing.assert_array_equal(run(target_k.at[:-1].set(9.0), target_v.at[:-1].set(9.0)), base)  # other layers
+  slot_22 = run(target_k, target_v.at[:, :, 22].set(9.0))
   changed = np.any(np.abs(slot_22 - base) > 1e-6, axis=-1)
   np.testing.assert_array_equal(changed, np.asarray(limits[0] > 22))

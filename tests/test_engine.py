@@ -11,7 +11,7 @@ from flax import nnx
 
 from longspec_jax import gemm
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
-from longspec_jax.config import CapeConfig, DraftConfig
+from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
@@ -171,16 +171,29 @@ def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, ca
   return LongSpecDraft(graphdef, widths, copy_tokens, cape), params
 
 
-@pytest.mark.parametrize("cape", [None, CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))],
-                         ids=["beam", "cape"])
-def test_longspec_with_a_random_draft_is_lossless(tiny, cape):
+CAPE = CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))
+
+
+@pytest.mark.parametrize("kind, cape", [(DraftKind.LONGSPEC, None), (DraftKind.LONGSPEC, CAPE), (DraftKind.GLIDE, None),
+                                        (DraftKind.GLIDE, CAPE)],
+                         ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape"])
+def test_a_random_draft_is_lossless(tiny, kind, cape):
+  """Either draft with either tree emits the AR tokens; GLIDE's own cache holds every
+  position of the context (it never wraps, where LongSpec's ring of 8 does)."""
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids
   eos = reference[1][6]
-  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape)
+  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape, kind=kind)
   result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
+  ring, cache = result.state.proposal, result.state.cache
+  if kind is DraftKind.GLIDE:
+    assert ring.window == cache.k.shape[2]
+    for b, length in enumerate(np.asarray(ring.length)):
+      np.testing.assert_array_equal(np.asarray(ring.positions[b, :length]), np.arange(length))
+  else:
+    assert ring.window == 8
 
 
 def test_longspec_with_copy_branches_is_lossless_and_accepts_the_better_branch(tiny):

@@ -10,7 +10,7 @@ from flax import nnx
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
-from longspec_jax.config import CapeConfig, DraftConfig
+from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
 from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.engine import prefill
 from longspec_jax.errors import UserError
@@ -23,13 +23,13 @@ from conftest import save_tiny_hf_model
 WIDTHS = (2, 3, 3)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(DraftKind), ids=[kind.value for kind in DraftKind])
+def models(tmp_path_factory, request):
   target, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "llama"), jnp.float32)
   # Two layers, so that ring K/V depend on the cross-attention too; a window shorter than
-  # the prompts, so that the ring wraps.
-  draft = random_draft(DraftConfig.for_target(target.config, num_layers=2, window=8), jnp.float32, seed=3)
-  return target, draft
+  # the prompts, so that LongSpec's ring wraps (GLIDE's self-attention sees everything).
+  config = DraftConfig.for_target(target.config, num_layers=2, window=8, kind=request.param)
+  return target, random_draft(config, jnp.float32, seed=3)
 
 
 def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
@@ -38,16 +38,15 @@ def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
   target slots < p; the root and path tokens see the committed cache. The sequence is
   padded to `padded` tokens (after it, so causally invisible) to compile once."""
   assert len(tokens) <= padded
-  layer = draft.config.cross_layer
   return np.asarray(_reference_log_probs(
       target, draft, jnp.asarray([tokens + [0] * (padded - len(tokens))]), len(tokens) - 1,
-      cache.k[layer, b : b + 1], cache.v[layer, b : b + 1], cache.lengths[b]))
+      cache.k[:, b : b + 1], cache.v[:, b : b + 1], cache.lengths[b]))
 
 
 @nnx.jit
 def _reference_log_probs(target, draft, tokens, last, k, v, length):
   positions = jnp.arange(tokens.shape[1])[None]
-  mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.window)
+  mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.self_window)
   hidden, _ = draft(target, tokens, positions, SelfAttend(mask=mask),
                     CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length)))
   return jax.nn.log_softmax(target.logits(hidden[0, last]))
@@ -141,7 +140,7 @@ def test_cape_needs_a_vocabulary_wider_than_its_largest_expansion(models):
     make_proposer("longspec", draft, cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
 
 
-def test_draft_state_does_not_grow_with_context(models):
+def test_longspec_state_does_not_grow_with_context_and_glides_does(models):
   target, draft = models
   proposer, params = make_proposer("longspec", draft)
 
@@ -155,6 +154,9 @@ def test_draft_state_does_not_grow_with_context(models):
         cache, history, ring)
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ring))
 
-  assert state_bytes(1024) == state_bytes(100 * 1024)
+  if draft.config.kind is DraftKind.LONGSPEC:
+    assert state_bytes(1024) == state_bytes(100 * 1024)
+  else:  # (its cache holds every position: ~100x the bytes)
+    assert state_bytes(100 * 1024) > 99 * state_bytes(1024)
   vocab = target.config.vocab_size
   assert all(vocab not in x.shape for x in jax.tree.leaves(params))  # embedding and LM head are the target's

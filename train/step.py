@@ -98,9 +98,8 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   # The frozen target runs with its own attention code (Pallas on a GPU: no gradient
   # passes through it); the draft must run the differentiable reference.
   target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
-  layer = draft.config.cross_layer
-  target_k, target_v = jax.lax.stop_gradient((k_all[layer], v_all[layer]))
-  own = SelfAttend(mask=None, window=draft.config.window)
+  target_k, target_v = jax.lax.stop_gradient((k_all, v_all))
+  own = SelfAttend(mask=None, window=draft.config.self_window)
   hidden, _ = draft(target, tokens, positions, own, CrossAttend(k=target_k, v=target_v, limits=None, delay=delays))
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
