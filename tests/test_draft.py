@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.config import DraftKind, DraftConfig, RopeConfig, TargetConfig
+from longspec_jax.config import DraftConfig, DraftKind, RopeConfig, TargetConfig
 from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.target import random_model
