@@ -171,6 +171,25 @@ def delayed_attention(q, k, v, delay: jnp.ndarray, *, impl: Impl) -> jnp.ndarray
   return prefix_attention(q, k, v, limits, impl=impl)[0]
 
 
+def blockwise_attention(q, k, v, block: int, *, impl: Impl) -> jnp.ndarray:
+  """A sequence's queries [B, T, K, G, D] over the target's keys/values [B, T, K, D] of the
+  same tokens, in blocks of `block` tokens: query i sees the keys of the blocks before its
+  own, 0 .. (i // block) * block - 1 (GLIDE's training cross-attention mask, glide-cape.md
+  section 4.1; the first block sees none and gets 0). With `Impl.FLASH`, `block` passes
+  of `delayed_attention`: a query at offset j of its block is one delayed by j + 1.
+  Returns out [B, T, K, G, D]."""
+  batch, length = q.shape[:2]
+  index = jnp.arange(length)
+  if impl is Impl.FLASH:
+    out = None
+    for offset in range(block):
+      delayed = delayed_attention(q, k, v, jnp.full((batch,), offset + 1, jnp.int32), impl=impl)
+      out = delayed if out is None else jnp.where((index % block == offset)[None, :, None, None, None], delayed, out)
+    return out
+  limits = jnp.broadcast_to(index // block * block, (batch, length))
+  return prefix_attention(q, k, v, limits, impl=impl)[0]
+
+
 def _flash(q, k, v, **masks) -> jnp.ndarray:
   """`jax.nn.dot_product_attention`, causal, on our [B, T, K, G, D] queries (query head
   k * G + g reads key head k, its grouping): cuDNN on a GPU in 16-bit floats, XLA

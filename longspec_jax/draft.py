@@ -54,14 +54,16 @@ class CrossAttend:
   """The target's cached keys/values of every layer [L, B, S, K, D] (each draft layer
   reads the one its config names, in place: the attention kernel takes the layer's index,
   no copy per pass) and, per query, how many slots it may see (the committed length,
-  delayed as flash noisy training simulates). Training gives a `delay` per sequence
-  instead of limits: the K/V are those of the same tokens, and query i sees slots
-  0 .. i - delay (structured, for `Impl.FLASH`)."""
+  delayed as flash noisy training simulates). Training gives a `delay` per sequence, or
+  a `block` length, instead of limits: the K/V are those of the same tokens, and query i
+  sees slots 0 .. i - delay (LongSpec's flash noisy training), or those of the blocks
+  before its own (GLIDE's; both structured, for `Impl.FLASH`)."""
 
   k: jax.Array  # [L, B, S, K, D]
   v: jax.Array  # [L, B, S, K, D]
-  limits: jax.Array | None  # [B, T] int32; None: by `delay`
+  limits: jax.Array | None  # [B, T] int32; None: by `delay` or `block`
   delay: jax.Array | None = None  # [B] int32
+  block: int | None = None
 
 
 class DraftLayer(DecoderLayer):
@@ -84,7 +86,9 @@ class DraftLayer(DecoderLayer):
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
-    if cross.delay is not None:
+    if cross.block is not None:
+      out = attention.blockwise_attention(q, cross.k[layer], cross.v[layer], cross.block, impl=impl)
+    elif cross.delay is not None:
       out = attention.delayed_attention(q, cross.k[layer], cross.v[layer], cross.delay, impl=impl)
     else:
       out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=layer, impl=impl)

@@ -105,10 +105,12 @@ def test_causal_block_mask(window):
 
 @settings(max_examples=12, deadline=None)
 @given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 29), kv_heads=st.sampled_from([1, 2]),
-       group=st.sampled_from([1, 3]), window=st.sampled_from([None, 1, 5, 64]), max_delay=st.integers(0, 6))
-def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads, group, window, max_delay):
-  """The draft's structured training passes (causal within a window; a per-sequence delay)
-  by `Impl.FLASH`: the reference's outputs and gradients, GQA and odd sizes."""
+       group=st.sampled_from([1, 3]), window=st.sampled_from([None, 1, 5, 64]), max_delay=st.integers(0, 6),
+       block=st.integers(1, 6))
+def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads, group, window, max_delay, block):
+  """The draft's structured training passes (causal within a window; a per-sequence delay;
+  GLIDE's blocks) by `Impl.FLASH`: the reference's outputs and gradients, GQA and odd
+  sizes."""
   import jax
 
   rng = np.random.default_rng(seed)
@@ -116,7 +118,8 @@ def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads
   k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, 8)), jnp.float32) for _ in "kv")
   delay = jnp.asarray(rng.integers(0, max_delay + 1, batch), jnp.int32)
   passes = {"causal": lambda q, k, v, impl: attention.causal_attention(q, k, v, window, impl=impl),
-            "delayed": lambda q, k, v, impl: attention.delayed_attention(q, k, v, delay, impl=impl)}
+            "delayed": lambda q, k, v, impl: attention.delayed_attention(q, k, v, delay, impl=impl),
+            "blockwise": lambda q, k, v, impl: attention.blockwise_attention(q, k, v, block, impl=impl)}
   for name, fn in passes.items():
     loss = lambda q, k, v, impl: jnp.sum(jnp.sin(fn(q, k, v, impl).astype(jnp.float32)))
     want, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, attention.Impl.REFERENCE)
@@ -124,3 +127,17 @@ def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads
     np.testing.assert_allclose(float(got), float(want), rtol=1e-4, atol=1e-4, err_msg=name)
     for g, w in zip(got_grads, want_grads):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_blockwise_cross_attention_is_glides_mask():
+  """glide-cape.md section 4.1, block length 5: a token of block i attends to the target
+  K/V of blocks < i only (the first block to none: 0)."""
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.standard_normal((1, 12, 1, 2, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((1, 12, 1, 8)), jnp.float32) for _ in "kv")
+  out = np.asarray(attention.blockwise_attention(q, k, v, 5, impl=attention.Impl.REFERENCE))
+  i, j = np.meshgrid(np.arange(12), np.arange(12), indexing="ij")
+  mask = jnp.asarray(j < (i // 5) * 5)[None]
+  expected, _ = attention.masked_attention_reference(q, k, v, mask)
+  np.testing.assert_allclose(out[:, 5:], np.asarray(expected)[:, 5:], atol=1e-6)
+  np.testing.assert_array_equal(out[:, :5], 0)

@@ -47,6 +47,16 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert json.loads(captured.out.strip().splitlines()[-1])["method"] == "longspec"
 
 
+def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, capsys):
+  out = tmp_path / "glide"
+  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "40",
+              "--batch", "2", "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32",
+              "--steps", "2", "--warmup-steps", "1", "--max-tokens", "2000", "--draft-kind", "glide",
+              "--draft-layers", "2", "--cross-block", "4"]) == 0, capsys.readouterr().err
+  config = json.loads((out / "draft" / "draft_config.json").read_text())
+  assert config["kind"] == "glide" and config["num_layers"] == 2
+
+
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
   """Each bad input is one line and exit code 2, before the target loads."""
   stdlib = sysconfig.get_paths()["stdlib"]

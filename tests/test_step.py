@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from longspec_jax.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
-from longspec_jax.config import DraftConfig, TargetConfig
+from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.target import random_model
 from train import Labels, Positions
@@ -53,11 +53,16 @@ TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_
                       num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
 
 
-@pytest.mark.parametrize("positions,labels",
-                         [(Positions.ANCHOR_OFFSET, Labels.TARGET), (Positions.VANILLA, Labels.DATA)])
-def test_a_few_real_steps_reduce_the_loss(positions, labels):
+@pytest.mark.parametrize("positions,labels,kind",
+                         [(Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC),
+                          (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC),
+                          (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE)])
+def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
+  """LongSpec's draft with flash noisy training, GLIDE's (two layers: each reads its own
+  target layer) with its block-wise cross mask."""
   target = random_model(TARGET, jnp.float32, seed=0)
-  draft = random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=1)
+  layers = 2 if kind is DraftKind.GLIDE else 1
+  draft = random_draft(DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers), jnp.float32, seed=1)
   draft_graphdef, draft_params = nnx.split(draft)
   target_graphdef, target_params = nnx.split(target)
   text = real_texts(limit=1)[0].encode()

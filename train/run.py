@@ -38,6 +38,7 @@ from longspec_jax.cli import (
   resolve_dtype,
   run_main,
 )
+from longspec_jax.config import DraftConfig, DraftKind
 from longspec_jax.errors import UserError
 from train import Labels, Positions
 
@@ -106,7 +107,13 @@ def parse_args(argv=None):
   p.add_argument("--labels", choices=[k.value for k in Labels], default=Labels.TARGET.value,
                  help="learn the target's next-token distribution (default) or the data's next token")
   p.add_argument("--positions", choices=[k.value for k in Positions], help="default: the stage's")
-  p.add_argument("--window", type=positive_int, default=512)
+  p.add_argument("--draft-kind", choices=[k.value for k in DraftKind], default=DraftKind.LONGSPEC.value,
+                 help="a new draft's kind: LongSpec's (a sliding window, flash noisy training) or GLIDE's (full"
+                      " self-attention, layer m reading target layer N_T - N_D + m, trained with its block-wise"
+                      " cross mask, vanilla positions unless --positions says otherwise)")
+  p.add_argument("--cross-block", type=positive_int, default=5,
+                 help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
+  p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1)
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
@@ -206,7 +213,6 @@ def prepare(args, sources, eval_sources) -> Run:
   from flax import nnx
 
   from longspec_jax.attention import Impl
-  from longspec_jax.config import DraftConfig
   from longspec_jax.draft import random_draft
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft
@@ -237,11 +243,14 @@ def prepare(args, sources, eval_sources) -> Run:
   if args.init_draft:
     draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH)
   else:
-    draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window),
+    draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
+                                                kind=DraftKind(args.draft_kind)),
                          jnp.float32, seed=args.seed, attention=Impl.FLASH)
+  glide = draft.config.kind is DraftKind.GLIDE  # (the paper's positions are plain ones)
   config = TrainConfig(
       learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
-      positions=Positions(args.positions) if args.positions else stage.positions,
+      positions=Positions(args.positions) if args.positions else Positions.VANILLA if glide else stage.positions,
+      cross_block=args.cross_block,
       labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
       accumulate=args.accumulate, compute_dtype=compute.name, max_position=context,
       delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)))

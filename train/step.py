@@ -24,6 +24,7 @@ import optax
 from flax import nnx
 
 from longspec_jax.attention import Impl, causal_block_mask
+from longspec_jax.config import DraftKind
 from longspec_jax.draft import CrossAttend, SelfAttend
 from longspec_jax.rope import anchor_offset_positions
 from train import Labels, Positions
@@ -43,6 +44,9 @@ class TrainConfig:
   # Flash noisy training: the weight of each cross-attention delay j = 1, 2, ...; (0.0,)
   # alone: no delay (the draft reads target K/V at its own position, which inference never has).
   delay_weights: tuple[float, ...] = (1.0,) * 5
+  # A GLIDE draft's training cross-attention instead: blocks of this many tokens, each
+  # seeing the target's K/V of the blocks before it (glide-cape.md section 4.1: L = 5).
+  cross_block: int = 5
   positions: Positions = Positions.ANCHOR_OFFSET
   max_position: int = 8192  # anchor-offset positions reach up to this
   labels: Labels = Labels.TARGET
@@ -83,9 +87,12 @@ def training_positions(key: jax.Array, config: TrainConfig, batch: int, length: 
   return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
 
 
-def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig):
+def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig,
+                       training: bool = True):
   """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
-  and hits [B, T - 1]: the draft's argmax is the label (the target's argmax)."""
+  and hits [B, T - 1]: the draft's argmax is the label (the target's argmax). The
+  cross-attention is delayed by `delays` [B], or in `training` a GLIDE draft's sees the
+  blocks before each token's (`TrainConfig.cross_block`)."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
   if draft.attention is Impl.PALLAS:
@@ -100,7 +107,10 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   target_hidden, k_all, v_all = target.hidden_and_kv(tokens, positions, causal_block_mask(index, everything))
   target_k, target_v = jax.lax.stop_gradient((k_all, v_all))
   own = SelfAttend(mask=None, window=draft.config.self_window)
-  hidden, _ = draft(target, tokens, positions, own, CrossAttend(k=target_k, v=target_v, limits=None, delay=delays))
+  blockwise = training and draft.config.kind is DraftKind.GLIDE
+  cross = CrossAttend(k=target_k, v=target_v, limits=None, delay=None if blockwise else delays,
+                      block=config.cross_block if blockwise else None)
+  hidden, _ = draft(target, tokens, positions, own, cross)
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
@@ -140,7 +150,7 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
   delays = jnp.full((batch,), delay, jnp.int32)
-  return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
+  return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config, training=False)
 
 
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
