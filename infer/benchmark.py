@@ -29,8 +29,9 @@ from infer.prompts import PROMPT_SETS
 from infer.timing import phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
+from longspec_jax.config import DraftKind
 from longspec_jax.engine import Decoding, check_capacity, generate, prefill
-from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, make_proposer
+from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, draft_kind, make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
@@ -114,6 +115,7 @@ def main(argv=None):
   p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
   p.add_argument("--draft", help="draft for longspec and auto: 'default' (the default), 'random', a checkpoint dir,"
                  " or 'none' (auto without a draft)")
+  p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
   add_tree_flags(p, many=True)
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
                  help="longspec: prompt-lookup tokens grafted into the tree, one run per value; auto: the copy"
@@ -131,11 +133,12 @@ def main(argv=None):
   args = p.parse_args(argv)
   drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft, its trees and copies shape
   if not set(args.methods) & drafting:
-    draft_flags = ("--draft", args.draft), ("--tree-widths", args.tree_widths), ("--copy-tokens", args.copy_tokens)
+    draft_flags = (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--tree-widths", args.tree_widths),
+                   ("--copy-tokens", args.copy_tokens))
     for flag, value in draft_flags:
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
-  if args.draft == "none" and set(args.methods) & set(DRAFT_METHODS):
+  if args.draft == "none" and "longspec" in args.methods:
     p.error("--draft none leaves longspec without a draft")
   if args.out:
     cli.output_path(args.out)
@@ -154,17 +157,22 @@ def main(argv=None):
   path = resolve_target(args.target)  # every input is checked before the weights load
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
-  draft_spec = args.draft or "default"
-  uses_draft = bool(set(methods) & drafting) and draft_spec != "none"
-  if uses_draft:
-    resolve_draft(draft_spec, args.target)
+  if args.glide_draft == "none":
+    p.error("--glide-draft none leaves glide without a draft")
+  # The draft of each kind the methods run (`auto`: LongSpec's), by spec.
+  specs = {DraftKind.LONGSPEC: args.draft or "default", DraftKind.GLIDE: args.glide_draft or "default"}
+  kinds = {draft_kind(m) for m in methods if m in drafting and specs[draft_kind(m)] != "none"}
+  for kind in kinds:
+    resolve_draft(specs[kind], args.target, kind)
+  draft_spec = specs[DraftKind.LONGSPEC]
   for _, _, (widths, cape), copies in variants:
     check_tree(widths, cape, config.vocab_size, copies or 0)
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
+  drafts = {kind: load_draft(specs[kind], target.config, dtype, args.target, attention=impl, kind=kind)
+            for kind in kinds}
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
         f"{', batch-invariant rounds' if args.batch_invariant else ''}")
@@ -179,7 +187,8 @@ def main(argv=None):
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "batch_invariant": args.batch_invariant, "draft": draft_spec if draft is not None else None,
+        "batch_invariant": args.batch_invariant, "draft": draft_spec if DraftKind.LONGSPEC in drafts else None,
+        "glide_draft": specs[DraftKind.GLIDE] if DraftKind.GLIDE in drafts else None,
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
         "seed": args.seed, "rows": rows,
     }
@@ -191,7 +200,7 @@ def main(argv=None):
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for label, method, (widths, cape), copies in variants:
-        proposer, draft_params = make_proposer(method, draft, widths, copies, cape)
+        proposer, draft_params = make_proposer(method, drafts.get(draft_kind(method)), widths, copies, cape)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result

@@ -13,7 +13,7 @@ from longspec_jax.errors import UserError
 
 # The decoding methods (`longspec_jax.proposers.PROPOSERS`) by name, listed here, free of
 # JAX, so that flags are checked before JAX is imported.
-METHODS = ("auto", "ar", "pld", "longspec")
+METHODS = ("auto", "ar", "pld", "longspec", "glide")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

@@ -44,8 +44,8 @@ def parse_args(argv=None):
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
       "--draft",
-      help="draft for longspec and auto: 'default' (shipped for the target; auto uses it on a GPU), 'random',"
-           " 'none', or a checkpoint dir",
+      help="draft for longspec, glide and auto: 'default' (shipped for the target; auto uses it on a GPU),"
+           " 'random', 'none', or a checkpoint dir (glide: a GLIDE draft)",
   )
   p.add_argument("--method", choices=METHODS, default="auto",
                  help="decoding method; auto (default) chooses each round among AR, prompt lookup and the draft's"
@@ -67,8 +67,8 @@ def parse_args(argv=None):
                         ("--copy-tokens", args.copy_tokens or None)):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
-  if args.draft == "none" and args.method == "longspec":
-    p.error("--method longspec needs a draft, but --draft none was given")
+  if args.draft == "none" and args.method in ("longspec", "glide"):
+    p.error(f"--method {args.method} needs a draft, but --draft none was given")
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args
@@ -138,7 +138,7 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
 
   from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.proposers import DRAFT_METHODS, make_proposer
+  from longspec_jax.proposers import DRAFT_METHODS, draft_kind, make_proposer
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
   from longspec_jax.weights.drafts import has_shipped_draft, load_draft, resolve_draft
 
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
   prompt = encode_prompt(tokenizer, prompt_text, args.chat)
   check_capacity(config, [prompt], args.max_new_tokens)
   if uses_draft:
-    resolve_draft(draft_spec, args.target)
+    resolve_draft(draft_spec, args.target, draft_kind(method))
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   widths, cape = tree_choice(args.tree_widths, args)
@@ -167,7 +167,8 @@ def main(argv=None) -> None:
   impl = attention_impl(args.attention)
   target = load_target(path, dtype, tokenizer, attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  draft = load_draft(draft_spec, target.config, dtype, args.target, attention=impl) if uses_draft else None
+  draft = (load_draft(draft_spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method))
+           if uses_draft else None)
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)

@@ -210,7 +210,7 @@ def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
   p.add_argument("--method", default="longspec", choices=METHODS)
   p.add_argument("--draft", default="default",
-                 help="draft for longspec and auto: 'default', 'random', a checkpoint dir, 'none' (auto only)")
+                 help="draft for longspec, glide and auto: 'default', 'random', a checkpoint dir, 'none' (auto only)")
   add_tree_flags(p)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
@@ -241,7 +241,7 @@ def main(argv=None):
 
   from infer.timing import warmed_up
   from longspec_jax.engine import Decoding, generate
-  from longspec_jax.proposers import DRAFT_METHODS, make_proposer
+  from longspec_jax.proposers import DRAFT_METHODS, draft_kind, make_proposer
   from longspec_jax.target import random_model
   from longspec_jax.weights.drafts import load_draft
 
@@ -264,7 +264,7 @@ def main(argv=None):
     model, config = target.model, target.config
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
   set_gemm(model, args.gemm)
-  draft = (load_draft(args.draft, config, dtype, target_name, attention=impl)
+  draft = (load_draft(args.draft, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
            if uses_draft else None)
   widths, cape = tree_choice(args.tree_widths, args)
   proposer, proposer_params = make_proposer(args.method, draft, widths, cape=cape)

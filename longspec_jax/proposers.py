@@ -24,8 +24,9 @@ from longspec_jax import gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import RingCache
-from longspec_jax.config import CapeConfig
+from longspec_jax.config import CapeConfig, DraftKind
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
+from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain
 
@@ -219,8 +220,15 @@ class LongSpecDraft:
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
 # with no arguments; those in DRAFT_METHODS take the draft's graphdef; `auto` uses a draft
 # when there is one.
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "auto": Adaptive}
-DRAFT_METHODS = ("longspec",)
+PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "glide": LongSpecDraft, "auto": Adaptive}
+# The draft methods and the kind of draft each runs (`auto` runs LongSpec's).
+DRAFT_KINDS = {"longspec": DraftKind.LONGSPEC, "glide": DraftKind.GLIDE}
+DRAFT_METHODS = tuple(DRAFT_KINDS)
+
+
+def draft_kind(method: str) -> DraftKind:
+  """The kind of draft `method` runs (`auto`: LongSpec's)."""
+  return DRAFT_KINDS.get(method, DraftKind.LONGSPEC)
 
 
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
@@ -231,8 +239,14 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   `DraftConfig`), and its params are the draft's. `auto` chooses each round among AR,
   prompt lookup's chain of `copy_tokens` (by default the draft's, or `PromptLookup`'s
   where that is none) and, if a draft is given, the draft's tree with the chain grafted
-  in. The other methods have no params."""
+  in. GLIDE's draft takes CAPE's tree (its paper's) unless widths or CAPE are given. The
+  other methods have no params."""
   stored = draft.config if draft is not None else None
+  if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
+    raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
+                    f" {stored.kind.value}'s.")
+  if method == "glide" and tree_widths is None and cape is None:
+    cape = CapeConfig()
   if cape is not None and stored is not None:
     cape.check_fits(stored.vocab_size)
   if method == "auto":

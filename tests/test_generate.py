@@ -150,18 +150,20 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
                       ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
                       ("cape", ["--method", "longspec", "--draft", "random", "--tree-widths", "cape",
                                 "--cape-gamma", "3", "--cape-bins", "0.5:2,1:1"]),
+                      ("glide", ["--method", "glide", "--draft", "random"]),  # (CAPE's tree: its default)
                       ("auto", []),  # (no draft on a CPU unless one is named)
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "random", "copies", "cape", "auto", "checkpoint"):
+  for name in ("pld", "random", "copies", "cape", "glide", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
   assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
   assert results["cape"]["cape"] == {"gamma": 3, "edges": [0.5], "sizes": [2, 1]}
   assert "tree_widths" not in results["cape"]
+  assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
@@ -172,9 +174,13 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
   other = TargetConfig(vocab_size=100, hidden_size=64, intermediate_size=32, num_layers=2, num_heads=8,
                        num_kv_heads=2, head_dim=8)
   save_draft(tmp_path / "other", random_draft(DraftConfig.for_target(other), jnp.float32))
+  config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
+  save_draft(tmp_path / "longspec", random_draft(DraftConfig.for_target(config), jnp.float32))
   common = ["--target", str(tiny_with_tokenizer), "--prompt", "hello", "--max-new-tokens", "3"]
   for flags, message in [
-      (["--method", "longspec"], "no default draft is shipped for target"),
+      (["--method", "longspec"], "no default longspec draft is shipped for target"),
+      (["--method", "glide"], "no default glide draft is shipped for target"),
+      (["--method", "glide", "--draft", str(tmp_path / "longspec")], "holds longspec's draft, where glide's is"),
       (["--draft", str(tmp_path)], "is not a draft checkpoint"),
       (["--draft", str(tmp_path / "other")], "the draft does not match the target: its vocab_size is 100"),
   ]:

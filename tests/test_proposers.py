@@ -137,12 +137,12 @@ def test_cape_tree_matches_recomputed_reference_over_two_rounds(models):
 def test_cape_needs_a_vocabulary_wider_than_its_largest_expansion(models):
   target, draft = models
   with pytest.raises(UserError, match="CAPE's largest expansion"):
-    make_proposer("longspec", draft, cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
+    make_proposer(draft.config.kind.value, draft, cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
 
 
 def test_longspec_state_does_not_grow_with_context_and_glides_does(models):
   target, draft = models
-  proposer, params = make_proposer("longspec", draft)
+  proposer, params = make_proposer(draft.config.kind.value, draft)  # (the method named as the kind)
 
   def state_bytes(context):
     cache = jax.eval_shape(lambda: KVCache.create(target.config, 1, context, jnp.float32))
@@ -160,3 +160,15 @@ def test_longspec_state_does_not_grow_with_context_and_glides_does(models):
     assert state_bytes(100 * 1024) > 99 * state_bytes(1024)
   vocab = target.config.vocab_size
   assert all(vocab not in x.shape for x in jax.tree.leaves(params))  # embedding and LM head are the target's
+
+
+def test_each_draft_method_runs_its_own_kind_of_draft(models):
+  """`glide` takes a GLIDE draft and CAPE's tree by default (its paper's), beam widths
+  when given; `longspec` refuses a GLIDE draft and `glide` a LongSpec one."""
+  _, draft = models
+  kind, other = draft.config.kind.value, next(k.value for k in DraftKind if k is not draft.config.kind)
+  with pytest.raises(UserError, match=f"--method {other} runs {other}'s draft, but this draft is {kind}'s"):
+    make_proposer(other, draft)
+  proposer, _ = make_proposer(kind, draft)
+  assert (proposer.cape == CapeConfig()) == (draft.config.kind is DraftKind.GLIDE)
+  assert make_proposer(kind, draft, tree_widths=(2, 2))[0].cape is None

@@ -2,7 +2,8 @@
 
 `--draft` specs: `random` (a random-init draft shaped for the target: useful to check the
 machinery, it proposes noise), `default` (the draft shipped in the package for the
-embedded target), or a checkpoint directory.
+embedded target), or a checkpoint directory. Each spec names a draft of one kind
+(`DraftKind`: LongSpec's or GLIDE's), the kind the method runs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 from flax import nnx
 
 from longspec_jax.attention import Impl
-from longspec_jax.config import DraftConfig, TargetConfig
+from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
 from longspec_jax.draft import Draft, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.files import write_whole
@@ -57,20 +58,26 @@ def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
   write_whole(file, json.dumps(updated.to_dict(), indent=1))
 
 
-def has_shipped_draft(target_name: str) -> bool:
-  return (SHIPPED / target_name / CONFIG_NAME).is_file()
+def _shipped(target_name: str, kind: DraftKind) -> Path:
+  """Where the package keeps the draft of `kind` for a target (LongSpec's under the
+  target's name, GLIDE's under `<name>-glide`)."""
+  return SHIPPED / (target_name if kind is DraftKind.LONGSPEC else f"{target_name}-{kind.value}")
 
 
-def resolve_draft(spec: str, target_name: str = "") -> Path | None:
+def has_shipped_draft(target_name: str, kind: DraftKind = DraftKind.LONGSPEC) -> bool:
+  return (_shipped(target_name, kind) / CONFIG_NAME).is_file()
+
+
+def resolve_draft(spec: str, target_name: str = "", kind: DraftKind = DraftKind.LONGSPEC) -> Path | None:
   """The checkpoint directory a draft spec names (None for `random`), checked to be one
   without reading it, so that a wrong spec is reported before any weights load."""
   if spec == "random":
     return None
   if spec == "default":
-    if not has_shipped_draft(target_name):
-      raise UserError(f"no default draft is shipped for target {target_name!r}; use a random draft ('random') or a"
-                      " draft checkpoint directory.")
-    return (SHIPPED / target_name).resolve()
+    if not has_shipped_draft(target_name, kind):
+      raise UserError(f"no default {kind.value} draft is shipped for target {target_name!r}; use a random draft"
+                      f" ('random') or a draft checkpoint directory (`python -m train.run --draft-kind {kind.value}`).")
+    return _shipped(target_name, kind).resolve()
   path = Path(spec).expanduser().resolve()
   if not path.exists():
     raise UserError(f"the draft {spec!r} does not exist; give 'default', 'random' or a draft checkpoint directory.")
@@ -80,13 +87,15 @@ def resolve_draft(spec: str, target_name: str = "") -> Path | None:
 
 
 def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "",
-               attention: Impl | None = None) -> Draft:
-  """The draft a spec names (`resolve_draft`), in `dtype`, checked against the target's
-  config; `attention` is its attention code (default: `Impl.default()`)."""
-  path = resolve_draft(spec, target_name)
+               attention: Impl | None = None, kind: DraftKind = DraftKind.LONGSPEC) -> Draft:
+  """The draft of `kind` a spec names (`resolve_draft`), in `dtype`, checked against the
+  target's config; `attention` is its attention code (default: `Impl.default()`)."""
+  path = resolve_draft(spec, target_name, kind)
   if path is None:
-    return random_draft(DraftConfig.for_target(target_config), dtype, attention=attention)
+    return random_draft(DraftConfig.for_target(target_config, kind=kind), dtype, attention=attention)
   draft = _restore(path, target_config, dtype)
+  if draft.config.kind is not kind:
+    raise UserError(f"{path} holds {draft.config.kind.value}'s draft, where {kind.value}'s is needed.")
   draft.attention = attention or Impl.default()
   return draft
 
