@@ -55,6 +55,12 @@ def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, 
               "--draft-layers", "2", "--cross-block", "4"]) == 0, capsys.readouterr().err
   config = json.loads((out / "draft" / "draft_config.json").read_text())
   assert config["kind"] == "glide" and config["num_layers"] == 2
+  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--length", "40", "--batch", "2", "--data",
+            f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--steps", "1", "--warmup-steps",
+            "0", "--max-tokens", "2000", "--init-draft", str(out / "draft")]
+  assert run(common + ["--out", str(tmp_path / "next"), "--draft-kind", "glide"]) == 0, capsys.readouterr().err
+  assert run(common + ["--out", str(tmp_path / "wrong")]) == 2
+  assert "holds glide's draft, where longspec's is needed" in capsys.readouterr().err
 
 
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):

@@ -3,6 +3,8 @@ the SFT stage reads."""
 
 import json
 
+import jax.numpy as jnp
+
 from train.data import has_chat_records, load_records, record_tokens
 from train.self_text import main
 
@@ -19,10 +21,17 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   common = ["--data", str(corpus), "--target", str(tiny_with_tokenizer), "--samples", "5", "--batch", "2",
             "--prompt-tokens", "24", "--new-tokens", "5", "--temperatures", "0", "1", "--dtype", "float32",
             "--draft", "none"]
+  from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
+  from longspec_jax.draft import random_draft
+  from longspec_jax.weights.drafts import save_draft
+
+  config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
+  save_draft(tmp_path / "glide", random_draft(DraftConfig.for_target(config, kind=DraftKind.GLIDE), jnp.float32))
   runs = {}
-  for method in ("ar", "pld"):
+  for method, flags in (("ar", []), ("pld", []), ("glide", ["--draft", str(tmp_path / "glide")])):
     out = tmp_path / f"{method}.jsonl"
-    assert run_cli(main, common + ["--method", method, "--out", str(out)], PROG) == 0, capsys.readouterr().err
+    assert run_cli(main, common + ["--method", method, "--out", str(out)] + flags, PROG) == 0, \
+        capsys.readouterr().err
     runs[method] = [json.loads(line) for line in out.read_text().splitlines()]
   records = runs["ar"]
   assert len(records) == 5 and [r["temperature"] for r in records] == [0.0, 0.0, 1.0, 1.0, 0.0]
@@ -34,7 +43,8 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   assert run_cli(main, common + ["--method", "ar", "--out", str(resumed), "--resume"], PROG) == 0
   assert [json.loads(line) for line in resumed.read_text().splitlines()] == records
   greedy = [i for i, r in enumerate(records) if r["temperature"] == 0.0]
-  assert [runs["pld"][i] for i in greedy] == [records[i] for i in greedy]  # lossless: the target's own text
+  for method in ("pld", "glide"):  # lossless: the target's own text
+    assert [runs[method][i] for i in greedy] == [records[i] for i in greedy], method
   loaded = load_records(str(tmp_path / "ar.jsonl"))
   if any(r["kind"] == "answer" for r in records):
     assert has_chat_records(loaded)

@@ -108,9 +108,9 @@ def parse_args(argv=None):
                  help="learn the target's next-token distribution (default) or the data's next token")
   p.add_argument("--positions", choices=[k.value for k in Positions], help="default: the stage's")
   p.add_argument("--draft-kind", choices=[k.value for k in DraftKind], default=DraftKind.LONGSPEC.value,
-                 help="a new draft's kind: LongSpec's (a sliding window, flash noisy training) or GLIDE's (full"
-                      " self-attention, layer m reading target layer N_T - N_D + m, trained with its block-wise"
-                      " cross mask, vanilla positions unless --positions says otherwise)")
+                 help="the draft's kind (a new one's, or --init-draft's): LongSpec's (a sliding window, flash"
+                      " noisy training) or GLIDE's (full self-attention, layer m reading target layer N_T - N_D + m,"
+                      " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)")
   p.add_argument("--cross-block", type=positive_int, default=5,
                  help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
@@ -241,7 +241,8 @@ def prepare(args, sources, eval_sources) -> Run:
   target = load_target(target_path, compute)  # its forward on the Pallas kernels on a GPU
   # The draft trains on differentiable attention: flash passes with structured masks.
   if args.init_draft:
-    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH)
+    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH,
+                       kind=DraftKind(args.draft_kind))
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
                                                 kind=DraftKind(args.draft_kind)),

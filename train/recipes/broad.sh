@@ -14,10 +14,16 @@
 # The corpus is rebuilt where it is missing (seconds; deterministic on one machine
 # image), so a carried OUT may leave out $OUT/corpus and the finished stages' checkpoints.
 #
+# DRAFT_KIND=glide trains GLIDE's draft the same way (give it --draft-layers; its self
+# text is decoded with --method glide).
+#
 #   SECONDS_PER_CALL=480 train/recipes/broad.sh runs/broad [more train.run flags]
+#   DRAFT_KIND=glide train/recipes/broad.sh runs/glide --draft-layers 2
 set -euo pipefail
 out=${1:?usage: train/recipes/broad.sh OUT_DIR [train.run flags]}
 shift
+kind=${DRAFT_KIND:-longspec}
+set -- --draft-kind "$kind" "$@"
 budget=${SECONDS_PER_CALL:-480}
 started=$(date +%s)
 left() { echo $((budget - ($(date +%s) - started))); }
@@ -41,7 +47,7 @@ fi
 if [ -f "$out/long/eval.json" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.self_text --data "$out/corpus/train.jsonl" --out "$out/self.jsonl" \
     $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
-    --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
+    --method "$kind" --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
   if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
 fi
 if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/eval.json" ] && [ "$(left)" -gt 60 ]; then
