@@ -166,6 +166,9 @@ class DraftConfig(BlockConfig):
   # first draft layer, each next one the layer above). None: the last layer (LongSpec),
   # the top `num_layers` layers (GLIDE).
   cross_layer: int | None = None
+  # False: no cross-attention at all, the ablation of GLIDE's section 5.2 (a draft of the
+  # same size that reads only its own context)
+  cross_attention: bool = True
   # The tree inference uses by default: beam widths per depth, LongSpec's (paper,
   # Appendix D), and prompt-lookup tokens grafted in as a copy branch (none), unless a
   # measurement (`python -m infer.tree_search --store`) found a faster tree for this

@@ -68,10 +68,12 @@ class CrossAttend:
 
 class DraftLayer(DecoderLayer):
   """A decoder layer with a cross-attention over the target's K/V between its
-  self-attention and its MLP."""
+  self-attention and its MLP (none where the config ablates it)."""
 
   def __init__(self, config: DraftConfig, dtype, rngs: nnx.Rngs):
     super().__init__(config, dtype, rngs)
+    if not config.cross_attention:
+      return
     e, h, d = config.hidden_size, config.num_heads, config.head_dim
     self.cross_norm = nnx.Param(jnp.ones((e,), dtype))
     self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
@@ -142,8 +144,9 @@ class Draft(nnx.Module):
         ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
         out, _ = attention.merge(ring_out, ring_lse, out, lse)
       x = layer.add_attention(x, out)
-      x = layer.add_cross_attention(x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer,
-                                    self.attention)
+      if c.cross_attention:
+        x = layer.add_cross_attention(x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer,
+                                      self.attention)
       return layer.add_mlp(x), (k, v)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)

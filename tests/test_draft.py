@@ -2,9 +2,11 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.config import DraftConfig, DraftKind, RopeConfig, TargetConfig
@@ -68,6 +70,23 @@ def test_each_glide_layer_cross_attends_to_its_own_target_layer():
     config = DraftConfig.for_target(TARGET, num_layers=2, kind=DraftKind.GLIDE, cross_layer=cross_layer)
     draft = random_draft(config, jnp.float32, seed=2)
     assert {layer for layer in range(TARGET.num_layers) if changes(draft, layer)} == read
+
+
+def test_the_ablated_draft_has_no_cross_attention_and_ignores_the_target_cache():
+  """GLIDE's "vanilla drafter" (section 5.2): the same layers without cross-attention."""
+  target = random_model(TARGET, jnp.float32, seed=1)
+  config = DraftConfig.for_target(TARGET, kind=DraftKind.GLIDE, num_layers=2, cross_attention=False)
+  assert DraftConfig.from_dict(config.to_dict()) == config
+  draft = random_draft(config, jnp.float32, seed=2)
+  full = random_draft(dataclasses.replace(config, cross_attention=True), jnp.float32, seed=2)
+  count = lambda model: sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert count(full) - count(draft) == 2 * (32 + 2 * 32 * 4 * 8)  # (per layer: the norm, the q and o projections)
+  rng = np.random.default_rng(5)
+  tokens, positions = jnp.asarray(rng.integers(0, 97, size=(1, 4))), jnp.arange(4)[None]
+  k, v = (jnp.asarray(rng.standard_normal((TARGET.num_layers, 1, 8, 2, 8)), jnp.float32) for _ in "kv")
+  run = lambda v: np.asarray(draft(target, tokens, positions, SelfAttend(mask=None),
+                                   CrossAttend(k=k, v=v, limits=jnp.full((1, 4), 8)))[0])
+  np.testing.assert_array_equal(run(v), run(v * 3.0))
 
 
 def test_bad_tree_widths_are_refused():

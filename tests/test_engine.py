@@ -174,17 +174,19 @@ def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, ca
 CAPE = CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))
 
 
-@pytest.mark.parametrize("kind, cape", [(DraftKind.LONGSPEC, None), (DraftKind.LONGSPEC, CAPE), (DraftKind.GLIDE, None),
-                                        (DraftKind.GLIDE, CAPE)],
-                         ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape"])
-def test_a_random_draft_is_lossless(tiny, kind, cape):
-  """Either draft with either tree emits the AR tokens; GLIDE's own cache holds every
-  position of the context (it never wraps, where LongSpec's ring of 8 does)."""
+@pytest.mark.parametrize("kind, cape, cross", [(DraftKind.LONGSPEC, None, True), (DraftKind.LONGSPEC, CAPE, True),
+                                               (DraftKind.GLIDE, None, True), (DraftKind.GLIDE, CAPE, True),
+                                               (DraftKind.GLIDE, CAPE, False)],
+                         ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape", "glide-no-cross-cape"])
+def test_a_random_draft_is_lossless(tiny, kind, cape, cross):
+  """Either draft with either tree (and GLIDE's ablation without cross-attention) emits
+  the AR tokens; GLIDE's own cache holds every position of the context (it never wraps,
+  where LongSpec's ring of 8 does)."""
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids
   eos = reference[1][6]
-  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape, kind=kind)
+  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape, kind=kind, cross_attention=cross)
   result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
   ring, cache = result.state.proposal, result.state.cache

@@ -113,6 +113,8 @@ def parse_args(argv=None):
                       " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)")
   p.add_argument("--cross-block", type=positive_int, default=5,
                  help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
+  p.add_argument("--no-cross-attention", action="store_true",
+                 help="a new draft without cross-attention: the ablation of GLIDE's section 5.2")
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1)
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
@@ -245,7 +247,8 @@ def prepare(args, sources, eval_sources) -> Run:
                        kind=DraftKind(args.draft_kind))
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
-                                                kind=DraftKind(args.draft_kind)),
+                                                kind=DraftKind(args.draft_kind),
+                                                cross_attention=not args.no_cross_attention),
                          jnp.float32, seed=args.seed, attention=Impl.FLASH)
   glide = draft.config.kind is DraftKind.GLIDE  # (the paper's positions are plain ones)
   config = TrainConfig(
