@@ -52,15 +52,17 @@ def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, 
   assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "40",
               "--batch", "2", "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32",
               "--steps", "2", "--warmup-steps", "1", "--max-tokens", "2000", "--draft-kind", "glide",
-              "--draft-layers", "2", "--cross-block", "4"]) == 0, capsys.readouterr().err
+              "--draft-layers", "2", "--cross-block", "4", "--cross-layer", "0"]) == 0, capsys.readouterr().err
   config = json.loads((out / "draft" / "draft_config.json").read_text())
-  assert config["kind"] == "glide" and config["num_layers"] == 2
+  assert config["kind"] == "glide" and config["num_layers"] == 2 and config["cross_layer"] == 0
   common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--length", "40", "--batch", "2", "--data",
             f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--steps", "1", "--warmup-steps",
             "0", "--max-tokens", "2000", "--init-draft", str(out / "draft")]
   assert run(common + ["--out", str(tmp_path / "next"), "--draft-kind", "glide"]) == 0, capsys.readouterr().err
   assert run(common + ["--out", str(tmp_path / "wrong")]) == 2
   assert "holds glide's draft, where longspec's is needed" in capsys.readouterr().err
+  assert run(common[:-2] + ["--out", str(tmp_path / "high"), "--draft-kind", "glide", "--cross-layer", "40"]) == 2
+  assert "cross-attends to target layers 40, but the target has" in capsys.readouterr().err
 
 
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):

@@ -113,6 +113,10 @@ def parse_args(argv=None):
                       " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)")
   p.add_argument("--cross-block", type=positive_int, default=5,
                  help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
+  p.add_argument("--cross-layer", type=any_int,
+                 help="a new draft's cross-attended target layer (GLIDE: its first layer's, each next one the layer"
+                      " above; 0: the bottom ones, the paper's Figure 7); default: the last (LongSpec), the top"
+                      " N_D (GLIDE)")
   p.add_argument("--no-cross-attention", action="store_true",
                  help="a new draft without cross-attention: the ablation of GLIDE's section 5.2")
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
@@ -248,8 +252,10 @@ def prepare(args, sources, eval_sources) -> Run:
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
                                                 kind=DraftKind(args.draft_kind),
+                                                cross_layer=args.cross_layer,
                                                 cross_attention=not args.no_cross_attention),
                          jnp.float32, seed=args.seed, attention=Impl.FLASH)
+    draft.config.check_matches(target.config)  # (e.g. a --cross-layer past the target's layers)
   glide = draft.config.kind is DraftKind.GLIDE  # (the paper's positions are plain ones)
   config = TrainConfig(
       learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
