@@ -39,10 +39,15 @@ def _log_x(ax, xs) -> None:
 
 
 def _methods(result: dict, plt):
-  """Speedup over AR and tau against prefill length, one column per prompt set."""
+  """Speedup over AR and tau against prefill length, one column per prompt set; with
+  several lengths also the drafts' state (GLIDE's grows with the context, LongSpec's does
+  not)."""
   rows = result["rows"]
   sets = sorted({r["set"] for r in rows})
-  fig, axes = plt.subplots(2, len(sets), figsize=(5 * len(sets), 6.5), squeeze=False)
+  keys = ["speedup_vs_ar", "tau"]
+  if len({r["prefill_tokens"] for r in rows}) > 1 and any(r.get("draft_state_mib") for r in rows):
+    keys.append("draft_state_mib")
+  fig, axes = plt.subplots(len(keys), len(sets), figsize=(5 * len(sets), 3.25 * len(keys)), squeeze=False)
   for column, set_name in enumerate(sets):
     by_method = defaultdict(list)
     for r in rows:
@@ -51,15 +56,17 @@ def _methods(result: dict, plt):
     lengths = sorted({r["prefill_tokens"] for r in rows if r["set"] == set_name})
     for index, (method, points) in enumerate(by_method.items()):
       points.sort(key=lambda r: r["prefill_tokens"])
-      for ax, key in zip(axes[:, column], ("speedup_vs_ar", "tau")):
+      for ax, key in zip(axes[:, column], keys):
         if len(lengths) > 1:
           ax.plot([r["prefill_tokens"] for r in points], [r[key] for r in points], marker="o", label=method)
         else:  # one prefill length: a bar per method
           ax.bar(index, points[0][key], label=method, color=f"C{index}")
     axes[0, column].axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0, column].set(title=f"{set_name}: decode speedup vs AR", ylabel="x AR tokens/s")
-    axes[1, column].set(title=f"{set_name}: tau", ylabel="tokens per target forward",
-                        xlabel="prefill tokens" if len(lengths) > 1 else f"method, {lengths[0]:,} prefill tokens")
+    axes[1, column].set(title=f"{set_name}: tau", ylabel="tokens per target forward")
+    if len(keys) > 2:
+      axes[2, column].set(title=f"{set_name}: draft state", ylabel="MiB")
+    axes[-1, column].set(xlabel="prefill tokens" if len(lengths) > 1 else f"method, {lengths[0]:,} prefill tokens")
     for ax in axes[:, column]:
       if len(lengths) > 1:
         _log_x(ax, lengths)

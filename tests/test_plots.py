@@ -1,0 +1,23 @@
+"""`infer.plots`: what each kind of result draws."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from infer.plots import _methods  # noqa: E402
+
+
+def rows(lengths, state):
+  return [{"set": "code", "method": method, "prefill_tokens": length, "speedup_vs_ar": 1.5, "tau": 2.0,
+           "draft_state_mib": state(method, length)} for method in ("ar", "longspec", "glide") for length in lengths]
+
+
+def test_methods_over_several_lengths_also_draw_the_drafts_state():
+  grows = lambda method, length: {"ar": 0.0, "longspec": 0.4}.get(method, length / 1024)
+  fig = _methods({"rows": rows((1024, 4096), grows)}, plt)
+  assert [ax.get_title() for ax in fig.axes] == ["code: decode speedup vs AR", "code: tau", "code: draft state"]
+  assert list(fig.axes[2].lines[2].get_ydata()) == [1.0, 4.0]  # GLIDE's, growing with the context
+  one_length = _methods({"rows": rows((4096,), grows)}, plt)  # (bars per method: no state row)
+  assert len(one_length.axes) == 2
+  plt.close("all")
