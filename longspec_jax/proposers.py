@@ -53,7 +53,9 @@ class RootOnly:
 @dataclasses.dataclass(frozen=True)
 class LongSpecDraft:
   """LongSpec: the draft grows a tree by dynamic beam search (`widths[d - 1]` nodes at
-  depth d, chosen by cumulative log-prob over all children of the previous depth).
+  depth d, chosen by cumulative log-prob over all children of the previous depth). The
+  same proposer runs GLIDE's draft (`--method glide`): the two drafts differ only inside
+  the model (`config.DraftKind`), its ring then holding every position.
 
   Each round starts with one draft pass over the tokens committed since the last round
   and the root, which appends them to the ring and gives the root's next-token
