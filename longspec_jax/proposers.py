@@ -34,6 +34,10 @@ from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chai
 # after 32 copy rounds of ~5 tokens, one pass of 128 instead of ten of 16, each with its
 # own launches (and, on a GPU, a loop step that waits for the host).
 LAG_ROWS = 128
+# Tokens one pass at a generation's start takes at most (`LongSpecDraft.start`): GLIDE's
+# draft fills a cache as long as the context, in passes of this many rather than one
+# pass (and one [T, T] mask) over the whole prompt.
+START_ROWS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +93,27 @@ class LongSpecDraft:
   def start(self, params, *, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths; GLIDE's: all of
     them). Layer l's K/V at p depend on the l layers below over the window before p, so
-    the pass runs over num_layers * window positions (at most the cache's) to make them
-    exact."""
+    the passes run over num_layers * window positions (at most the cache's) to make them
+    exact: one pass, or passes of `START_ROWS` (at most a window) in order, each joining
+    the ring before the next (the ring then holds the window before each pass)."""
     draft: Draft = nnx.merge(self.graphdef, params)
-    window = draft.config.ring_size(cache.k.shape[2])
-    span = min(draft.config.num_layers * window, cache.k.shape[2])
-    positions = cache.lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
-    valid = positions >= 0
-    keep = valid & (positions >= cache.lengths[:, None] - window)
-    return self._append(draft, target, cache, history, None, positions, valid, keep)[1]
+    cfg, lengths = draft.config, cache.lengths
+    window = cfg.ring_size(cache.k.shape[2])
+    span = min(cfg.num_layers * window, cache.k.shape[2])
+    rows = min(START_ROWS, window)  # (a ring takes at most a window of positions a write)
+    if span <= rows:
+      positions = lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
+      valid = positions >= 0
+      keep = valid & (positions >= lengths[:, None] - window)
+      return self._append(draft, target, cache, history, None, positions, valid, keep)[1]
+    ring = RingCache.create(cfg, lengths.shape[0], cache.k.dtype, window)
+    ring = dataclasses.replace(ring, length=jnp.maximum(lengths - span, 0))
+
+    def step(ring):
+      positions = ring.length[:, None] + jnp.arange(rows)[None, :]  # [B, rows]
+      return self._append(draft, target, cache, history, ring, positions, positions < lengths[:, None])[1]
+
+    return jax.lax.while_loop(lambda ring: jnp.any(ring.length < lengths), step, ring)
 
   def propose(self, params, ring: RingCache, *, target, cache, history, root):
     draft: Draft = nnx.merge(self.graphdef, params)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from longspec_jax import proposers
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
@@ -172,3 +173,25 @@ def test_each_draft_method_runs_its_own_kind_of_draft(models):
   proposer, _ = make_proposer(kind, draft)
   assert (proposer.cape == CapeConfig()) == (draft.config.kind is DraftKind.GLIDE)
   assert make_proposer(kind, draft, tree_widths=(2, 2))[0].cape is None
+
+
+def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
+  """Passes of `START_ROWS` (GLIDE's over a long prompt; LongSpec's when its layers span
+  more than one) leave the ring one pass leaves: each pass reads the ring the ones before
+  filled."""
+  target, draft = models
+  rng = np.random.default_rng(11)
+  prompts = [rng.integers(3, 200, size=n).tolist() for n in (29, 13)]
+  cache, _ = prefill(target, prompts, 64)
+  history = jnp.asarray([p + [0] * (64 - len(p)) for p in prompts])
+  proposer, params = make_proposer(draft.config.kind.value, draft, tree_widths=WIDTHS)
+  start = lambda: proposer.start(params, target=target, cache=cache, history=history)
+  whole = start()
+  monkeypatch.setattr(proposers, "START_ROWS", 5)
+  passes = start()
+  np.testing.assert_array_equal(np.asarray(passes.positions), np.asarray(whole.positions))
+  np.testing.assert_array_equal(np.asarray(passes.length), np.asarray(whole.length))
+  held = np.asarray(whole.positions)[:, None, :, None, None] >= 0  # [B, 1, W, 1, 1]: slots written
+  for got, want in ((passes.k, whole.k), (passes.v, whole.v)):
+    np.testing.assert_allclose(np.where(held.swapaxes(0, 1), np.asarray(got), 0),
+                               np.where(held.swapaxes(0, 1), np.asarray(want), 0), atol=2e-5)
