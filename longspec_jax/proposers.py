@@ -100,20 +100,14 @@ class LongSpecDraft:
     cfg, lengths = draft.config, cache.lengths
     window = cfg.ring_size(cache.k.shape[2])
     span = min(cfg.num_layers * window, cache.k.shape[2])
-    rows = min(START_ROWS, window)  # (a ring takes at most a window of positions a write)
-    if span <= rows:
+    if span <= min(START_ROWS, window):
       positions = lengths[:, None] - span + jnp.arange(span)[None, :]  # [B, span]
       valid = positions >= 0
       keep = valid & (positions >= lengths[:, None] - window)
       return self._append(draft, target, cache, history, None, positions, valid, keep)[1]
     ring = RingCache.create(cfg, lengths.shape[0], cache.k.dtype, window)
     ring = dataclasses.replace(ring, length=jnp.maximum(lengths - span, 0))
-
-    def step(ring):
-      positions = ring.length[:, None] + jnp.arange(rows)[None, :]  # [B, rows]
-      return self._append(draft, target, cache, history, ring, positions, positions < lengths[:, None])[1]
-
-    return jax.lax.while_loop(lambda ring: jnp.any(ring.length < lengths), step, ring)
+    return self._fill(draft, target, cache, history, ring, START_ROWS, lengths)
 
   def propose(self, params, ring: RingCache, *, target, cache, history, root):
     draft: Draft = nnx.merge(self.graphdef, params)
@@ -143,9 +137,20 @@ class LongSpecDraft:
       # Layer l's K/V at p depend on the l layers below over the window before p (as `start`).
       oldest = jnp.maximum(lengths - draft.config.num_layers * ring.window, 0)
       ring = dataclasses.replace(ring, length=jnp.maximum(ring.length, oldest))
-      ring = jax.lax.while_loop(lambda ring: jnp.any(ring.length + span <= lengths),
-                                lambda ring: step(ring, max(LAG_ROWS, span))[1], ring)
+      ring = self._fill(draft, target, cache, history, ring, max(LAG_ROWS, span), lengths - span + 1)
     return step(ring, span)
+
+  def _fill(self, draft: Draft, target, cache, history, ring: RingCache, rows: int, until) -> RingCache:
+    """Passes of `rows` positions (at most the ring's window: a ring takes no more in
+    one write) from each ring's length, each joining the ring before the next, until
+    every ring holds the positions below `until [B]`."""
+    rows = min(rows, ring.window)
+
+    def step(ring):
+      positions = ring.length[:, None] + jnp.arange(rows)[None, :]  # [B, rows]
+      return self._append(draft, target, cache, history, ring, positions, positions < until[:, None])[1]
+
+    return jax.lax.while_loop(lambda ring: jnp.any(ring.length < until), step, ring)
 
   def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The round's tree from the root's hidden state [B, 1, E]: CAPE's or the beam
