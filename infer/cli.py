@@ -1,6 +1,6 @@
-"""Command-line pieces of the inference CLIs (generate, benchmark, profile): the method
-names, the sampling flags, trees (beam widths or CAPE's) and the prompt. The plumbing
-every CLI shares is `longspec_jax.cli`."""
+"""Command-line pieces of the inference CLIs (generate, benchmark, profile): the sampling
+flags, trees (beam widths or CAPE's) and the prompt. The plumbing every CLI shares
+(the method names included) is `longspec_jax.cli`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,6 @@ from pathlib import Path
 
 from longspec_jax.cli import any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
-
-# The decoding methods (`longspec_jax.proposers.PROPOSERS`) by name, listed here, free of
-# JAX, so that flags are checked before JAX is imported.
-METHODS = ("auto", "ar", "pld", "longspec", "glide")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:

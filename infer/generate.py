@@ -11,7 +11,6 @@ import sys
 import time
 
 from infer.cli import (
-  METHODS,
   add_sampling_flags,
   add_tree_flags,
   check_tree,
@@ -22,6 +21,7 @@ from infer.cli import (
   tree_record,
 )
 from longspec_jax.cli import (
+  METHODS,
   ArgumentParser,
   add_attention_flag,
   add_batch_invariant_flag,

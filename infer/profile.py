@@ -36,11 +36,12 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import METHODS, add_sampling_flags, add_tree_flags, sampling_config, tree_choice
+from infer.cli import add_sampling_flags, add_tree_flags, sampling_config, tree_choice
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.shapes import SHAPES
 from longspec_jax.cli import (
+  METHODS,
   ArgumentParser,
   add_attention_flag,
   add_gemm_flag,

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from infer.cli import METHODS, cape_bins
-from longspec_jax.cli import run_main
+from infer.cli import cape_bins
+from longspec_jax.cli import METHODS, run_main
 
 from conftest import run_cli
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from longspec_jax.cli import (
+  METHODS,
   ArgumentParser,
   nonnegative_float,
   output_path,
@@ -42,7 +43,6 @@ CODE_INSTRUCTIONS = ("Explain what this code does.", "Summarize this source file
                      "List the functions or definitions in this code and what each one is for.",
                      "How would you use this code? Give a short example.")
 CODE_DOMAINS = {"python", "c_cpp", "shell", "javascript", "go", "rust", "java", "ruby", "lua", "sql"}
-METHODS = ("auto", "ar", "pld", "longspec", "glide")
 
 
 def parse_args(argv=None):
