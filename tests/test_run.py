@@ -24,6 +24,7 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] > 0 for r in records)
   assert (out / "loss.png").stat().st_size > 0
+  assert (out / "complete").read_text() == "3\n"  # (all --steps taken)
   held_out = f"{sysconfig.get_paths()['stdlib']}/email/*.py"
   assert run(common + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3",
                        "--eval-every", "2"]) == 0
@@ -36,6 +37,10 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert report["by_depth"][0]["hit_rate"] == report["hit_rate"]
   curve = [json.loads(line) for line in (out / "eval_curve.jsonl").read_text().splitlines()]
   assert [c["step"] for c in curve] == [4, 5] and curve[-1]["by_depth"] == report["by_depth"]  # (every 2, the end)
+  # Stopped by --time-limit short of --steps: a draft and its evaluation, not complete.
+  assert run(common + ["--steps", "9", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3",
+                       "--time-limit", "1e-9"]) == 0
+  assert json.loads((out / "eval.json").read_text())["step"] == 6 and not (out / "complete").exists()
 
   from infer.generate import main as generate
 

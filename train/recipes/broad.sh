@@ -11,7 +11,9 @@
 #   4. self:     the target's own continuations and answers on corpus documents
 #   5. sft:      the long stage's draft on the target's text
 #
-# The corpus is rebuilt where it is missing (seconds; deterministic on one machine
+# A stage is done once train.run marks it `complete` (all its steps taken; a stage that
+# --time-limit stopped has a draft and eval.json too, and resumes). The corpus is rebuilt
+# where it is missing (seconds; deterministic on one machine
 # image), so a carried OUT may leave out $OUT/corpus and the finished stages' checkpoints.
 #
 # DRAFT_KIND=glide trains GLIDE's draft the same way (give it --draft-layers; its self
@@ -32,25 +34,25 @@ resume() { [ -d "$1/checkpoints" ] && echo --resume || true; }
 if [ ! -f "$out/corpus/manifest.json" ]; then
   python3 -m train.corpus --out "$out/corpus" --max-chars-per-domain 40000000
 fi
-if [ ! -f "$out/pretrain/eval.json" ] && [ "$(left)" -gt 60 ]; then
+if [ ! -f "$out/pretrain/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage pretrain --target smollm2-135m --data "$out/corpus/train.jsonl" \
     --max-tokens 200000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 --eval-every 500 \
     --length 1024 --batch 16 --steps 20000 --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
     --time-limit "$(left)" --out "$out/pretrain" $(resume "$out/pretrain") "$@"
 fi
-if [ -f "$out/pretrain/eval.json" ] && [ ! -f "$out/long/eval.json" ] && [ "$(left)" -gt 60 ]; then
+if [ -f "$out/pretrain/complete" ] && [ ! -f "$out/long/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" \
     --init-draft "$out/pretrain/draft" --max-tokens 20000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 \
     --eval-length 8192 --eval-every 100 --steps 600 --save-every 100 --time-limit "$(left)" --out "$out/long" \
     $(resume "$out/long") "$@"
 fi
-if [ -f "$out/long/eval.json" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
+if [ -f "$out/long/complete" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.self_text --data "$out/corpus/train.jsonl" --out "$out/self.jsonl" \
     $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
     --method "$kind" --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
   if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
 fi
-if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/eval.json" ] && [ "$(left)" -gt 60 ]; then
+if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage sft --target smollm2-135m --data "$out/self.jsonl" \
     --init-draft "$out/long/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
     --eval-every 250 --steps 3000 --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
