@@ -32,8 +32,13 @@ runs after at most `explore_every` rounds without one, so that its gain follows 
 each such round forced while the draft was not the choice doubles that wait (up to
 `max_explore_every`), and a draft round chosen on its merit resets it: on text the draft
 does not help, exploring every 32 rounds cost a draft round and a long catch-up each
-time. The choice depends on earlier rounds only, so every round's tokens keep the
-target's law (greedy: AR's tokens).
+time. The wait is kept for each of the draft's two gains (rounds without a chain's match
+and with one), counting the rounds of that case: with one wait, the draft was explored
+where chains matched and never again where none did, so one unlucky draft round without
+a match (1 token) had every such round run AR for the rest of a generation and the next
+(180 AR rounds of 227 on a POD question, tau 1.9 where the draft's rounds give 4.6;
+H100, session 17's draft). The choice depends on earlier rounds only, so every round's
+tokens keep the target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations
@@ -79,8 +84,10 @@ class AdaptiveState:
   force: jax.Array  # [] int32: the kind every round takes (calibration), CHOOSE or CYCLE
   last: jax.Array  # [] int32: the latest round's kind (-1: none yet)
   next_kind: jax.Array  # [] int32: the kind the next round takes, as chosen after the latest (a guess before any)
-  since_draft: jax.Array  # [] int32: rounds since the last draft round
-  explore_after: jax.Array  # [] int32: rounds without the draft after which one is forced
+  # By case (no chain's match, a match; the draft's two gains), a round being of a case
+  # when some running sequence is:
+  since_draft: jax.Array  # [2] int32: rounds of the case since its last draft round
+  explore_after: jax.Array  # [2] int32: rounds of the case without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
   # An AR or draft round's chain, kept until the tokens emitted since show its gain:
   pending: jax.Array  # [B, G] int32
@@ -100,6 +107,7 @@ class Plan:
   copy_valid: jax.Array  # [B, G] bool
   ngram: jax.Array  # [B] int32: 0 when there is no match
   at: jax.Array  # [B] int32: the history index the chain's first token would take
+  cases: jax.Array  # [2] bool: some running sequence has no match / a match
   explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
 
 
@@ -111,7 +119,7 @@ class Learnt:
 
   copy_gain: np.ndarray  # [M]
   draft_gain: np.ndarray  # [2]
-  explore_after: int
+  explore_after: np.ndarray  # [2] int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +160,8 @@ class Adaptive:
         ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
         switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), next_kind=jnp.int32(Kind.COPY),
-        since_draft=jnp.int32(0),
-        explore_after=jnp.int32(self.explore_every), rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
+        since_draft=jnp.zeros((2,), jnp.int32), explore_after=jnp.full((2,), self.explore_every, jnp.int32),
+        rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
         pending=jnp.zeros((batch, self.lookup.num_tokens), jnp.int32),
         pending_valid=jnp.zeros((batch, self.lookup.num_tokens), bool), pending_ngram=jnp.zeros((batch,), jnp.int32),
         pending_at=jnp.zeros((batch,), jnp.int32))
@@ -170,13 +178,14 @@ class Adaptive:
     price = state.costs + jnp.where(change, state.switch / self.run, 0.0)
     value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / price  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
+    cases = jnp.any(~done[:, None] & ((ngram > 0)[:, None] == jnp.arange(2)[None, :]), axis=0)  # [2]
     explored = jnp.asarray(False)
     if self.draft is not None:
-      explored = (state.since_draft >= state.explore_after) & (kind != Kind.DRAFT)
+      explored = jnp.any(cases & (state.since_draft >= state.explore_after)) & (kind != Kind.DRAFT)
       kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
     forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
     return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
-                ngram=ngram, at=cache.lengths + 1, explored=explored & (state.force == CHOOSE))
+                ngram=ngram, at=cache.lengths + 1, cases=cases, explored=explored & (state.force == CHOOSE))
 
   def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
@@ -230,9 +239,10 @@ class Adaptive:
         draft_gain=move(state.draft_gain, count[:, None],
                         (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
         last=kind,
-        since_draft=jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
-        explore_after=jnp.where(plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
-                                jnp.where(kind == Kind.DRAFT, self.explore_every, state.explore_after)),
+        since_draft=jnp.where(plan.cases, jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1), state.since_draft),
+        explore_after=jnp.where(
+            plan.cases & plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
+            jnp.where(plan.cases & (kind == Kind.DRAFT), self.explore_every, state.explore_after)),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
         pending=pending, pending_valid=pending_valid, pending_ngram=jnp.where(shown, 0, pending_ngram),
         pending_at=pending_at,
@@ -246,7 +256,8 @@ class Adaptive:
     """What a first generation starts from: every gain unseen, the first wait before
     exploring."""
     return Learnt(copy_gain=np.full((self.lookup.max_ngram,), np.nan, np.float32),
-                  draft_gain=np.full((2,), np.nan, np.float32), explore_after=self.explore_every)
+                  draft_gain=np.full((2,), np.nan, np.float32),
+                  explore_after=np.full((2,), self.explore_every, np.int32))
 
   @staticmethod
   def learnt(state: AdaptiveState) -> Learnt:
@@ -257,7 +268,7 @@ class Adaptive:
       count = seen.sum(axis=0)
       return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
     return Learnt(copy_gain=mean(state.copy_gain), draft_gain=mean(state.draft_gain),
-                  explore_after=int(state.explore_after))
+                  explore_after=np.asarray(state.explore_after))
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
@@ -291,7 +302,7 @@ def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
   return dataclasses.replace(
       state, copy_gain=jnp.broadcast_to(learnt.copy_gain.astype(jnp.float32), state.copy_gain.shape),
       draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)),
-      explore_after=jnp.asarray(learnt.explore_after, jnp.int32))
+      explore_after=jnp.asarray(learnt.explore_after, jnp.int32).reshape(2))
 
 
 def _with_costs(state: AdaptiveState, seconds) -> AdaptiveState:

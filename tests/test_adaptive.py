@@ -39,14 +39,20 @@ def draft_for(target, widths=(2, 2), **config):
 
 def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0,
                last=-1, chain=3) -> AdaptiveState:
-  """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none)."""
+  """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none);
+  since_draft and explore_after: both cases' (a number) or each's [2]."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
                        switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
-                       next_kind=jnp.int32(Kind.COPY), since_draft=jnp.int32(since_draft),
-                       explore_after=jnp.int32(explore_after),
+                       next_kind=jnp.int32(Kind.COPY), since_draft=by_case(since_draft),
+                       explore_after=by_case(explore_after),
                        rounds_by_kind=jnp.zeros((len(costs),), jnp.int32), **no_pending(len(copy_gain), chain))
+
+
+def by_case(value) -> jax.Array:
+  """A per-case count [2] (no match, a match) from one number for both or a pair."""
+  return jnp.broadcast_to(jnp.asarray(value, jnp.int32), (2,))
 
 
 def no_pending(batch, chain):
@@ -58,8 +64,10 @@ def plan_of(kind, copies, ngram, at, valid=None):
   """A round's plan: its kind, chain [B, G] (all valid by default), n-gram length [B] and
   the history index [B] of its chain's first token."""
   copies = jnp.asarray(copies)
+  ngram = jnp.asarray(ngram)
+  cases = jnp.any((ngram > 0)[:, None] == jnp.arange(2), axis=0)
   return Plan(kind=jnp.int32(kind), copies=copies, copy_valid=jnp.ones(copies.shape, bool) if valid is None else
-              jnp.asarray(valid), ngram=jnp.asarray(ngram), at=jnp.asarray(at), explored=jnp.asarray(False))
+              jnp.asarray(valid), ngram=ngram, at=jnp.asarray(at), cases=cases, explored=jnp.asarray(False))
 
 
 def observe(proposer, state, plan, count, active, history, lengths):
@@ -105,10 +113,14 @@ def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
   # Without a match the draft's gain without one counts: 3 tokens at 2 beat AR, 1.5 do not.
   assert int(plan_for(proposer, state_with([3], costs, [[3, 1]]), HISTORY[1:], [6]).kind) == Kind.DRAFT
   assert int(plan_for(proposer, state_with([3], costs, [[1.5, 9]]), HISTORY[1:], [6]).kind) == Kind.AR
-  explore = dataclasses.replace(poor, since_draft=jnp.int32(proposer.explore_every))
+  explore = dataclasses.replace(poor, since_draft=by_case(proposer.explore_every))
   plan = plan_for(proposer, explore, HISTORY, [6, 6])
   assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
-  assert not bool(plan_for(proposer, dataclasses.replace(good, since_draft=jnp.int32(40)), HISTORY, [6, 6]).explored)
+  assert not bool(plan_for(proposer, dataclasses.replace(good, since_draft=by_case(40)), HISTORY, [6, 6]).explored)
+  # Each case waits on its own count: a round of the case that is due explores, one of the other does not.
+  due_without_match = dataclasses.replace(poor, since_draft=by_case([proposer.explore_every, 0]))
+  assert bool(plan_for(proposer, due_without_match, HISTORY[1:], [6]).explored)
+  assert not bool(plan_for(proposer, due_without_match, HISTORY[:1], [6]).explored)
   assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
 
 
@@ -155,19 +167,38 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
 
 def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_resets_the_wait(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], explore_every=4, max_explore_every=10)
-  state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[1.2, 1.2]], since_draft=4, explore_after=4)
+  state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[1.2, 1.2]], since_draft=[2, 4], explore_after=4)
   history, lengths = [[5, 6, 7, 8, 9, 5, 6, 7, 1, 0]], [8]
   waits = []
-  for _ in range(3):  # explored, losing each time: 4 -> 8 -> 10 (the cap)
+  for _ in range(3):  # explored where chains match, losing each time: 4 -> 8 -> 10 (the cap)
     plan = plan_for(proposer, dataclasses.replace(state, since_draft=state.explore_after), HISTORY[:1], [6])
     assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
     state = observe(proposer, state, plan, [2], [True], history, lengths)
-    waits.append(int(state.explore_after))
-  assert waits == [8, 10, 10] and int(state.since_draft) == 0
+    waits.append(np.asarray(state.explore_after).tolist())
+  # (rounds without a match keep their own wait and count)
+  assert waits == [[4, 8], [4, 10], [4, 10]] and np.asarray(state.since_draft).tolist() == [2, 0]
   chosen = plan_of(Kind.DRAFT, [[7, 8, 9]], [2], [7])
-  assert int(observe(proposer, state, chosen, [6], [True], history, lengths).explore_after) == 4
+  assert np.asarray(observe(proposer, state, chosen, [6], [True], history, lengths).explore_after).tolist() == [4, 4]
   copy = dataclasses.replace(chosen, kind=jnp.int32(Kind.COPY))
-  assert int(observe(proposer, state, copy, [2], [True], history, lengths).explore_after) == 10
+  after = observe(proposer, state, copy, [2], [True], history, lengths)
+  assert np.asarray(after.explore_after).tolist() == [4, 10] and np.asarray(after.since_draft).tolist() == [2, 1]
+
+
+def test_a_draft_gain_seen_low_once_is_explored_again_in_rounds_without_a_match(tiny):
+  """One draft round without a match that gave 1 token made every later such round an
+  AR round, when the only wait counted every round and draft rounds kept happening
+  where chains matched: the case without a match now waits on its own rounds."""
+  proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], explore_every=4)
+  state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[1.0, 9.0]], explore_after=4)
+  history, lengths = [HISTORY[1] + [0, 0]], [6]
+  kinds = []
+  for round_ in range(9):
+    row = HISTORY[0] if round_ % 3 == 2 else HISTORY[1]  # mostly without a match; every third with one
+    plan = plan_for(proposer, state, [row], [6])
+    kinds.append(int(plan.kind))
+    state = observe(proposer, state, plan, [2 if int(plan.kind) != Kind.DRAFT else 5], [True], history, lengths)
+  # Without a match: 4 AR rounds, then the draft explored (5 tokens: chosen on its merit from then on).
+  assert kinds == [Kind.AR, Kind.AR, Kind.DRAFT, Kind.AR, Kind.AR, Kind.DRAFT, Kind.DRAFT, Kind.DRAFT, Kind.DRAFT]
 
 
 def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
@@ -182,11 +213,11 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   # would have given 2 tokens + the bonus = 3; row 1 had no chain.
   np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
-  assert int(after.since_draft) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
+  assert np.asarray(after.since_draft).tolist() == [0, 0] and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
   plan = plan_of(Kind.COPY, [[7, 8, 9]] * 2, [2, 0], [9, 9], valid)
   after = observe(proposer, after, plan, [2, 1], [True, False], history, [8, 8])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
-  assert int(after.since_draft) == 1
+  assert np.asarray(after.since_draft).tolist() == [1, 1]  # (row 1, inactive, counts for neither)
 
 
 def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
@@ -212,11 +243,11 @@ def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them():
   learnt = Adaptive.learnt(state)
   np.testing.assert_array_equal(learnt.copy_gain, [2.0, 2.0, 3.0])
   np.testing.assert_array_equal(learnt.draft_gain, [np.nan, 5.0])
-  assert learnt.explore_after == 64
+  assert learnt.explore_after.tolist() == [64, 64]
   started = Adaptive.with_learnt(state_with([np.nan] * 3, [1, 1, 1], draft_gain=[[np.nan] * 2] * 3), learnt)
   np.testing.assert_array_equal(np.asarray(started.copy_gain), [[2.0, 2.0, 3.0]] * 3)
   np.testing.assert_array_equal(np.asarray(started.draft_gain), [[np.nan, 5.0]] * 3)
-  assert int(started.explore_after) == 64
+  assert np.asarray(started.explore_after).tolist() == [64, 64]
 
 
 @pytest.mark.parametrize("lag_rows", [5, proposers.LAG_ROWS])
