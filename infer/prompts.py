@@ -7,11 +7,15 @@
 - `c-code`: complete a C header from a long prefix (/usr/include, longest first);
 - `pod-docs`: summarize a Perl POD document through the chat template;
 - `pod-qa`: answer a question about a Perl POD document through the chat template; the
-  question names a section heading of the part of the document the prompt holds.
+  question names a section heading of the part of the document the prompt holds;
+- `cpp-code`: complete a header of the C++ standard library (/usr/include/c++);
+- `perl-code`: complete a Perl module (the Perl library's `.pm` files);
+- `perl-explain`: explain a Perl module through the chat template.
 
-The last three are held out: the project never trains on /usr/include or the Perl library
-and its documentation, and the shipped draft saw no C (docs/training.md), so they measure
-a draft on text unlike its training data.
+All but `code` and `docs` are held out (`HELD_OUT`): the project never trains on
+/usr/include or the Perl library and its documentation (`train.corpus`), so they measure
+a draft on text unlike its training data, in six kinds: C, C++ and Perl to complete,
+document summaries, questions about a document, and code explained in a chat.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from pathlib import Path
 DOC_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/README*", "/usr/share/doc/*/*.txt")
 POD_GLOBS = ("/usr/share/perl/*/pod/*.pod", "/usr/share/perl/*/*.pod", "/usr/share/perl/*/*/*.pod",
              "/usr/share/perl/*/*/*/*.pod")
+PERL_GLOBS = ("/usr/share/perl/**/*.pm", "/usr/lib/*/perl*/**/*.pm")
+CPP_GLOBS = ("/usr/include/c++/*/*", "/usr/include/c++/*/bits/*")
 SUMMARY_REQUEST = "Summarize the following document in a few paragraphs.\n\n"
+EXPLAIN_REQUEST = "Explain what the following code does, part by part.\n\n"
 QUESTION = "Read the document below, then answer the question after it.\n\n{document}\n\nQuestion: what does the" \
            " document say under the heading \"{heading}\"? Answer in a few sentences."
 POD_HEADING = re.compile(r"^=head[1-4]\s+(.+)$", re.MULTILINE)
@@ -37,12 +44,16 @@ def _read(path: Path) -> str | None:
     return None
 
 
+def _paths(patterns: Iterable[str]) -> list[Path]:
+  """The files the glob patterns match, longest first."""
+  return sorted({p for pattern in patterns for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
+                key=lambda p: (-p.stat().st_size, str(p)))
+
+
 def _files(patterns: Iterable[str], min_chars: int = 2000) -> list[str]:
   """The readable texts of the files the glob patterns match, longest file first, each
   text once (packages install the same license or README under several names)."""
-  paths = sorted({p for pattern in patterns for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
-                 key=lambda p: (-p.stat().st_size, str(p)))
-  return list(dict.fromkeys(t for t in map(_read, paths) if t and len(t) > min_chars))
+  return list(dict.fromkeys(t for t in map(_read, _paths(patterns)) if t and len(t) > min_chars))
 
 
 def _python_sources() -> list[str]:
@@ -123,5 +134,20 @@ def pod_question_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
   return _chat_prompts(_files(POD_GLOBS), "Perl documentation", _question, tokenizer, length, count)
 
 
+def cpp_code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _completion_prompts(_files(CPP_GLOBS), "C++ headers", tokenizer, length, count)
+
+
+def perl_code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _completion_prompts(_files(PERL_GLOBS), "Perl modules", tokenizer, length, count)
+
+
+def perl_explain_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _chat_prompts(_files(PERL_GLOBS), "Perl modules", lambda d: EXPLAIN_REQUEST + d, tokenizer, length, count)
+
+
 PROMPT_SETS = {"code": code_prompts, "docs": document_prompts, "c-code": c_code_prompts,
-               "pod-docs": pod_document_prompts, "pod-qa": pod_question_prompts}
+               "pod-docs": pod_document_prompts, "pod-qa": pod_question_prompts, "cpp-code": cpp_code_prompts,
+               "perl-code": perl_code_prompts, "perl-explain": perl_explain_prompts}
+# The sets of text no training data of the project holds (`train.corpus` leaves it out).
+HELD_OUT = ("c-code", "cpp-code", "perl-code", "pod-docs", "pod-qa", "perl-explain")

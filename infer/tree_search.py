@@ -20,7 +20,7 @@ With `--store`, the chosen tree is written into the draft's `draft_config.json`
 (`tree_widths`, `copy_tokens`): `longspec` and `auto` use it from then on (for the
 default target, that is the draft shipped in the package). Calibrate on prompts the
 evaluation does not use: the default sets, `code` and `docs`, are the ones the draft's
-training data resembles; the held-out sets (`c-code`, `pod-docs`, `pod-qa`) stay for
+training data resembles; the held-out sets (`infer.prompts.HELD_OUT`) stay for
 `infer.benchmark`.
 
   python -m infer.tree_search --sets code docs --length 4096 --num-prompts 2 --new-tokens 128 \\
