@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from infer.cli import add_sampling_flags, add_tree_flags, check_tree, sampling_config, tree_choice, tree_record
 from infer.plots import plot
-from infer.prompts import PROMPT_SETS
+from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
@@ -120,7 +120,8 @@ def main(argv=None):
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
                  help="longspec: prompt-lookup tokens grafted into the tree, one run per value; auto: the copy"
                  " chain's length (default: the draft's tree, else none for longspec and 10 for auto)")
-  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
+  p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=["code", "docs"],
+                 help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})")
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3)
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
@@ -195,7 +196,7 @@ def main(argv=None):
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
 
-  for set_name in args.sets:
+  for set_name in set_names(args.sets):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None

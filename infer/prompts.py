@@ -151,3 +151,10 @@ PROMPT_SETS = {"code": code_prompts, "docs": document_prompts, "c-code": c_code_
                "perl-code": perl_code_prompts, "perl-explain": perl_explain_prompts}
 # The sets of text no training data of the project holds (`train.corpus` leaves it out).
 HELD_OUT = ("c-code", "cpp-code", "perl-code", "pod-docs", "pod-qa", "perl-explain")
+HELD_OUT_NAME = "held-out"  # what `--sets` takes for all of them
+
+
+def set_names(names: Iterable[str]) -> list[str]:
+  """`--sets` as prompt set names: `HELD_OUT_NAME` stands for every held-out set."""
+  expanded = [n for name in names for n in (HELD_OUT if name == HELD_OUT_NAME else (name,))]
+  return list(dict.fromkeys(expanded))

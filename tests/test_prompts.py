@@ -52,3 +52,7 @@ def test_held_out_sets_are_text_the_corpus_never_takes(tokenizer):
 def test_too_few_documents_is_one_sentence(tokenizer):
   with pytest.raises(RuntimeError, match="not enough local C headers for 100000 prompts of 4096 tokens"):
     PROMPT_SETS["c-code"](tokenizer, 4096, 100000)
+
+
+def test_held_out_on_the_command_line_is_every_held_out_set():
+  assert prompts.set_names(["code", "held-out", "pod-qa"]) == ["code", *HELD_OUT]
