@@ -4,7 +4,8 @@ For each prompt set (`code`: complete a source file; `docs`: summarize a documen
 prefill length, every method decodes the same prompts with the same target, cache and
 attention; the table gives tau (tokens per target forward, bonus included), decode
 tokens/s, the speedup over AR measured in the same run, and the split of decode time into
-drafting, verification and the rest. Each configuration is warmed up (compiled) once
+drafting, verification and the rest; the JSON also holds each row's acceptance per tree
+depth (`engine.acceptance_by_depth`). Each configuration is warmed up (compiled) once
 before it is timed. Writes JSON with `--out`.
 
   python -m infer.benchmark --methods ar pld longspec --draft random --sets code docs \
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from infer.cli import add_sampling_flags, add_tree_flags, check_tree, sampling_config, tree_choice, tree_record
 from infer.plots import plot
@@ -30,7 +32,7 @@ from infer.timing import phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import DraftKind
-from longspec_jax.engine import Decoding, check_capacity, generate, prefill
+from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, draft_kind, make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
@@ -74,6 +76,7 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
                                for kind, s in (stats[-1].round_seconds_by_kind or {}).items()} or None}
          if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
+      "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
       "per_prompt": [{"tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "new_tokens": s.num_new_tokens,
                       "chunks": s.chunks,
@@ -209,7 +212,8 @@ def main(argv=None):
             "set": set_name, "prefill_tokens": length, "method": label,
             **tree_record(proposer),
             **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
-            "tau": result["tau"], "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],
+            "tau": result["tau"], "acceptance_by_depth": result["acceptance_by_depth"],
+            "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
             "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],

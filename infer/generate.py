@@ -100,6 +100,7 @@ def json_stats(stats) -> dict:
 
   record = dataclasses.asdict(stats)
   record["steps"] = record.pop("rounds")
+  record["acceptance_by_depth"] = stats.acceptance_by_depth
   return record
 
 

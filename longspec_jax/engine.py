@@ -68,19 +68,22 @@ class DecodeState:
   done: jax.Array  # [B] bool: sequence emitted EOS or reached the token limit
   emitted: jax.Array  # [B] int32: new tokens so far, the root included
   rounds: jax.Array  # [] int32: decoding rounds (target forward passes) so far
-  active_rounds: jax.Array  # [B] int32: rounds in which the sequence was not yet done
+  # [B, D + 2] int32: rounds in which the sequence was not yet done, by the tokens each
+  # emitted (0 .. D + 1, D the proposer's depth; `acceptance_by_depth`)
+  rounds_by_length: jax.Array
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
   proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
 
   @classmethod
   def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
-            nonfinite: jax.Array | None = None, proposal: Any = None) -> DecodeState:
-    """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]]."""
+            nonfinite: jax.Array | None = None, proposal: Any = None, depth: int = 0) -> DecodeState:
+    """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]];
+    rounds emit at most `depth` + 1 tokens."""
     batch = root.shape[0]
     return cls(
         cache=cache, history=history, root=root, done=done, emitted=jnp.ones((batch,), jnp.int32),
-        rounds=jnp.int32(0), active_rounds=jnp.zeros((batch,), jnp.int32), key=key,
+        rounds=jnp.int32(0), rounds_by_length=jnp.zeros((batch, depth + 2), jnp.int32), key=key,
         nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite, proposal=proposal,
     )
 
@@ -113,12 +116,28 @@ class GenerationStats:
   tokens_per_second: float  # after the first token
   max_stream_gap_seconds: float  # the longest wait between two streamed chunks
   chunks: int  # chunks of rounds streamed (each read back by the host; `auto`'s a call per run of one kind)
+  # rounds by the tokens each emitted (0 .. the proposer's depth + 1), over the batch
+  rounds_by_length: tuple[int, ...] = ()
   # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
   # (and "switch": a change of kind; None: not measured yet)
   round_seconds_by_kind: dict[str, float | None] | None = None
   calibration_seconds: float = 0.0
+
+  @property
+  def acceptance_by_depth(self) -> list[float | None]:
+    return acceptance_by_depth(self.rounds_by_length)
+
+
+def acceptance_by_depth(rounds_by_length) -> list[float | None]:
+  """Per tree depth d = 1 .. D, of the rounds that accepted a node at depth d - 1 (the
+  root, for d = 1), the share that accepted one at depth d, from rounds counted by the
+  tokens they emitted (`GenerationStats.rounds_by_length`; a round that emitted k tokens
+  accepted depths 1 .. k - 1); None where no round reached depth d - 1. A depth a
+  round's tree lacks (AR's, a short chain's) counts as not accepted."""
+  reached = np.cumsum(np.asarray(rounds_by_length)[::-1])[::-1]  # [k]: rounds that emitted >= k tokens
+  return [float(reached[d + 1] / reached[d]) if reached[d] else None for d in range(1, len(reached) - 1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +296,8 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
           done=state.done | (first_eos < count) | (emitted >= limit),
           emitted=emitted,
           rounds=state.rounds + 1,
-          active_rounds=state.active_rounds + ~state.done,
+          rounds_by_length=state.rounds_by_length.at[rows[:, 0], count].add((~state.done).astype(jnp.int32),
+                                                                              mode="drop"),
           key=key,
           nonfinite=state.nonfinite | (~state.done & ~finite),
           proposal=proposal,
@@ -408,7 +428,7 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   proposal = _start_proposer[model.compilation()](graphdef, params, decoding.proposer, proposer_params, cache, history)
   jax.block_until_ready(proposal)
   done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
-  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal)
+  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth)
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
 
 
@@ -588,7 +608,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     if launched is None:
       break
     pending = launched
-  active_rounds = np.asarray(state.active_rounds)
+  rounds_by_length = np.asarray(state.rounds_by_length)
   if bool(np.any(np.asarray(state.nonfinite))):
     raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
   decode_seconds = time.perf_counter() - t1
@@ -598,7 +618,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
   new_tokens = sum(len(r) for r in token_ids)
-  rounds_done = int(active_rounds.sum())
+  rounds_done = int(rounds_by_length.sum())
   batch = len(prompts)
   stats = GenerationStats(
       num_new_tokens=new_tokens,
@@ -612,6 +632,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
       max_stream_gap_seconds=max_gap,
       chunks=len(chunks) - 1,  # (the first token's is none)
+      rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
       **_kind_stats(decoding.proposer, state.proposal, round_seconds),
       calibration_seconds=calibration_seconds,
   )

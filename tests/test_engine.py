@@ -13,7 +13,7 @@ from longspec_jax import gemm
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
 from longspec_jax.draft import random_draft
-from longspec_jax.engine import Decoding, generate, propose, start, verified_size
+from longspec_jax.engine import Decoding, acceptance_by_depth, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
@@ -160,6 +160,17 @@ def test_prompt_lookup_is_lossless(tiny):
   result = generate(tiny, prompts, 24, Decoding(proposer=PromptLookup(num_tokens=5)), rounds_per_chunk=3)
   assert result.token_ids == reference
   assert result.stats.rounds < 2 * 23  # rounds, over both sequences
+  # Rounds counted by the tokens each emitted: all of them, and every token after the first.
+  by_length = np.asarray(result.stats.rounds_by_length)
+  assert len(by_length) == 5 + 2 and by_length[0] == 0 and by_length.sum() == result.stats.rounds
+  assert (by_length * np.arange(len(by_length))).sum() == result.stats.num_new_tokens - len(prompts)
+
+
+def test_acceptance_by_depth_is_each_depth_given_the_one_before():
+  # 10 rounds: 4 emitted 1 token (nothing accepted), 3 emitted 2, 3 emitted 4 (depths 1-3).
+  assert acceptance_by_depth([0, 4, 3, 0, 3, 0]) == [0.6, 0.5, 1.0, 0.0]
+  assert acceptance_by_depth([0, 5, 0, 0]) == [0.0, None]  # nothing past the root: depth 2 unknown
+  assert acceptance_by_depth([0, 7]) == []  # AR: no depths
 
 
 def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, cape=None, **draft_config):

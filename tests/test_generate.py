@@ -29,8 +29,9 @@ def test_json_contract(tiny_with_tokenizer, capsys):
   assert code == 0, err
   record = json.loads(out.strip().splitlines()[-1])
   for field in ("method", "text", "token_ids", "num_new_tokens", "mean_accepted_length", "steps",
-                "prefill_seconds", "decode_seconds", "tokens_per_second"):
+                "rounds_by_length", "acceptance_by_depth", "prefill_seconds", "decode_seconds", "tokens_per_second"):
     assert field in record
+  assert sum(record["rounds_by_length"]) == record["steps"] and len(record["acceptance_by_depth"]) == 10  # (chain)
   # auto, with no draft shipped for this target: AR and prompt lookup rounds, chosen on device
   assert record["method"] == "auto" and record["num_new_tokens"] == len(record["token_ids"]) <= 7
   assert record["draft"] is None and record["copy_tokens"] == 10 and set(record["rounds_by_kind"]) <= {"ar", "copy"}
