@@ -117,6 +117,10 @@ class Oracle:
   def tree_size(self) -> int:
     return len(static_topology(self.branching)[0])
 
+  @property
+  def depth(self) -> int:
+    return len(self.branching)
+
   def start(self, params, *, target, cache, history):
     return None
 
