@@ -19,14 +19,20 @@
 # DRAFT_KIND=glide trains GLIDE's draft the same way (give it --draft-layers; its self
 # text is decoded with --method glide).
 #
+# EXTRA_DATA adds text to the pretrain, long and self-text stages (JSONL or files, as
+# train.run --data takes them): e.g. another machine's corpus, carried over, where this
+# one has little of some kinds of text.
+#
 #   SECONDS_PER_CALL=480 train/recipes/broad.sh runs/broad [more train.run flags]
 #   DRAFT_KIND=glide train/recipes/broad.sh runs/glide --draft-layers 2
+#   EXTRA_DATA=other/train.jsonl train/recipes/broad.sh runs/broad
 set -euo pipefail
 out=${1:?usage: train/recipes/broad.sh OUT_DIR [train.run flags]}
 shift
 kind=${DRAFT_KIND:-longspec}
 set -- --draft-kind "$kind" "$@"
 budget=${SECONDS_PER_CALL:-480}
+read -r -a extra <<< "${EXTRA_DATA:-}"
 started=$(date +%s)
 left() { echo $((budget - ($(date +%s) - started))); }
 resume() { [ -d "$1/checkpoints" ] && echo --resume || true; }
@@ -35,19 +41,19 @@ if [ ! -f "$out/corpus/manifest.json" ]; then
   python3 -m train.corpus --out "$out/corpus" --max-chars-per-domain 40000000
 fi
 if [ ! -f "$out/pretrain/complete" ] && [ "$(left)" -gt 60 ]; then
-  python3 -m train.run --stage pretrain --target smollm2-135m --data "$out/corpus/train.jsonl" \
+  python3 -m train.run --stage pretrain --target smollm2-135m --data "$out/corpus/train.jsonl" "${extra[@]}" \
     --max-tokens 200000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 --eval-every 500 \
     --length 1024 --batch 16 --steps 20000 --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
     --time-limit "$(left)" --out "$out/pretrain" $(resume "$out/pretrain") "$@"
 fi
 if [ -f "$out/pretrain/complete" ] && [ ! -f "$out/long/complete" ] && [ "$(left)" -gt 60 ]; then
-  python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" \
+  python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" "${extra[@]}" \
     --init-draft "$out/pretrain/draft" --max-tokens 20000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 \
     --eval-length 8192 --eval-every 100 --steps 600 --save-every 100 --time-limit "$(left)" --out "$out/long" \
     $(resume "$out/long") "$@"
 fi
 if [ -f "$out/long/complete" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
-  python3 -m train.self_text --data "$out/corpus/train.jsonl" --out "$out/self.jsonl" \
+  python3 -m train.self_text --data "$out/corpus/train.jsonl" "${extra[@]}" --out "$out/self.jsonl" \
     $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
     --method "$kind" --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
   if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
