@@ -37,8 +37,12 @@ and with one), counting the rounds of that case: with one wait, the draft was ex
 where chains matched and never again where none did, so one unlucky draft round without
 a match (1 token) had every such round run AR for the rest of a generation and the next
 (180 AR rounds of 227 on a POD question, tau 1.9 where the draft's rounds give 4.6;
-H100, session 17's draft). The choice depends on earlier rounds only, so every round's
-tokens keep the target's law (greedy: AR's tokens).
+H100, session 17's draft). An explored round that beat the choice it displaced (more
+tokens per second than that choice expected) is followed by another in the next round
+of its case, until one loses or the draft is chosen on its merit: the gain it was
+explored for is stale (one early sighting replaced the guess whole), and each winning
+round moves it by only `ema`. The choice depends on earlier rounds only, so every
+round's tokens keep the target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class Plan:
   at: jax.Array  # [B] int32: the history index the chain's first token would take
   cases: jax.Array  # [2] bool: some running sequence has no match / a match
   explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
+  displaced: jax.Array  # [] float32: an explored round's bar: the tokens per second the choice it displaced expected
+  draft_price: jax.Array  # [] float32: an explored round's seconds
 
 
 @jax.tree_util.register_dataclass
@@ -179,13 +185,15 @@ class Adaptive:
     value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / price  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
     cases = jnp.any(~done[:, None] & ((ngram > 0)[:, None] == jnp.arange(2)[None, :]), axis=0)  # [2]
-    explored = jnp.asarray(False)
+    explored, displaced, draft_price = jnp.asarray(False), jnp.max(value), jnp.float32(1)
     if self.draft is not None:
       explored = jnp.any(cases & (state.since_draft >= state.explore_after)) & (kind != Kind.DRAFT)
       kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
+      draft_price = price[Kind.DRAFT]
     forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
     return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
-                ngram=ngram, at=cache.lengths + 1, cases=cases, explored=explored & (state.force == CHOOSE))
+                ngram=ngram, at=cache.lengths + 1, cases=cases, explored=explored & (state.force == CHOOSE),
+                displaced=displaced, draft_price=draft_price)
 
   def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
     """The expected tokens of each sequence's chain [B] (0 without a match)."""
@@ -234,15 +242,19 @@ class Adaptive:
     seen = jnp.minimum(lengths + 1 - pending_at, pending.shape[1])  # [B]: its tokens emitted since
     shown = (pending_ngram > 0) & ((agree < seen) | (agree == jnp.sum(pending_valid, axis=1)))
     copy_gain = move(copy_gain, (1.0 + agree)[:, None], shown[:, None] & at_ngram(pending_ngram))
+    won = plan.explored & (jnp.sum(jnp.where(active, count, 0.0)) / plan.draft_price >= plan.displaced)
     return dataclasses.replace(
         state, copy_gain=copy_gain,
         draft_gain=move(state.draft_gain, count[:, None],
                         (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
         last=kind,
-        since_draft=jnp.where(plan.cases, jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1), state.since_draft),
+        # (an explored round that won leaves its case's count where it was: the next round
+        # of the case explores again)
+        since_draft=jnp.where(plan.cases & ~won, jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
+                              state.since_draft),
         explore_after=jnp.where(
-            plan.cases & plan.explored, jnp.minimum(2 * state.explore_after, self.max_explore_every),
-            jnp.where(plan.cases & (kind == Kind.DRAFT), self.explore_every, state.explore_after)),
+            plan.cases & plan.explored & ~won, jnp.minimum(2 * state.explore_after, self.max_explore_every),
+            jnp.where(plan.cases & (kind == Kind.DRAFT) & ~plan.explored, self.explore_every, state.explore_after)),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
         pending=pending, pending_valid=pending_valid, pending_ngram=jnp.where(shown, 0, pending_ngram),
         pending_at=pending_at,

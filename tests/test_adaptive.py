@@ -67,7 +67,8 @@ def plan_of(kind, copies, ngram, at, valid=None):
   ngram = jnp.asarray(ngram)
   cases = jnp.any((ngram > 0)[:, None] == jnp.arange(2), axis=0)
   return Plan(kind=jnp.int32(kind), copies=copies, copy_valid=jnp.ones(copies.shape, bool) if valid is None else
-              jnp.asarray(valid), ngram=ngram, at=jnp.asarray(at), cases=cases, explored=jnp.asarray(False))
+              jnp.asarray(valid), ngram=ngram, at=jnp.asarray(at), cases=cases, explored=jnp.asarray(False),
+              displaced=jnp.float32(0), draft_price=jnp.float32(1))
 
 
 def observe(proposer, state, plan, count, active, history, lengths):
@@ -182,6 +183,21 @@ def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_res
   copy = dataclasses.replace(chosen, kind=jnp.int32(Kind.COPY))
   after = observe(proposer, state, copy, [2], [True], history, lengths)
   assert np.asarray(after.explore_after).tolist() == [4, 10] and np.asarray(after.since_draft).tolist() == [2, 1]
+
+
+def test_an_explored_draft_that_wins_is_explored_again_until_one_loses(tiny):
+  """A draft round forced by the wait that gave more tokens per second than the choice
+  it displaced expected leaves the wait due: the next round of its case explores again."""
+  proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0], explore_every=4, max_explore_every=16)
+  state = state_with([3], [1.0, 1.5, 2.0], draft_gain=[[0.5, 1.0]], explore_after=4, since_draft=4)
+  history, lengths = [HISTORY[1] + [0, 0]], [6]
+  for count, explores_next in ((3, True), (1, False)):  # 3 tokens at 2 beat AR's 1 at 1; 1 at 2 does not
+    plan = plan_for(proposer, state, HISTORY[1:], [6])
+    assert int(plan.kind) == Kind.DRAFT and bool(plan.explored) and float(plan.displaced) == 1.0
+    state = observe(proposer, state, plan, [count], [True], history, lengths)
+    # (after the win the gain, 0.5 moved by ema toward 3, is still below AR's: not chosen on its merit)
+    assert bool(plan_for(proposer, state, HISTORY[1:], [6]).explored) == explores_next
+  assert np.asarray(state.explore_after).tolist() == [8, 4] and np.asarray(state.since_draft).tolist() == [0, 4]
 
 
 def test_a_draft_gain_seen_low_once_is_explored_again_in_rounds_without_a_match(tiny):
