@@ -314,7 +314,7 @@ def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
   return dataclasses.replace(
       state, copy_gain=jnp.broadcast_to(learnt.copy_gain.astype(jnp.float32), state.copy_gain.shape),
       draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)),
-      explore_after=jnp.asarray(learnt.explore_after, jnp.int32).reshape(2))
+      explore_after=jnp.asarray(learnt.explore_after, jnp.int32))
 
 
 def _with_costs(state: AdaptiveState, seconds) -> AdaptiveState:
