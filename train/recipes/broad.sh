@@ -26,6 +26,11 @@
 #   SECONDS_PER_CALL=480 train/recipes/broad.sh runs/broad [more train.run flags]
 #   DRAFT_KIND=glide train/recipes/broad.sh runs/glide --draft-layers 2
 #   EXTRA_DATA=other/train.jsonl train/recipes/broad.sh runs/broad
+#
+# Sizes (defaults in brackets): PRETRAIN_STEPS [20000], LONG_STEPS [600], SELF_SAMPLES
+# [4000] of SELF_NEW_TOKENS [768], SFT_STEPS [3000]; FINETUNE_LR [1e-4] is the long and
+# SFT stages' learning rate (the paper's 5e-6, for 7B drafts, barely moved this 4M-
+# parameter draft in 600 long steps: session 17).
 set -euo pipefail
 out=${1:?usage: train/recipes/broad.sh OUT_DIR [train.run flags]}
 shift
@@ -33,6 +38,8 @@ kind=${DRAFT_KIND:-longspec}
 set -- --draft-kind "$kind" "$@"
 budget=${SECONDS_PER_CALL:-480}
 read -r -a extra <<< "${EXTRA_DATA:-}"
+self_samples=${SELF_SAMPLES:-4000}
+finetune_lr=${FINETUNE_LR:-1e-4}
 started=$(date +%s)
 left() { echo $((budget - ($(date +%s) - started))); }
 resume() { [ -d "$1/checkpoints" ] && echo --resume || true; }
@@ -43,23 +50,23 @@ fi
 if [ ! -f "$out/pretrain/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage pretrain --target smollm2-135m --data "$out/corpus/train.jsonl" "${extra[@]}" \
     --max-tokens 200000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 --eval-every 500 \
-    --length 1024 --batch 16 --steps 20000 --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
+    --length 1024 --batch 16 --steps "${PRETRAIN_STEPS:-20000}" --warmup-steps 300 --learning-rate 1e-3 --save-every 250 \
     --time-limit "$(left)" --out "$out/pretrain" $(resume "$out/pretrain") "$@"
 fi
 if [ -f "$out/pretrain/complete" ] && [ ! -f "$out/long/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" "${extra[@]}" \
     --init-draft "$out/pretrain/draft" --max-tokens 20000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 \
-    --eval-length 8192 --eval-every 100 --steps 600 --save-every 100 --time-limit "$(left)" --out "$out/long" \
+    --eval-length 8192 --eval-every 100 --steps "${LONG_STEPS:-600}" --learning-rate "$finetune_lr" --save-every 100 --time-limit "$(left)" --out "$out/long" \
     $(resume "$out/long") "$@"
 fi
 if [ -f "$out/long/complete" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.self_text --data "$out/corpus/train.jsonl" "${extra[@]}" --out "$out/self.jsonl" \
     $([ -f "$out/self.jsonl" ] && echo --resume) --time-limit "$(left)" \
-    --method "$kind" --draft "$out/long/draft" --samples 4000 --new-tokens 768 --batch 16
-  if [ "$(wc -l < "$out/self.jsonl")" -ge 4000 ]; then touch "$out/self.jsonl.done"; fi
+    --method "$kind" --draft "$out/long/draft" --samples "$self_samples" --new-tokens "${SELF_NEW_TOKENS:-768}" --batch 16
+  if [ "$(wc -l < "$out/self.jsonl")" -ge "$self_samples" ]; then touch "$out/self.jsonl.done"; fi
 fi
 if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage sft --target smollm2-135m --data "$out/self.jsonl" \
     --init-draft "$out/long/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
-    --eval-every 250 --steps 3000 --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
+    --eval-every 250 --steps "${SFT_STEPS:-3000}" --learning-rate "$finetune_lr" --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
 fi
