@@ -1,0 +1,39 @@
+"""`python -m infer.trace_auto` end to end on a tiny target with the real tokenizer."""
+
+import json
+
+from infer.trace_auto import main
+from longspec_jax import calibration
+
+from conftest import run_cli
+
+PROG = "python -m infer.trace_auto"
+PRICES_MS = {"ar": 1.0, "copy": 1.25, "draft": 2.5, "switch": 0.01}
+
+
+def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_path, capsys):
+  prices = tmp_path / "bench.json"
+  prices.write_text(json.dumps({"rows": [{"method": "ar"}, {"method": "auto", "round_ms_by_kind": PRICES_MS}]}))
+  out = tmp_path / "trace.json"
+  args = ["--prices", str(prices), "--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code",
+          "pod-qa", "--length", "64", "--num-prompts", "2", "--new-tokens", "6", "--dtype", "float32",
+          "--out", str(out)]
+  known = calibration.known
+  assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
+  assert calibration.known is known  # (the prices are taken inside the tool only)
+  generations = json.loads(out.read_text())["generations"]
+  assert [(g["set"], g["prompt"]) for g in generations] == [
+      ("code", "warm-up"), ("code", 0), ("code", 1), ("pod-qa", "warm-up"), ("pod-qa", 0), ("pod-qa", 1)]
+  for g in generations:  # none measured prices: every round chosen, priced as given
+    kinds = g["rounds_by_kind"]
+    seconds = sum(count * PRICES_MS[kind] / 1e3 for kind, count in kinds.items())
+    assert abs(g["priced_tokens_per_second"] - 5 / seconds) < 1e-6 * g["priced_tokens_per_second"]
+    assert len(g["draft_gain_without_with_match"]) == 2 and len(g["explore_after"]) == 2
+  assert "explore after" in capsys.readouterr().out
+
+
+def test_prices_without_an_auto_row_are_one_sentence(tmp_path, capsys):
+  prices = tmp_path / "bench.json"
+  prices.write_text(json.dumps({"rows": [{"method": "pld"}]}))
+  assert run_cli(main, ["--prices", str(prices)], PROG) == 2
+  assert capsys.readouterr().err.strip().endswith("has no auto row with every round price measured.")
