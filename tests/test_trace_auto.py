@@ -16,14 +16,14 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
   prices.write_text(json.dumps({"rows": [{"method": "ar"}, {"method": "auto", "round_ms_by_kind": PRICES_MS}]}))
   out = tmp_path / "trace.json"
   args = ["--prices", str(prices), "--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code",
-          "pod-qa", "--length", "64", "--num-prompts", "2", "--new-tokens", "6", "--dtype", "float32",
+          "docs", "--length", "64", "--num-prompts", "2", "--new-tokens", "6", "--dtype", "float32",
           "--out", str(out)]
   known = calibration.known
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   assert calibration.known is known  # (the prices are taken inside the tool only)
   generations = json.loads(out.read_text())["generations"]
   assert [(g["set"], g["prompt"]) for g in generations] == [
-      ("code", "warm-up"), ("code", 0), ("code", 1), ("pod-qa", "warm-up"), ("pod-qa", 0), ("pod-qa", 1)]
+      ("code", "warm-up"), ("code", 0), ("code", 1), ("docs", "warm-up"), ("docs", 0), ("docs", 1)]
   for g in generations:  # none measured prices: every round chosen, priced as given
     kinds = g["rounds_by_kind"]
     seconds = sum(count * PRICES_MS[kind] / 1e3 for kind, count in kinds.items())
