@@ -103,27 +103,39 @@ def summary(runs: dict[str, list[dict]]) -> dict[str, dict]:
   return out
 
 
-def main(argv=None):
-  p = cli.ArgumentParser(prog="python -m infer.bench_auto", description=__doc__.splitlines()[0])
-  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code"])
+def add_run_flags(p, num_prompts: int) -> None:
+  """The flags of the generations both `auto` tools run (this one and
+  `infer.trace_auto`): prompt length and count, new tokens, target, draft, dtype."""
   p.add_argument("--length", type=cli.positive_int, default=4096, help="prefill tokens")
-  p.add_argument("--num-prompts", type=cli.positive_int, default=3)
+  p.add_argument("--num-prompts", type=cli.positive_int, default=num_prompts)
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
-  p.add_argument("--repeats", type=cli.positive_int, default=2, help="timed generations of each prompt")
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--draft", default="default", help="'default', 'random', a checkpoint dir, or 'none'")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
-  args = p.parse_args(argv)
-  if args.out:
-    cli.output_path(args.out)
-  path = resolve_target(args.target)  # every input is checked before the weights load
-  config = read_target_config(path)
-  check_capacity(config, [[0] * args.length], args.new_tokens)
+
+
+def load_run(args):
+  """The target and the draft (None for 'none') that `add_run_flags`'s flags name, every
+  input checked before the weights load."""
+  path = resolve_target(args.target)
+  check_capacity(read_target_config(path), [[0] * args.length], args.new_tokens)
   if args.draft != "none":
     resolve_draft(args.draft, args.target)
   target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path))
   draft = None if args.draft == "none" else load_draft(args.draft, target.config, target.model.dtype, args.target)
+  return target, draft
+
+
+def main(argv=None):
+  p = cli.ArgumentParser(prog="python -m infer.bench_auto", description=__doc__.splitlines()[0])
+  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code"])
+  add_run_flags(p, num_prompts=3)
+  p.add_argument("--repeats", type=cli.positive_int, default=2, help="timed generations of each prompt")
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
+  args = p.parse_args(argv)
+  if args.out:
+    cli.output_path(args.out)
+  target, draft = load_run(args)
   chosen = variants(draft)
   result = {"kind": "auto_rounds", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:],

@@ -27,15 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer.bench_auto import add_run_flags, load_run
 from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import warmed_up
 from longspec_jax import calibration, cli
 from longspec_jax.adaptive import Adaptive
-from longspec_jax.engine import Decoding, check_capacity, generate
+from longspec_jax.engine import Decoding, generate
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import make_proposer
-from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
-from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 
 def read_prices(path: Path) -> dict[str, float]:
@@ -69,24 +68,14 @@ def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.trace_auto", description=__doc__.splitlines()[0])
   p.add_argument("--prices", type=Path, required=True, help="an infer.benchmark results JSON with an auto row")
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=[HELD_OUT_NAME])
-  p.add_argument("--length", type=cli.positive_int, default=4096, help="prefill tokens")
-  p.add_argument("--num-prompts", type=cli.positive_int, default=2)
-  p.add_argument("--new-tokens", type=cli.positive_int, default=256)
+  add_run_flags(p, num_prompts=2)
   p.add_argument("--copy-tokens", type=cli.positive_int, default=10, help="auto's chain")
-  p.add_argument("--target", default=default.NAME)
-  p.add_argument("--draft", default="default", help="'default', 'random', a checkpoint dir, or 'none'")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--out", type=Path, help="results JSON")
   args = p.parse_args(argv)
   if args.out:
     cli.output_path(args.out)
   prices = read_prices(args.prices)
-  path = resolve_target(args.target)  # every input is checked before the weights load
-  check_capacity(read_target_config(path), [[0] * args.length], args.new_tokens)
-  if args.draft != "none":
-    resolve_draft(args.draft, args.target)
-  target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path))
-  draft = None if args.draft == "none" else load_draft(args.draft, target.config, target.model.dtype, args.target)
+  target, draft = load_run(args)
   proposer, params = make_proposer("auto", draft, None, args.copy_tokens)
   names = [kind.name.lower() for kind in proposer.kinds]
   if set(names) - set(prices):
