@@ -10,10 +10,15 @@ before it is timed. Writes JSON with `--out`.
 
   python -m infer.benchmark --methods ar pld longspec --draft random --sets code docs \
       --lengths 1024 4096 7680 --out bench.json
+
+A copying method may take its own prompt-lookup continuations, METHOD:TOKENSxMATCHES:
+`--methods ar pld pld:16x4 auto` compares prompt lookup as published (one continuation of
+10 tokens) with four of 16 merged as a trie, and `auto` with its defaults.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import platform
@@ -38,6 +43,23 @@ from longspec_jax.weights import default, load_target, load_tokenizer, read_targ
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
+COPYING = {*DRAFT_METHODS, "auto", "pld"}  # the methods prompt lookup's continuations shape
+
+
+def method_spec(text: str) -> tuple[str, int | None, int | None]:
+  """An argparse type: a method, or for one that copies (pld, longspec, glide, auto)
+  METHOD:TOKENSxMATCHES, prompt lookup's continuations for that method's run alone (e.g.
+  pld:16x4, four of 16 tokens), over --copy-tokens and --copy-matches."""
+  method, _, copies = text.partition(":")
+  if method not in PROPOSERS or (copies and method not in COPYING):
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(PROPOSERS))}, or for one of"
+                                     f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}")
+  if not copies:
+    return method, None, None
+  tokens, _, matches = copies.partition("x")
+  if not (tokens.isdigit() and matches.isdigit() and int(tokens) >= 1 and int(matches) >= 1):
+    raise argparse.ArgumentTypeError(f"expected {method}:TOKENSxMATCHES with two integers >= 1, got {text!r}")
+  return method, int(tokens), int(matches)
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -115,14 +137,20 @@ def same_tokens(row: dict) -> str:
 
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
-  p.add_argument("--methods", nargs="+", choices=sorted(PROPOSERS), default=["ar", "pld"])
+  p.add_argument("--methods", nargs="+", type=method_spec, default=[("ar", None, None), ("pld", None, None)],
+                 help=f"of {', '.join(sorted(PROPOSERS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
+                 " prompt-lookup continuations (e.g. pld:16x4)")
   p.add_argument("--draft", help="draft for longspec and auto: 'default' (the default), 'random', a checkpoint dir,"
                  " or 'none' (auto without a draft)")
   p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
   add_tree_flags(p, many=True)
   p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
-                 help="longspec: prompt-lookup tokens grafted into the tree, one run per value; auto: the copy"
-                 " chain's length (default: the draft's tree, else none for longspec and 10 for auto)")
+                 help="pld and auto: the length of prompt lookup's continuations; longspec: continuations of this many"
+                 " tokens grafted into the tree; one run per value (default: the draft's tree, else none for"
+                 " longspec, 10 for pld, and for auto 24 on a GPU, 10 elsewhere)")
+  p.add_argument("--copy-matches", type=cli.positive_int, nargs="+",
+                 help="pld, longspec and auto: prompt-lookup continuations a round proposes, one run per value"
+                 " (default 1; auto: 4 on a GPU)")
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=["code", "docs"],
                  help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})")
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
@@ -136,26 +164,34 @@ def main(argv=None):
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft, its trees and copies shape
-  if not set(args.methods) & drafting:
-    draft_flags = (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--tree-widths", args.tree_widths),
-                   ("--copy-tokens", args.copy_tokens))
+  names = [m for m, _, _ in args.methods]
+  if not set(names) & drafting:
+    draft_flags = (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--tree-widths", args.tree_widths))
     for flag, value in draft_flags:
       if value is not None:
-        p.error(f"{flag} shapes a draft method, but --methods {' '.join(args.methods)} has none")
-  if args.draft == "none" and "longspec" in args.methods:
+        p.error(f"{flag} shapes a draft method, but --methods {' '.join(names)} has none")
+  if not set(names) & COPYING:
+    for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
+      if value is not None:
+        p.error(f"{flag} shapes prompt lookup's continuations, but --methods {' '.join(names)} has none")
+  if args.draft == "none" and "longspec" in names:
     p.error("--draft none leaves longspec without a draft")
   if args.out:
     cli.output_path(args.out)
-  methods = ["ar"] + [m for m in args.methods if m != "ar"]  # AR first: the baseline of every ratio
-  variants = []  # (label, method, (tree widths, CAPE), copy tokens): a draft method once per tree and copy length
-  for m in methods:
-    if m not in drafting:
-      variants.append((m, m, (None, None), 0))
+  methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio
+  # (label, method, (tree widths, CAPE), copy tokens, copy matches): a draft method once per
+  # tree, each copying method once per continuation length and number
+  variants = []
+  for m, own_copies, own_matches in methods:
+    if m not in COPYING:
+      variants.append((m, m, (None, None), 0, None))
       continue
-    for spec in args.tree_widths or [None]:
-      for copies in args.copy_tokens or [None]:
-        shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
-        variants.append((m + shape + (f"+copy{copies}" if copies else ""), m, tree_choice(spec, args), copies))
+    for spec in (args.tree_widths or [None]) if m in drafting else [None]:
+      for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
+        for matches in [own_matches] if own_matches else args.copy_matches or [None]:
+          shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
+          label = m + shape + (f"+copy{copies}" if copies else "") + (f"x{matches}" if matches else "")
+          variants.append((label, m, tree_choice(spec, args), copies, matches))
   sampling = sampling_config(args)
   dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
@@ -165,12 +201,12 @@ def main(argv=None):
     p.error("--glide-draft none leaves glide without a draft")
   # The draft of each kind the methods run (`auto`: LongSpec's), by spec.
   specs = {DraftKind.LONGSPEC: args.draft or "default", DraftKind.GLIDE: args.glide_draft or "default"}
-  kinds = {draft_kind(m) for m in methods if m in drafting and specs[draft_kind(m)] != "none"}
+  kinds = {draft_kind(m) for m, _, _ in methods if m in drafting and specs[draft_kind(m)] != "none"}
   for kind in kinds:
     resolve_draft(specs[kind], args.target, kind)
   draft_spec = specs[DraftKind.LONGSPEC]
-  for _, _, (widths, cape), copies in variants:
-    check_tree(widths, cape, config.vocab_size, copies or 0)
+  for _, _, (widths, cape), copies, matches in variants:
+    check_tree(widths, cape, config.vocab_size, (copies or 0) * (matches or 1))
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
@@ -203,8 +239,8 @@ def main(argv=None):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, (widths, cape), copies in variants:
-        proposer, draft_params = make_proposer(method, drafts.get(draft_kind(method)), widths, copies, cape)
+      for label, method, (widths, cape), copies, matches in variants:
+        proposer, draft_params = make_proposer(method, drafts.get(draft_kind(method)), widths, copies, cape, matches)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result

@@ -96,7 +96,7 @@ def tree_choice(spec, args):
 
 def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
   """Raises UserError unless the tree `tree_choice` gave (beam widths or CAPE's, with
-  `copy_tokens` grafted) fits the vocabulary and this machine's node budget."""
+  `copy_tokens` copied nodes grafted) fits the vocabulary and this machine's node budget."""
   from longspec_jax.config import check_tree_widths
   from longspec_jax.tree import node_budget
 
@@ -108,12 +108,12 @@ def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
 
 def tree_record(proposer) -> dict:
   """The results' description of the trees a proposer verifies: the draft's beam widths
-  or CAPE's settings (auto without a draft: None) and the copied tokens (auto: its
-  chains' length; its rounds by kind are in the stats). Methods without trees beyond a
-  chain: nothing."""
+  or CAPE's settings (auto without a draft: None) and prompt lookup's continuations, their
+  length and number (auto's rounds by kind are in the stats). AR: nothing."""
   import dataclasses
 
   from longspec_jax.adaptive import Adaptive
+  from longspec_jax.ngram import PromptLookup
   from longspec_jax.proposers import LongSpecDraft
 
   def shape(draft) -> dict:
@@ -122,9 +122,11 @@ def tree_record(proposer) -> dict:
     return {"cape": dataclasses.asdict(draft.cape)} if draft.cape else {"tree_widths": list(draft.widths)}
 
   if isinstance(proposer, Adaptive):
-    return {**shape(proposer.draft), "copy_tokens": proposer.lookup.num_tokens}
+    return {**shape(proposer.draft), "copy_tokens": proposer.lookup.num_tokens, "copy_matches": proposer.lookup.matches}
   if isinstance(proposer, LongSpecDraft):
-    return {**shape(proposer), "copy_tokens": proposer.copy_tokens}
+    return {**shape(proposer), "copy_tokens": proposer.copy_tokens, "copy_matches": proposer.copy_matches}
+  if isinstance(proposer, PromptLookup):
+    return {"copy_tokens": proposer.num_tokens, "copy_matches": proposer.matches}
   return {}
 
 

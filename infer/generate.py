@@ -52,9 +52,12 @@ def parse_args(argv=None):
                       " tree by their measured cost and recent gain")
   add_tree_flags(p)
   p.add_argument("--copy-tokens", type=nonnegative_int,
-                 help="longspec: graft prompt lookup's continuation of this many tokens into each tree; auto: the"
-                      " length of its copied chains (default: the draft's tree, else none for longspec and 10 for"
-                      " auto)")
+                 help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
+                      " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
+                      " pld, and for auto 24 on a GPU, 10 elsewhere)")
+  p.add_argument("--copy-matches", type=positive_int,
+                 help="how many prompt-lookup continuations (the most recent distinct ones) a round proposes, as a"
+                      " trie (default 1; auto: 4 on a GPU)")
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
@@ -63,8 +66,9 @@ def parse_args(argv=None):
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
   if args.method in ("ar", "pld"):
+    copy_flags = (("--copy-tokens", args.copy_tokens or None), ("--copy-matches", args.copy_matches))
     for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths),
-                        ("--copy-tokens", args.copy_tokens or None)):
+                        *(copy_flags if args.method == "ar" else ())):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method in ("longspec", "glide"):
@@ -162,7 +166,7 @@ def main(argv=None) -> None:
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   widths, cape = tree_choice(args.tree_widths, args)
-  check_tree(widths, cape, config.vocab_size, args.copy_tokens or 0)
+  check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
   t0 = time.perf_counter()
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
@@ -173,7 +177,7 @@ def main(argv=None) -> None:
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape)
+  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches)
   with PrefillBar() as on_prefill:
     decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,

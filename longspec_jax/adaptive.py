@@ -3,9 +3,10 @@
 Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
   AR     the root alone: one target step.
-  COPY   prompt lookup's chain (PLD): cheap, and long when the output copies the context.
-  DRAFT  the LongSpec draft's beam tree with the same chain grafted in (when the target
-         has a draft): the most tokens a round, at the highest price.
+  COPY   prompt lookup's continuations (PLD; several, as a trie, `ngram.PromptLookup`):
+         cheap, and long when the output copies the context.
+  DRAFT  the LongSpec draft's beam tree with the same continuations grafted in (when the
+         target has a draft): the most tokens a round, at the highest price.
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
@@ -66,7 +67,7 @@ from flax import nnx
 
 from longspec_jax.cache import RingCache
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.tree import Tree, chain, graft_chain
+from longspec_jax.tree import Tree, chain, copy_tree, graft_chains
 
 if TYPE_CHECKING:
   from longspec_jax.proposers import LongSpecDraft
@@ -100,9 +101,9 @@ class AdaptiveState:
   since_draft: jax.Array  # [2] int32: rounds of the case since its last draft round
   explore_after: jax.Array  # [2] int32: rounds of the case without the draft after which one is forced
   rounds_by_kind: jax.Array  # [K] int32: rounds run of each kind
-  # An AR or draft round's chain, kept until the tokens emitted since show its gain:
-  pending: jax.Array  # [B, G] int32
-  pending_valid: jax.Array  # [B, G] bool
+  # An AR or draft round's continuations, kept until the tokens emitted since show their gain:
+  pending: jax.Array  # [B, M, G] int32
+  pending_valid: jax.Array  # [B, M, G] bool
   pending_ngram: jax.Array  # [B] int32: its match's n-gram length; 0: none kept
   pending_at: jax.Array  # [B] int32: the history index of its first token
 
@@ -110,12 +111,13 @@ class AdaptiveState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """What a round's choice saw: the kind, prompt lookup's chain [B, G] (which of its
-  tokens are real) that COPY and DRAFT rounds verify, and its match's n-gram length."""
+  """What a round's choice saw: the kind, prompt lookup's continuations [B, M, G] (which
+  of their tokens are real) that COPY and DRAFT rounds verify, and the first one's match's
+  n-gram length."""
 
   kind: jax.Array  # [] int32
-  copies: jax.Array  # [B, G] int32
-  copy_valid: jax.Array  # [B, G] bool
+  copies: jax.Array  # [B, M, G] int32
+  copy_valid: jax.Array  # [B, M, G] bool
   ngram: jax.Array  # [B] int32: 0 when there is no match
   at: jax.Array  # [B] int32: the history index the chain's first token would take
   cases: jax.Array  # [2] bool: some running sequence has no match / a match
@@ -161,9 +163,9 @@ class Adaptive:
     return max(self.lookup.depth, 0 if self.draft is None else self._draft().depth)
 
   def _draft(self) -> LongSpecDraft:
-    """The draft with the chain's length as its copy budget (its depth then covers what
-    any round can accept, which its catch-up pass reads)."""
-    return dataclasses.replace(self.draft, copy_tokens=self.lookup.num_tokens)
+    """The draft with prompt lookup's continuations as its copies (its depth then covers
+    what any round can accept, which its catch-up pass reads)."""
+    return dataclasses.replace(self.draft, copy_tokens=self.lookup.num_tokens, copy_matches=self.lookup.matches)
 
   def start(self, params, *, target, cache, history) -> AdaptiveState:
     batch = history.shape[0]
@@ -175,8 +177,9 @@ class Adaptive:
         switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), next_kind=jnp.int32(Kind.COPY),
         since_draft=jnp.zeros((2,), jnp.int32), explore_after=jnp.full((2,), self.explore_every, jnp.int32),
         rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
-        pending=jnp.zeros((batch, self.lookup.num_tokens), jnp.int32),
-        pending_valid=jnp.zeros((batch, self.lookup.num_tokens), bool), pending_ngram=jnp.zeros((batch,), jnp.int32),
+        pending=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), jnp.int32),
+        pending_valid=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), bool),
+        pending_ngram=jnp.zeros((batch,), jnp.int32),
         pending_at=jnp.zeros((batch,), jnp.int32))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
@@ -218,11 +221,11 @@ class Adaptive:
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
     if kind is Kind.COPY:
-      return chain(root, plan.copies, plan.copy_valid), state
+      return copy_tree(root, plan.copies, plan.copy_valid), state
     draft = self._draft()
     model = nnx.merge(draft.graphdef, params)
     root_hidden, ring = draft.catch_up(model, target, cache, history, state.ring, lagging=True)
-    tree = graft_chain(draft.grow(model, target, cache, ring, root, root_hidden), plan.copies, plan.copy_valid)
+    tree = graft_chains(draft.grow(model, target, cache, ring, root, root_hidden), plan.copies, plan.copy_valid)
     return tree, dataclasses.replace(state, ring=ring)
 
   def observe(self, state: AdaptiveState, plan: Plan, count: jax.Array, active: jax.Array, *, history: jax.Array,
@@ -236,19 +239,22 @@ class Adaptive:
         where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
     at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
     copy_gain = move(state.copy_gain, count[:, None], (active & (kind == Kind.COPY))[:, None] & at_ngram(plan.ngram))
-    # An AR or draft round's chain is kept where none is, then every kept chain is set
-    # against the history: what it would have given is known once it breaks or ends.
+    # An AR or draft round's continuations are kept where none are, then every kept one
+    # is set against the history: what they would have given is known once each has
+    # broken or ended (the longest agreement).
     keep = active & (kind != Kind.COPY) & (state.pending_ngram == 0) & (plan.ngram > 0)  # [B]
-    pending = jnp.where(keep[:, None], plan.copies, state.pending)
-    pending_valid = jnp.where(keep[:, None], plan.copy_valid, state.pending_valid)
+    pending = jnp.where(keep[:, None, None], plan.copies, state.pending)
+    pending_valid = jnp.where(keep[:, None, None], plan.copy_valid, state.pending_valid)
     pending_ngram = jnp.where(keep, plan.ngram, state.pending_ngram)
     pending_at = jnp.where(keep, plan.at, state.pending_at)
-    index = pending_at[:, None] + jnp.arange(pending.shape[1])[None, :]  # [B, G]
+    index = pending_at[:, None] + jnp.arange(pending.shape[2])[None, :]  # [B, G]
     emitted = jnp.take_along_axis(history, jnp.minimum(index, history.shape[1] - 1), axis=1)
-    agree = jnp.sum(jnp.cumprod(pending_valid & (index <= lengths[:, None]) & (pending == emitted), axis=1), axis=1)
-    seen = jnp.minimum(lengths + 1 - pending_at, pending.shape[1])  # [B]: its tokens emitted since
-    shown = (pending_ngram > 0) & ((agree < seen) | (agree == jnp.sum(pending_valid, axis=1)))
-    copy_gain = move(copy_gain, (1.0 + agree)[:, None], shown[:, None] & at_ngram(pending_ngram))
+    same = pending_valid & (index <= lengths[:, None])[:, None, :] & (pending == emitted[:, None, :])  # [B, M, G]
+    agree = jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=2), axis=2)  # [B, M]
+    seen = jnp.minimum(lengths + 1 - pending_at, pending.shape[2])  # [B]: their tokens emitted since
+    ended = (agree < seen[:, None]) | (agree == jnp.sum(pending_valid, axis=2))  # [B, M]
+    shown = (pending_ngram > 0) & jnp.all(ended, axis=1)
+    copy_gain = move(copy_gain, (1.0 + jnp.max(agree, axis=1))[:, None], shown[:, None] & at_ngram(pending_ngram))
     won = plan.explored & (jnp.sum(jnp.where(active, count, 0.0)) / plan.draft_price >= plan.displaced)
     return dataclasses.replace(
         state, copy_gain=copy_gain,

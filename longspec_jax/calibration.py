@@ -111,7 +111,7 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   shapes = [(x.shape, str(x.dtype)) for x in jax.tree.leaves(proposer_params)]
   draft = proposer.draft
   parts = [PRICES_VERSION, jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
-           str(model.attention), str(model.gemm), str(model.batch_invariant), proposer.lookup.num_tokens,
+           str(model.attention), str(model.gemm), str(model.batch_invariant), repr(proposer.lookup),
            None if draft is None else (draft.widths, draft.cape), shapes, repr(sampling), batch,
            1 << max(0, (max_len - 1).bit_length())]
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]

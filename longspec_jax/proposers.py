@@ -28,7 +28,7 @@ from longspec_jax.config import CapeConfig, DraftKind
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.errors import UserError
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain
+from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chains
 
 # Tokens one catch-up pass takes when the draft's ring lags behind (`LongSpecDraft.catch_up`):
 # after 32 copy rounds of ~5 tokens, one pass of 128 instead of ten of 16, each with its
@@ -72,19 +72,20 @@ class LongSpecDraft:
   position as leaves beside it, as many as the draft's confidence there asks for
   (`tree.cape_tree`).
 
-  `copy_tokens` > 0: prompt lookup's continuation of that many tokens (`PromptLookup`)
-  joins the tree as a branch under the root (`tree.graft_chain`), verified in the same
-  pass, so a round gets whichever of copying and drafting is right.
+  `copy_tokens` > 0: prompt lookup's continuations of that many tokens (`copy_matches`
+  of them, `PromptLookup`) join the tree as branches under the root (`tree.graft_chains`),
+  verified in the same pass, so a round gets whichever of copying and drafting is right.
   """
 
   graphdef: nnx.GraphDef
   widths: tuple[int, ...]
   copy_tokens: int = 0
   cape: CapeConfig | None = None
+  copy_matches: int = 1
 
   @property
   def tree_size(self) -> int:
-    return (self.cape.tree_size if self.cape else beam_offsets(self.widths)[-1]) + self.copy_tokens
+    return (self.cape.tree_size if self.cape else beam_offsets(self.widths)[-1]) + self.copy_matches * self.copy_tokens
 
   @property
   def depth(self) -> int:
@@ -114,7 +115,8 @@ class LongSpecDraft:
     root_hidden, ring = self.catch_up(draft, target, cache, history, ring)
     tree = self.grow(draft, target, cache, ring, root, root_hidden)
     if self.copy_tokens:
-      tree = graft_chain(tree, *PromptLookup(num_tokens=self.copy_tokens).lookup(history, cache.lengths))
+      lookup = PromptLookup(num_tokens=self.copy_tokens, matches=self.copy_matches)
+      tree = graft_chains(tree, *lookup.lookup(history, cache.lengths))
     return tree, ring
 
   def catch_up(self, draft: Draft, target, cache, history, ring: RingCache, *, lagging: bool = False):
@@ -254,16 +256,30 @@ def draft_kind(method: str) -> DraftKind:
   return DRAFT_KINDS.get(method, DraftKind.LONGSPEC)
 
 
+def auto_copies() -> tuple[int, int]:
+  """`auto`'s prompt-lookup continuations when neither the flags nor the draft set them:
+  (tokens each, how many). On a GPU, where a round of a small target costs about the
+  same for a hundred nodes as for one (its kernels are launch-bound), four of 24 tokens:
+  on SmolLM2 (H100, 4k, seven prompt sets) `auto` with them ran 1.04-1.93x prompt
+  lookup's one of 10, median 1.45x, and with four of 16 median 1.23x
+  (docs/benchmarks.md, session 19). Elsewhere, where a round's cost grows with its
+  nodes, prompt lookup's own one of 10."""
+  if jax.default_backend() == "gpu":
+    return 24, 4
+  return PromptLookup().num_tokens, 1
+
+
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
-                  copy_tokens: int | None = None, cape: CapeConfig | None = None):
+                  copy_tokens: int | None = None, cape: CapeConfig | None = None, copy_matches: int | None = None):
   """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
   draft's graphdef and tree, `tree_widths` (or with `cape`, CAPE's tree) with
-  `copy_tokens` of prompt lookup grafted in (each by default the draft's own,
-  `DraftConfig`), and its params are the draft's. `auto` chooses each round among AR,
-  prompt lookup's chain of `copy_tokens` (by default the draft's, or `PromptLookup`'s
-  where that is none) and, if a draft is given, the draft's tree with the chain grafted
-  in. GLIDE's draft takes CAPE's tree (its paper's) unless widths or CAPE are given. The
-  other methods have no params."""
+  `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in
+  (each by default the draft's own, `DraftConfig`), and its params are the draft's.
+  `pld` proposes `copy_matches` continuations of `copy_tokens` (default: one of 10, the
+  published method). `auto` chooses each round among AR, prompt lookup's continuations
+  (by default the draft's copy length, else `auto_copies`) and, if a draft is given, the
+  draft's tree with them grafted in. GLIDE's draft takes CAPE's tree (its paper's)
+  unless widths or CAPE are given. The other methods have no params."""
   stored = draft.config if draft is not None else None
   if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
     raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
@@ -272,9 +288,12 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
     cape = CapeConfig()
   if cape is not None and stored is not None:
     cape.check_fits(stored.vocab_size)
+  if method == "pld":
+    return PromptLookup(num_tokens=copy_tokens or PromptLookup().num_tokens, matches=copy_matches or 1), None
   if method == "auto":
-    copies = copy_tokens or (stored.copy_tokens if stored else 0)
-    lookup = PromptLookup(num_tokens=copies) if copies else PromptLookup()
+    tokens, matches = auto_copies()
+    lookup = PromptLookup(num_tokens=copy_tokens or (stored.copy_tokens if stored else 0) or tokens,
+                          matches=copy_matches or matches)
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)
@@ -282,5 +301,6 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   if method in DRAFT_METHODS:
     graphdef, params = nnx.split(draft)
     copies = stored.copy_tokens if copy_tokens is None else copy_tokens
-    return PROPOSERS[method](graphdef, tuple(tree_widths or stored.tree_widths), copies, cape), params
+    widths = tuple(tree_widths or stored.tree_widths)
+    return PROPOSERS[method](graphdef, widths, copies, cape, copy_matches or 1), params
   return PROPOSERS[method](), None

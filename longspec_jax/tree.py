@@ -95,36 +95,61 @@ def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -
   )
 
 
-def graft_chain(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
-  """The tree with a chain of drafted tokens [B, G] under its root merged in as a trie:
-  the chain follows the tree's own nodes while its tokens match them (siblings stay
-  distinct) and leaves them at its first new token, as G extra nodes after the tree's
-  (those it shares with the tree, and `valid` [B, G] False ones with all after them,
-  are unused). How prompt-lookup copies join a draft's tree: one verification then
-  accepts whichever of the two is right, and a sampled walk that accepts a shared node
-  keeps the copy's continuation under it."""
+def graft_chains(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
+  """The tree with M chains of drafted tokens [B, M, G] under its root merged in as a
+  trie: a chain follows the tree's own nodes, and the chains before it, while its
+  tokens match them (siblings stay distinct), and leaves them at its first new token.
+  Chain m's nodes take slots N + m * G .. N + m * G + G - 1 after the tree's N; those it
+  shares with the tree or an earlier chain, and `valid` [B, M, G] False ones with all
+  after them, are unused. How prompt-lookup copies join a draft's tree (and several
+  copies one tree): one verification then accepts whichever of them is right, and a
+  sampled walk that accepts a shared node keeps every continuation under it.
+
+  Built in one pass, with no loop over the chains' tokens: a chain node is the tree node
+  whose path is its prefix when one is (`path` below), else the node of the first chain
+  with the same prefix."""
   batch, n = tree.tokens.shape
-  gamma = drafted.shape[1]
-  size = n + gamma
-  room = tree.padded(size)  # the chain's G nodes, unused until placed
-  tokens, parents, depths, node_valid, ancestors = room.tokens, room.parents, room.depths, room.valid, room.ancestors
-  rows = jnp.arange(batch)
-  at = jnp.zeros((batch,), jnp.int32)  # the node the chain has reached (the root first)
-  alive = jnp.ones((batch,), bool)
-  for i in range(gamma):
-    token, node = drafted[:, i], n + i
-    alive &= valid[:, i]
-    same = node_valid & (parents == at[:, None]) & (tokens == token[:, None])  # [B, N + G]: at most one
-    shared = jnp.any(same, axis=1)
-    new = alive & ~shared
-    tokens = tokens.at[:, node].set(token)
-    parents = parents.at[:, node].set(jnp.where(new, at, -1))
-    depths = depths.at[:, node].set(i + 1)
-    node_valid = node_valid.at[:, node].set(new)
-    own = jnp.arange(size)[None, :] == node
-    ancestors = ancestors.at[:, node].set(jnp.where(new[:, None], ancestors[rows, at] | own, False))
-    at = jnp.where(alive & shared, jnp.argmax(same, axis=1), jnp.where(new, node, at)).astype(jnp.int32)
-  return Tree(tokens=tokens, parents=parents, depths=depths, valid=node_valid, ancestors=ancestors)
+  _, m, g = drafted.shape
+  size = n + m * g
+  live = jnp.cumprod(valid.astype(jnp.int32), axis=2).astype(bool)  # [B, M, G]
+  # Chains c and c2 agree on their first i + 1 tokens: [B, M, M, G]
+  agree = (drafted[:, :, None, :] == drafted[:, None, :, :]) & live[:, :, None, :] & live[:, None, :, :]
+  # [B, M, G]: the first chain with this prefix
+  first = jnp.argmax(jnp.cumprod(agree.astype(jnp.int32), axis=3), axis=2)
+  # The token at depth d + 1 on each tree node's path, -1 beyond its depth: [B, N, G]
+  ancestors = tree.ancestor_mask()
+  at_depth = (tree.depths[:, None, None, :] == jnp.arange(1, g + 1)[None, None, :, None]) & ancestors[:, :, None, :]
+  path = jnp.max(jnp.where(at_depth, tree.tokens[:, None, None, :], -1), axis=-1)  # [B, N, G]
+  # Tree node t holds chain c's prefix of i + 1 tokens: [B, M, G, N]
+  same = (path[:, None, :, :] == drafted[:, :, None, :]) & live[:, :, None, :]  # [B, M, N, G]
+  on_path = jnp.cumprod(same.astype(jnp.int32), axis=3)
+  holds = (jnp.moveaxis(on_path, 2, 3).astype(bool) & tree.valid[:, None, None, :]
+           & (tree.depths[:, None, None, :] == jnp.arange(1, g + 1)[None, None, :, None]))
+  shared = jnp.any(holds, axis=-1)  # [B, M, G]
+  slot = jnp.where(shared, jnp.argmax(holds, axis=-1), n + first * g + jnp.arange(g)[None, None, :])  # [B, M, G]
+  placed = live & ~shared & (first == jnp.arange(m)[None, :, None])  # [B, M, G]
+  parents = jnp.concatenate([jnp.zeros((batch, m, 1), slot.dtype), slot[:, :, :-1]], axis=2)
+  # A placed node's ancestors: the root and the nodes of its prefix.
+  own = jnp.arange(size)[None, None, None, :] == slot[..., None]  # [B, M, G, size]
+  rows = (jnp.cumsum(own, axis=2) > 0) | (jnp.arange(size) == 0)[None, None, None, :]
+  rows = (rows & placed[..., None]).reshape(batch, m * g, size)
+  room = tree.padded(size)
+  flat = lambda x: x.reshape(batch, m * g)
+  return Tree(
+      tokens=room.tokens.at[:, n:].set(flat(drafted).astype(jnp.int32)),
+      parents=room.parents.at[:, n:].set(jnp.where(flat(placed), flat(parents), -1).astype(jnp.int32)),
+      depths=room.depths.at[:, n:].set(jnp.broadcast_to(jnp.tile(jnp.arange(1, g + 1), m), (batch, m * g))),
+      valid=room.valid.at[:, n:].set(flat(placed)),
+      ancestors=room.ancestors.at[:, n:].set(rows),
+  )
+
+
+def copy_tree(root: jax.Array, drafted: jax.Array, valid: jax.Array) -> Tree:
+  """Prompt lookup's tree: root [B], then its M continuations [B, M, G] merged as a trie
+  (`graft_chains`); one continuation is a plain chain."""
+  if drafted.shape[1] == 1:
+    return chain(root, drafted[:, 0], valid[:, 0])
+  return graft_chains(chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), drafted, valid)
 
 
 def cape_tree(root: jax.Array, top_tokens: jax.Array, confidence: jax.Array, cape: CapeConfig) -> Tree:

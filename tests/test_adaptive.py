@@ -55,15 +55,19 @@ def by_case(value) -> jax.Array:
   return jnp.broadcast_to(jnp.asarray(value, jnp.int32), (2,))
 
 
-def no_pending(batch, chain):
-  return dict(pending=jnp.zeros((batch, chain), jnp.int32), pending_valid=jnp.zeros((batch, chain), bool),
+def no_pending(batch, chain, matches=1):
+  return dict(pending=jnp.zeros((batch, matches, chain), jnp.int32),
+              pending_valid=jnp.zeros((batch, matches, chain), bool),
               pending_ngram=jnp.zeros((batch,), jnp.int32), pending_at=jnp.zeros((batch,), jnp.int32))
 
 
 def plan_of(kind, copies, ngram, at, valid=None):
-  """A round's plan: its kind, chain [B, G] (all valid by default), n-gram length [B] and
-  the history index [B] of its chain's first token."""
+  """A round's plan: its kind, continuations [B, M, G] or one [B, G] (all valid by
+  default), n-gram length [B] and the history index [B] of their first token."""
   copies = jnp.asarray(copies)
+  if copies.ndim == 2:
+    copies = copies[:, None]
+    valid = None if valid is None else jnp.asarray(valid)[:, None]
   ngram = jnp.asarray(ngram)
   cases = jnp.any((ngram > 0)[:, None] == jnp.arange(2), axis=0)
   return Plan(kind=jnp.int32(kind), copies=copies, copy_valid=jnp.ones(copies.shape, bool) if valid is None else
@@ -101,7 +105,7 @@ def test_a_round_takes_the_most_tokens_per_second():
   # A finished sequence counts for nothing.
   plan = plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
   assert int(plan.kind) == Kind.AR
-  np.testing.assert_array_equal(np.asarray(plan.copies[0]), [7, 8, 9])
+  np.testing.assert_array_equal(np.asarray(plan.copies[0]), [[7, 8, 9]])
 
 
 def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
@@ -164,6 +168,23 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
   shown = observe(proposer, unseen, plan_of(Kind.AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]), [1, 1], [True, True],
                   [prefix + [4, 0, 0, 0, 0]] * 2, [4, 4])
   np.testing.assert_array_equal(np.asarray(shown.copy_gain[:, 1]), [1, 1])
+
+
+def test_kept_continuations_show_their_gain_once_each_has_broken_or_ended():
+  """Two continuations kept by an AR round: the gain is the longest agreement among
+  them, known only when every one of them has broken or ended."""
+  proposer = Adaptive(PromptLookup(num_tokens=3, matches=2), ema=1.0)
+  state = dataclasses.replace(state_with([np.nan], [1, 1]), **no_pending(1, 3, matches=2))
+  prefix = [5, 6, 1, 5]  # the root at index 3; the continuations' first tokens at 4
+  plan = plan_of(Kind.AR, [[[7, 8, 9], [7, 4, 4]]], [2], [4])
+  state = observe(proposer, state, plan, [1], [True], [prefix + [7] + [0] * 4], [4])
+  assert np.isnan(float(state.copy_gain[0, 1]))  # both still agree
+  state = observe(proposer, state, plan_of(Kind.AR, [[1, 1, 1]], [2], [5]), [1], [True], [prefix + [7, 8] + [0] * 3],
+                  [5])
+  assert np.isnan(float(state.copy_gain[0, 1]))  # the second broke, the first goes on
+  state = observe(proposer, state, plan_of(Kind.AR, [[1, 1, 1]], [2], [6]), [1], [True],
+                  [prefix + [7, 8, 3] + [0] * 2], [6])
+  assert float(state.copy_gain[0, 1]) == 3.0  # the first broke after 2: 1 + 2 tokens a copy round would have given
 
 
 def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_resets_the_wait(tiny):

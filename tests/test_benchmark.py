@@ -10,17 +10,18 @@ PROG = "python -m infer.benchmark"
 
 
 def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, capsys):
-  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "longspec", "--draft", "random",
+  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld:3x2", "longspec", "--draft", "random",
             "--sets", "code", "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32",
             "--cape-gamma", "2"]
   greedy = common + ["--tree-widths", "2,2", "1,1,1", "cape", "--copy-tokens", "0", "4",
                      "--out", str(tmp_path / "greedy.json")]
   assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
-  assert [r["method"] for r in rows] == ["ar", "pld", "longspec[2,2]", "longspec[2,2]+copy4", "longspec[1,1,1]",
+  assert [r["method"] for r in rows] == ["ar", "pld+copy3x2", "longspec[2,2]", "longspec[2,2]+copy4", "longspec[1,1,1]",
                                          "longspec[1,1,1]+copy4", "longspec[cape]", "longspec[cape]+copy4"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
   assert rows[4]["tree_widths"] == [1, 1, 1] and rows[5]["copy_tokens"] == 4
+  assert rows[1]["copy_tokens"] == 3 and rows[1]["copy_matches"] == 2
   assert rows[6]["cape"] == {"gamma": 2, "edges": [0.3, 0.6, 0.8], "sizes": [7, 5, 3, 1]}
   assert all(len(r["per_prompt"]) == 1 and r["per_prompt"][0]["new_tokens"] == 4 for r in rows)  # (1 prompt)
   for row in rows:  # the phase split is a partition of the decode time

@@ -298,10 +298,11 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
-  """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD,
-  LongSpec with the shipped trained draft (a smaller tree than its default, for CPU
-  time, prompt lookup's copies grafted in; and CAPE's tree), auto with that draft and an
-  oracle tree with decoys emit exactly the AR tokens for 80 new tokens."""
+  """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD
+  (one continuation, and four of 16 tokens as a trie), LongSpec with the shipped trained
+  draft (a smaller tree than its default, for CPU time, prompt lookup's copies grafted
+  in; and CAPE's tree), auto with that draft (two continuations) and an oracle tree with
+  decoys emit exactly the AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -310,6 +311,9 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert all(len(r) == 80 for r in reference)
   pld = generate(target.model, prompts, 80, Decoding(proposer=PromptLookup()))
   assert pld.token_ids == reference
+  copies = generate(target.model, prompts, 80, Decoding(proposer=PromptLookup(num_tokens=16, matches=4)))
+  assert copies.token_ids == reference
+  assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   proposer, params = make_proposer("longspec", draft, tree_widths=(2, 2, 2), copy_tokens=10)
   longspec_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
@@ -317,7 +321,7 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
   proposer, params = make_proposer("longspec", draft, cape=CapeConfig(gamma=4))
   assert generate(target.model, prompts, 80, Decoding(proposer=proposer), params).token_ids == reference
-  proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2))
+  proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2), copy_matches=2)
   auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference
   assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed

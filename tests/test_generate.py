@@ -72,7 +72,7 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--method", "ar", "--draft", "/some/draft"], "--method ar uses no draft tree, but --draft"),
         (["--prompt", "x", "--method", "pld", "--draft", "default"], "--method pld uses no draft tree, but --draft"),
         (["--prompt", "x", "--method", "ar", "--tree-widths", "2,2"], "--method ar uses no draft tree, but --tree-w"),
-        (["--prompt", "x", "--method", "pld", "--copy-tokens", "4"], "--method pld uses no draft tree, but --copy-t"),
+        (["--prompt", "x", "--method", "ar", "--copy-matches", "4"], "--method ar uses no draft tree, but --copy-m"),
         (["--prompt", "x", "--copy-tokens", "-1"], "an integer >= 0"),
         (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
         (["--prompt", "x", "--tree-widths", "0,4"], "tree widths must be one or more positive integers, got [0, 4]"

@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 
 from longspec_jax.config import CapeConfig
 from longspec_jax.errors import UserError
-from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chain, static_topology
+from longspec_jax.tree import (
+  Tree,
+  beam_offsets,
+  best_children,
+  cape_tree,
+  chain,
+  copy_tree,
+  graft_chains,
+  static_topology,
+)
 
 
 def random_tree(rng, batch, size, vocab):
@@ -69,25 +78,27 @@ def paths_of(tree: Tree, b: int) -> set[tuple[int, ...]]:
   return set(paths.values())
 
 
-@settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 16), gamma=st.integers(1, 6))
-def test_graft_chain_is_a_trie_insert(seed, batch, size, gamma):
-  """The grafted tree holds the tree's paths plus every prefix of the chain's valid part,
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 16), chains=st.integers(1, 4),
+       gamma=st.integers(1, 6))
+def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
+  """The grafted tree holds the tree's paths plus every prefix of each chain's valid part,
   each once (siblings distinct); its depths, ancestor mask and node order are consistent."""
   rng = np.random.default_rng(seed)
   tree, *_ = random_tree(rng, batch, size, vocab=16)
-  # Chains that often follow the tree's own paths for a while, then leave them.
-  drafted = np.asarray(rng.integers(0, 16, (batch, gamma)))
+  # Chains that often follow the tree's own paths, or an earlier chain, for a while, then leave them.
+  drafted = np.asarray(rng.integers(0, 16, (batch, chains, gamma)))
   for b in range(batch):
-    path = sorted(paths_of(tree, b), key=len)[-1]
-    follow = int(rng.integers(0, len(path) + 1))
-    drafted[b, : min(follow, gamma)] = path[: min(follow, gamma)]
-  valid = np.arange(gamma)[None, :] < rng.integers(0, gamma + 1, (batch, 1))
-  grafted = graft_chain(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
-  assert grafted.size == size + gamma
+    for c in range(chains):
+      followed = sorted(paths_of(tree, b), key=len)[-1] if c == 0 or rng.random() < 0.5 else drafted[b, rng.integers(c)]
+      follow = min(int(rng.integers(0, len(followed) + 1)), gamma)
+      drafted[b, c, :follow] = followed[:follow]
+  valid = np.arange(gamma)[None, None, :] < rng.integers(0, gamma + 1, (batch, chains, 1))
+  grafted = graft_chains(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
+  assert grafted.size == size + chains * gamma
   for b in range(batch):
-    used = int(valid[b].sum())
-    want = paths_of(tree, b) | {tuple(int(t) for t in drafted[b, :i]) for i in range(used + 1)}
+    want = paths_of(tree, b) | {tuple(int(t) for t in drafted[b, c, :i])
+                                for c in range(chains) for i in range(int(valid[b, c].sum()) + 1)}
     assert paths_of(grafted, b) == want
     assert sum(map(bool, np.asarray(grafted.valid[b]))) == len(want)  # no path twice
     parents = np.asarray(grafted.parents[b])
@@ -95,6 +106,20 @@ def test_graft_chain_is_a_trie_insert(seed, batch, size, gamma):
     np.testing.assert_array_equal(np.asarray(grafted.ancestors[b]), reference_ancestors(parents, ok))
     for i in np.flatnonzero(ok)[1:]:
       assert parents[i] < i and grafted.depths[b, i] == grafted.depths[b, parents[i]] + 1
+
+
+def test_copy_tree_of_one_continuation_is_a_chain():
+  root, drafted = jnp.array([7, 8]), jnp.array([[[1, 2, 3]], [[4, 5, 6]]])
+  valid = jnp.array([[[True, True, False]], [[True, False, True]]])
+  line, tree = chain(root, drafted[:, 0], valid[:, 0]), copy_tree(root, drafted, valid)
+  for field in ("tokens", "parents", "depths", "valid"):
+    np.testing.assert_array_equal(np.asarray(getattr(tree, field)), np.asarray(getattr(line, field)))
+
+
+def test_copy_tree_merges_shared_prefixes():
+  tree = copy_tree(jnp.array([9]), jnp.array([[[1, 2, 3], [1, 2, 4], [5, 6, 7]]]), jnp.ones((1, 3, 3), bool))
+  assert paths_of(tree, 0) == {(), (1,), (1, 2), (1, 2, 3), (1, 2, 4), (5,), (5, 6), (5, 6, 7)}
+  assert int(tree.valid.sum()) == 8  # the root and 7 distinct prefixes
 
 
 def test_chain_with_partial_draft():

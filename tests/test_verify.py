@@ -17,8 +17,9 @@ from longspec_jax.config import CapeConfig
 from longspec_jax.engine import prefill
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.sampling import SamplingConfig, probs
-from longspec_jax.tree import Tree, chain, graft_chain
+from longspec_jax.tree import Tree, chain, graft_chains
 from longspec_jax.tree import cape_tree as build_cape_tree
+from longspec_jax.tree import copy_tree as build_copy_tree
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -150,16 +151,25 @@ def beam_tree(context):
 
 
 def copy_tree(context):
-  """`beam_tree` with prompt lookup's 3-token continuation of the context grafted in, as
-  LongSpec with copy branches builds it (`tree.graft_chain`; shared nodes merged, so a
-  copy may continue under a beam node or add none)."""
+  """`beam_tree` with prompt lookup's two latest distinct 3-token continuations of the
+  context grafted in, as LongSpec with copy branches builds it (`tree.graft_chains`;
+  shared nodes merged, so a copy may continue under a beam node, or under the other
+  copy, or add none)."""
   nodes = beam_tree(context)[0][1]
   tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
               parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
               depths=jnp.asarray([[0, 1, 1, 2, 2, 2, 2]], jnp.int32), valid=jnp.ones((1, len(nodes)), bool))
   history = jnp.asarray([list(context) + [0] * 8], jnp.int32)  # the engine's history has room past the root
-  drafted, valid = PromptLookup(num_tokens=3).lookup(history, jnp.asarray([len(context) - 1]))
-  return [(1.0, nodes_of(graft_chain(tree, drafted, valid)))]
+  drafted, valid = PromptLookup(num_tokens=3, matches=2).lookup(history, jnp.asarray([len(context) - 1]))
+  return [(1.0, nodes_of(graft_chains(tree, drafted, valid)))]
+
+
+def copies_only(context):
+  """Prompt lookup's tree alone: the root and the latest three distinct 3-token
+  continuations of the context as a trie (`tree.copy_tree`)."""
+  history = jnp.asarray([list(context) + [0] * 8], jnp.int32)
+  drafted, valid = PromptLookup(num_tokens=3, matches=3).lookup(history, jnp.asarray([len(context) - 1]))
+  return [(1.0, nodes_of(build_copy_tree(jnp.asarray([context[-1]]), drafted, valid)))]
 
 
 def nodes_of(tree: Tree) -> list:
@@ -210,7 +220,8 @@ CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6, top_
                                                                                  penalty_window=2)]
 
 
-@pytest.mark.parametrize("trees", [chain_tree, beam_tree, copy_tree, random_tree_of_context, cape_tree, sampled_tree])
+@pytest.mark.parametrize("trees", [chain_tree, beam_tree, copy_tree, copies_only, random_tree_of_context, cape_tree,
+                                   sampled_tree])
 @pytest.mark.parametrize("config", CONFIGS, ids=["t1", "top-k", "top-p,min-p", "penalty"])
 def test_emitted_tokens_follow_the_target_exactly(trees, config):
   want = ar_law(config)
