@@ -37,9 +37,11 @@ from longspec_jax.errors import UserError
 from longspec_jax.proposers import make_proposer
 
 
-def read_prices(path: Path) -> dict[str, float]:
+def read_prices(path: Path) -> tuple[dict[str, float], dict]:
   """Seconds per round of each kind (and "switch") of the first `auto` row of an
-  `infer.benchmark` results JSON."""
+  `infer.benchmark` results JSON, and that row's prompt-lookup continuations
+  (`copy_tokens`, `copy_matches`; rows written before session 19 give one, its length
+  only)."""
   try:
     rows = json.loads(path.read_text())["rows"]
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -47,7 +49,8 @@ def read_prices(path: Path) -> dict[str, float]:
   for row in rows:
     ms = row.get("round_ms_by_kind")
     if row.get("method", "").startswith("auto") and ms and None not in ms.values():
-      return {kind: value / 1e3 for kind, value in ms.items()}
+      copies = {"copy_tokens": row.get("copy_tokens"), "copy_matches": row.get("copy_matches", 1)}
+      return {kind: value / 1e3 for kind, value in ms.items()}, copies
   raise UserError(f"--prices: {path} has no auto row with every round price measured.")
 
 
@@ -69,14 +72,17 @@ def main(argv=None):
   p.add_argument("--prices", type=Path, required=True, help="an infer.benchmark results JSON with an auto row")
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=[HELD_OUT_NAME])
   add_run_flags(p, num_prompts=2)
-  p.add_argument("--copy-tokens", type=cli.positive_int, default=10, help="auto's chain")
+  p.add_argument("--copy-tokens", type=cli.positive_int,
+                 help="auto's continuations' length (default: the --prices row's)")
+  p.add_argument("--copy-matches", type=cli.positive_int, help="auto's continuations (default: the --prices row's)")
   p.add_argument("--out", type=Path, help="results JSON")
   args = p.parse_args(argv)
   if args.out:
     cli.output_path(args.out)
-  prices = read_prices(args.prices)
+  prices, copies = read_prices(args.prices)
   target, draft = load_run(args)
-  proposer, params = make_proposer("auto", draft, None, args.copy_tokens)
+  proposer, params = make_proposer("auto", draft, None, args.copy_tokens or copies["copy_tokens"],
+                                   copy_matches=args.copy_matches or copies["copy_matches"])
   names = [kind.name.lower() for kind in proposer.kinds]
   if set(names) - set(prices):
     raise UserError(f"--prices has no price for {', '.join(sorted(set(names) - set(prices)))} rounds.")
@@ -86,6 +92,7 @@ def main(argv=None):
   result = {"kind": "auto_trace", "device": jax.devices()[0].device_kind, "jax": jax.__version__,
             "python": platform.python_version(), "argv": sys.argv[1:], "prices_from": str(args.prices),
             "round_seconds": prices, "dtype": jnp.dtype(target.model.dtype).name, "draft": args.draft,
+            "copy_tokens": proposer.lookup.num_tokens, "copy_matches": proposer.lookup.matches,
             "generations": []}
   print(f"prices (ms): {', '.join(f'{k} {1e3 * v:.3f}' for k, v in prices.items())}")
   print("set          | prompt | rounds ar/copy/draft | tau  | tok/s at prices | copy gain by n-gram"

@@ -13,7 +13,8 @@ PRICES_MS = {"ar": 1.0, "copy": 1.25, "draft": 2.5, "switch": 0.01}
 
 def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_path, capsys):
   prices = tmp_path / "bench.json"
-  prices.write_text(json.dumps({"rows": [{"method": "ar"}, {"method": "auto", "round_ms_by_kind": PRICES_MS}]}))
+  auto = {"method": "auto", "round_ms_by_kind": PRICES_MS, "copy_tokens": 3, "copy_matches": 2}
+  prices.write_text(json.dumps({"rows": [{"method": "ar"}, auto]}))
   out = tmp_path / "trace.json"
   args = ["--prices", str(prices), "--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code",
           "docs", "--length", "64", "--num-prompts", "2", "--new-tokens", "6", "--dtype", "float32",
@@ -21,7 +22,9 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
   known = calibration.known
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   assert calibration.known is known  # (the prices are taken inside the tool only)
-  generations = json.loads(out.read_text())["generations"]
+  traced = json.loads(out.read_text())
+  assert (traced["copy_tokens"], traced["copy_matches"]) == (3, 2)  # the priced row's continuations
+  generations = traced["generations"]
   assert [(g["set"], g["prompt"]) for g in generations] == [
       ("code", "warm-up"), ("code", 0), ("code", 1), ("docs", "warm-up"), ("docs", 0), ("docs", 1)]
   for g in generations:  # none measured prices: every round chosen, priced as given
