@@ -147,6 +147,7 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
             "--json"]
   results = {}
   for name, flags in [("ar", ["--method", "ar"]), ("pld", ["--method", "pld"]),
+                      ("pld-trie", ["--method", "pld", "--copy-tokens", "5", "--copy-matches", "3"]),
                       ("random", ["--method", "longspec", "--draft", "random"]),
                       ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
                       ("cape", ["--method", "longspec", "--draft", "random", "--tree-widths", "cape",
@@ -157,11 +158,12 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "random", "copies", "cape", "glide", "auto", "checkpoint"):
+  for name in ("pld", "pld-trie", "random", "copies", "cape", "glide", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
   assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
+  assert (results["pld-trie"]["copy_tokens"], results["pld-trie"]["copy_matches"]) == (5, 3)
   assert results["cape"]["cape"] == {"gamma": 3, "edges": [0.5], "sizes": [2, 1]}
   assert "tree_widths" not in results["cape"]
   assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
