@@ -175,6 +175,24 @@ def test_each_draft_method_runs_its_own_kind_of_draft(models):
   assert make_proposer(kind, draft, tree_widths=(2, 2))[0].cape is None
 
 
+@pytest.mark.parametrize("backend, copies", [("gpu", (24, 4)), ("cpu", (10, 1))])
+def test_prompt_lookups_continuations_by_method_and_device(models, backend, copies, monkeypatch):
+  """`pld` is prompt lookup as published unless told; `auto` proposes four continuations
+  of 24 on a GPU (a round costs about the same for ~100 nodes there) and one of 10
+  elsewhere; flags win, and a draft method grafts as many as it is given."""
+  _, draft = models
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  assert make_proposer("pld")[0].tree_size == 11
+  assert make_proposer("pld", copy_tokens=6, copy_matches=3)[0].tree_size == 19
+  lookup = make_proposer("auto")[0].lookup
+  assert (lookup.num_tokens, lookup.matches) == copies
+  lookup = make_proposer("auto", draft, copy_tokens=5, copy_matches=2)[0].lookup
+  assert (lookup.num_tokens, lookup.matches) == (5, 2)
+  if draft.config.kind is DraftKind.LONGSPEC:
+    grafted = make_proposer("longspec", draft, (2, 2), copy_tokens=3, copy_matches=2)[0]
+    assert grafted.tree_size == 1 + 2 + 2 + 2 * 3
+
+
 def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
   """Passes of `START_ROWS` (GLIDE's over a long prompt; LongSpec's when its layers span
   more than one) leave the ring one pass leaves: each pass reads the ring the ones before
