@@ -116,15 +116,14 @@ def graft_chains(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
   agree = (drafted[:, :, None, :] == drafted[:, None, :, :]) & live[:, :, None, :] & live[:, None, :, :]
   # [B, M, G]: the first chain with this prefix
   first = jnp.argmax(jnp.cumprod(agree.astype(jnp.int32), axis=3), axis=2)
+  tree = dataclasses.replace(tree, ancestors=tree.ancestor_mask())  # (built once, for `path` and `padded`)
+  at_depth = tree.depths[:, None, None, :] == jnp.arange(1, g + 1)[None, None, :, None]  # [B, 1, G, N]
   # The token at depth d + 1 on each tree node's path, -1 beyond its depth: [B, N, G]
-  ancestors = tree.ancestor_mask()
-  at_depth = (tree.depths[:, None, None, :] == jnp.arange(1, g + 1)[None, None, :, None]) & ancestors[:, :, None, :]
-  path = jnp.max(jnp.where(at_depth, tree.tokens[:, None, None, :], -1), axis=-1)  # [B, N, G]
+  path = jnp.max(jnp.where(at_depth & tree.ancestors[:, :, None, :], tree.tokens[:, None, None, :], -1), axis=-1)
   # Tree node t holds chain c's prefix of i + 1 tokens: [B, M, G, N]
   same = (path[:, None, :, :] == drafted[:, :, None, :]) & live[:, :, None, :]  # [B, M, N, G]
   on_path = jnp.cumprod(same.astype(jnp.int32), axis=3)
-  holds = (jnp.moveaxis(on_path, 2, 3).astype(bool) & tree.valid[:, None, None, :]
-           & (tree.depths[:, None, None, :] == jnp.arange(1, g + 1)[None, None, :, None]))
+  holds = jnp.moveaxis(on_path, 2, 3).astype(bool) & tree.valid[:, None, None, :] & at_depth
   shared = jnp.any(holds, axis=-1)  # [B, M, G]
   slot = jnp.where(shared, jnp.argmax(holds, axis=-1), n + first * g + jnp.arange(g)[None, None, :])  # [B, M, G]
   placed = live & ~shared & (first == jnp.arange(m)[None, :, None])  # [B, M, G]
