@@ -26,6 +26,37 @@ from longspec_jax.tree import Tree, copy_tree
 # Earlier occurrences of each n-gram length looked at per continuation sought: repeated
 # text makes many of them continue alike, and only distinct continuations are kept.
 CANDIDATES_PER_MATCH = 4
+# Positions per block of `latest`'s counts from the end.
+COUNT_BLOCK = 128
+
+
+def latest(mask: jax.Array, k: int) -> jax.Array:
+  """The positions of the last k True entries of mask [..., L], latest first [..., k]
+  int32 (-1 where there are fewer). Each True entry's rank from the end (the True
+  entries at or after it) comes from block sums, two small matmuls, and the k latest are
+  scattered into their slots: `jax.lax.top_k` over the positions is a sort of the whole
+  context on a GPU (three of them, one per n-gram length, took 93 us of a 1.7 ms round of
+  four continuations on an H200: 5%)."""
+  *lead, size = mask.shape
+  positions = jnp.arange(size, dtype=jnp.int32)
+  if k == 1:
+    return jnp.max(jnp.where(mask, positions, -1), axis=-1, keepdims=True)
+  blocks = -(-size // COUNT_BLOCK)
+  flat = mask.reshape(-1, size)
+  counts = jnp.pad(flat, ((0, 0), (0, blocks * COUNT_BLOCK - size))).reshape(-1, blocks, COUNT_BLOCK)
+  counts = counts.astype(jnp.float32)  # (sums of 0/1 up to the context's length: exact in float32)
+  i, j = jnp.arange(COUNT_BLOCK), jnp.arange(blocks)
+  exact = jax.lax.Precision.HIGHEST
+  within = jnp.einsum("rjp,pq->rjq", counts, (i[:, None] >= i[None, :]).astype(jnp.float32),
+                      precision=exact)  # [R, J, P]: True entries at or after each in its block
+  after = jnp.einsum("rj,jh->rh", counts.sum(axis=-1), (j[:, None] > j[None, :]).astype(jnp.float32),
+                     precision=exact)  # [R, J]: True entries in the blocks after each
+  rank = (within + after[:, :, None]).reshape(flat.shape[0], -1)[:, :size].astype(jnp.int32)  # [R, L]: 1 = latest
+  slot = jnp.where(flat & (rank <= k), rank - 1, k)  # k: not kept (dropped)
+  rows = jnp.arange(flat.shape[0])[:, None]
+  found = jnp.full((flat.shape[0], k), -1, jnp.int32).at[rows, slot].set(
+      jnp.broadcast_to(positions, flat.shape), mode="drop")
+  return found.reshape(*lead, k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,17 +94,18 @@ class PromptLookup:
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     per_ngram = 1 if self.matches == 1 else CANDIDATES_PER_MATCH * self.matches
-    starts, ngrams = [], []  # where each candidate continuation begins [B, C] (-1: none), its n-gram
+    found = []  # [B, S] per n-gram length: where an earlier occurrence of the tail begins
     for n in range(self.max_ngram, 0, -1):
       tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - n,), (n,)))(history, jnp.maximum(count, n))
       windows = jnp.stack([history[:, i : size - n + 1 + i] for i in range(n)], axis=-1)  # [B, S-n+1, n]
       match = jnp.all(windows == tail[:, None, :], axis=-1)
       s = jnp.arange(size - n + 1)[None, :]
       match &= (s + n < count[:, None]) & (count[:, None] > n)  # an earlier occurrence, not the tail itself
-      latest, _ = jax.lax.top_k(jnp.where(match, s, -1), min(per_ngram, size - n + 1))  # [B, C]: latest first
-      starts.append(jnp.where(latest >= 0, latest + n, -1))
-      ngrams.append(jnp.full(latest.shape, n, jnp.int32))
-    start, ngram = jnp.concatenate(starts, axis=1), jnp.concatenate(ngrams, axis=1)  # [B, C]
+      found.append(jnp.pad(match, ((0, 0), (0, n - 1))))
+    latest_first = latest(jnp.stack(found, axis=1), min(per_ngram, size))  # [B, n-grams, C]
+    lengths = jnp.arange(self.max_ngram, 0, -1, dtype=jnp.int32)[None, :, None]
+    start = jnp.where(latest_first >= 0, latest_first + lengths, -1).reshape(batch, -1)  # [B, C]: longest n first
+    ngram = jnp.broadcast_to(lengths, latest_first.shape).reshape(batch, -1)
     offsets = start[:, :, None] + jnp.arange(self.num_tokens)[None, None, :]  # [B, C, gamma]
     tokens = jnp.take_along_axis(history[:, None, :], jnp.clip(offsets, 0, size - 1), axis=2)
     real = (start >= 0)[:, :, None] & (offsets < count[:, None, None])

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.ngram import CANDIDATES_PER_MATCH, PromptLookup
+from longspec_jax.ngram import CANDIDATES_PER_MATCH, COUNT_BLOCK, PromptLookup, latest
 
 
 def reference_lookup(tokens, max_ngram, gamma, matches=1):
@@ -43,3 +43,15 @@ def test_lookup_matches_reference(seed, vocab, max_ngram, matches):
     got = [np.asarray(drafted[b, m])[np.asarray(valid[b, m])].tolist() for m in range(matches)]
     assert got == expected + [[]] * (matches - len(expected))
     assert (ngram[b] > 0) == bool(expected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), size=st.sampled_from([1, 7, COUNT_BLOCK, 3 * COUNT_BLOCK + 5, 1000]),
+       k=st.sampled_from([1, 2, 16]), density=st.sampled_from([0.0, 0.01, 0.3, 1.0]))
+def test_latest_are_the_last_true_positions_latest_first(seed, size, k, density):
+  mask = np.random.default_rng(seed).random((2, 3, size)) < density  # [..., L]: leading axes kept
+  got = np.asarray(latest(jnp.asarray(mask), k))
+  assert got.shape == (2, 3, k)
+  for index in np.ndindex(2, 3):
+    expected = np.flatnonzero(mask[index])[::-1][:k].tolist()
+    assert got[index].tolist() == expected + [-1] * (k - len(expected))
