@@ -30,7 +30,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.cli import add_sampling_flags, add_tree_flags, check_tree, sampling_config, tree_choice, tree_record
+from infer.cli import (
+  add_copy_flags,
+  add_sampling_flags,
+  add_tree_flags,
+  check_tree,
+  sampling_config,
+  tree_choice,
+  tree_record,
+)
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import phase_seconds, warmed_up
@@ -38,7 +46,7 @@ from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import DraftKind
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
-from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, draft_kind, make_proposer
+from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, draft_kind, draft_spec, make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
@@ -140,17 +148,11 @@ def main(argv=None):
   p.add_argument("--methods", nargs="+", type=method_spec, default=[("ar", None, None), ("pld", None, None)],
                  help=f"of {', '.join(sorted(PROPOSERS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
                  " prompt-lookup continuations (e.g. pld:16x4)")
-  p.add_argument("--draft", help="draft for longspec and auto: 'default' (the default), 'random', a checkpoint dir,"
-                 " or 'none' (auto without a draft)")
+  p.add_argument("--draft", help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
+                 " 'random', a checkpoint dir, or 'none'; auto uses one only when named")
   p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
   add_tree_flags(p, many=True)
-  p.add_argument("--copy-tokens", type=cli.nonnegative_int, nargs="+",
-                 help="pld and auto: the length of prompt lookup's continuations; longspec: continuations of this many"
-                 " tokens grafted into the tree; one run per value (default: the draft's tree, else none for"
-                 " longspec, 10 for pld, and for auto 24 on a GPU, 10 elsewhere)")
-  p.add_argument("--copy-matches", type=cli.positive_int, nargs="+",
-                 help="pld, longspec and auto: prompt-lookup continuations a round proposes, one run per value"
-                 " (default 1; auto: 4 on a GPU)")
+  add_copy_flags(p, many=True)
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=["code", "docs"],
                  help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})")
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
@@ -199,20 +201,19 @@ def main(argv=None):
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
   if args.glide_draft == "none":
     p.error("--glide-draft none leaves glide without a draft")
-  # The draft of each kind the methods run (`auto`: LongSpec's), by spec.
-  specs = {DraftKind.LONGSPEC: args.draft or "default", DraftKind.GLIDE: args.glide_draft or "default"}
-  kinds = {draft_kind(m) for m, _, _ in methods if m in drafting and specs[draft_kind(m)] != "none"}
-  for kind in kinds:
-    resolve_draft(specs[kind], args.target, kind)
-  draft_spec = specs[DraftKind.LONGSPEC]
+  # The draft each method runs (`auto`: LongSpec's, when --draft names one), by kind.
+  specs = {m: draft_spec(m, args.glide_draft if m == "glide" else args.draft) for m, _, _ in methods}
+  kinds = {draft_kind(m): spec for m, spec in specs.items() if spec is not None}
+  for kind, spec in kinds.items():
+    resolve_draft(spec, args.target, kind)
   for _, _, (widths, cape), copies, matches in variants:
     check_tree(widths, cape, config.vocab_size, (copies or 0) * (matches or 1))
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  drafts = {kind: load_draft(specs[kind], target.config, dtype, args.target, attention=impl, kind=kind)
-            for kind in kinds}
+  drafts = {kind: load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind)
+            for kind, spec in kinds.items()}
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
         f"{', batch-invariant rounds' if args.batch_invariant else ''}")
@@ -227,8 +228,8 @@ def main(argv=None):
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "batch_invariant": args.batch_invariant, "draft": draft_spec if DraftKind.LONGSPEC in drafts else None,
-        "glide_draft": specs[DraftKind.GLIDE] if DraftKind.GLIDE in drafts else None,
+        "batch_invariant": args.batch_invariant, "draft": kinds.get(DraftKind.LONGSPEC),
+        "glide_draft": kinds.get(DraftKind.GLIDE),
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
         "seed": args.seed, "rows": rows,
     }
@@ -240,7 +241,8 @@ def main(argv=None):
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for label, method, (widths, cape), copies, matches in variants:
-        proposer, draft_params = make_proposer(method, drafts.get(draft_kind(method)), widths, copies, cape, matches)
+        draft = drafts[draft_kind(method)] if specs[method] is not None else None
+        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result

@@ -83,6 +83,19 @@ def add_tree_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
                  help="CAPE: confidence bins as highest-confidence:leaves pairs, the paper's 0.3:7,0.6:5,0.8:3,1:1")
 
 
+def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
+  """--copy-tokens and --copy-matches: prompt lookup's continuations (`many`: several
+  values, one run each)."""
+  nargs, each = ("+", "; several: one run each") if many else (None, "")
+  p.add_argument("--copy-tokens", type=nonnegative_int, nargs=nargs,
+                 help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
+                      " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
+                      " pld, and for auto 24 on a GPU, 10 elsewhere)" + each)
+  p.add_argument("--copy-matches", type=positive_int, nargs=nargs,
+                 help="pld, longspec and auto: how many prompt-lookup continuations (the most recent distinct ones)"
+                      " a round proposes, as a trie (default 1; auto: 4 on a GPU)" + each)
+
+
 def tree_choice(spec, args):
   """(beam widths, CapeConfig) of one --tree-widths value: one of them None (both: the
   draft's default tree)."""

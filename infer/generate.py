@@ -11,6 +11,7 @@ import sys
 import time
 
 from infer.cli import (
+  add_copy_flags,
   add_sampling_flags,
   add_tree_flags,
   check_tree,
@@ -26,7 +27,6 @@ from longspec_jax.cli import (
   add_attention_flag,
   add_batch_invariant_flag,
   attention_impl,
-  nonnegative_int,
   positive_int,
   resolve_dtype,
   run_main,
@@ -44,20 +44,14 @@ def parse_args(argv=None):
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
       "--draft",
-      help="draft for longspec, glide and auto: 'default' (shipped for the target; auto uses it on a GPU),"
-           " 'random', 'none', or a checkpoint dir (glide: a GLIDE draft)",
+      help="draft for longspec, glide and auto: 'default' (shipped for the target; longspec's and glide's"
+           " default), 'random', 'none', or a checkpoint dir (glide: a GLIDE draft); auto uses one only when named",
   )
   p.add_argument("--method", choices=METHODS, default="auto",
-                 help="decoding method; auto (default) chooses each round among AR, prompt lookup and the draft's"
-                      " tree by their measured cost and recent gain")
+                 help="decoding method; auto (default) chooses each round among AR, prompt lookup's continuations"
+                      " and, with --draft, the draft's tree, by their measured cost and recent gain")
   add_tree_flags(p)
-  p.add_argument("--copy-tokens", type=nonnegative_int,
-                 help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
-                      " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
-                      " pld, and for auto 24 on a GPU, 10 elsewhere)")
-  p.add_argument("--copy-matches", type=positive_int,
-                 help="how many prompt-lookup continuations (the most recent distinct ones) a round proposes, as a"
-                      " trie (default 1; auto: 4 on a GPU)")
+  add_copy_flags(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
@@ -139,20 +133,16 @@ class PrefillBar:
 def main(argv=None) -> None:
   args = parse_args(argv)
   prompt_text = read_prompt(args.prompt, args.prompt_file)
-  import jax  # after argument checks: bad flags fail fast
-  import jax.numpy as jnp
+  import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
   from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.proposers import DRAFT_METHODS, draft_kind, make_proposer
+  from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
-  from longspec_jax.weights.drafts import has_shipped_draft, load_draft, resolve_draft
+  from longspec_jax.weights.drafts import load_draft, resolve_draft
 
   method = args.method
-  draft_spec = args.draft or "default"
-  # auto drafts with a draft that is named, or shipped when on a GPU (on a CPU a tree's
-  # rounds cost more than they save: docs/benchmarks.md).
-  uses_draft = method in DRAFT_METHODS or (method == "auto" and draft_spec != "none" and (
-      draft_spec != "default" or (has_shipped_draft(args.target) and jax.default_backend() == "gpu")))
+  spec = draft_spec(method, args.draft)
+  uses_draft = spec is not None
   sampling = sampling_config(args)
   dtype = resolve_dtype(args.dtype)
   # Everything the prompt and flags can get wrong is checked before the weights load.
@@ -162,7 +152,7 @@ def main(argv=None) -> None:
   prompt = encode_prompt(tokenizer, prompt_text, args.chat)
   check_capacity(config, [prompt], args.max_new_tokens)
   if uses_draft:
-    resolve_draft(draft_spec, args.target, draft_kind(method))
+    resolve_draft(spec, args.target, draft_kind(method))
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   widths, cape = tree_choice(args.tree_widths, args)
@@ -172,7 +162,7 @@ def main(argv=None) -> None:
   impl = attention_impl(args.attention)
   target = load_target(path, dtype, tokenizer, attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  draft = (load_draft(draft_spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method))
+  draft = (load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method))
            if uses_draft else None)
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
@@ -199,7 +189,7 @@ def main(argv=None) -> None:
         "dtype": jnp.dtype(dtype).name,
         "attention": impl.value,
         "batch_invariant": args.batch_invariant,
-        "draft": draft_spec if uses_draft else None,
+        "draft": spec,
         **tree_record(proposer),
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),

@@ -36,7 +36,7 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import add_sampling_flags, add_tree_flags, sampling_config, tree_choice
+from infer.cli import add_copy_flags, add_sampling_flags, add_tree_flags, sampling_config, tree_choice
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.shapes import SHAPES
@@ -210,9 +210,10 @@ def graph_row(graph: str, scopes: collections.Counter, launches: int, updates: i
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
   p.add_argument("--method", default="longspec", choices=METHODS)
-  p.add_argument("--draft", default="default",
-                 help="draft for longspec, glide and auto: 'default', 'random', a checkpoint dir, 'none' (auto only)")
+  p.add_argument("--draft", help="draft for longspec, glide and auto: 'default' (longspec's and glide's default),"
+                 " 'random', a checkpoint dir; auto uses one only when named")
   add_tree_flags(p)
+  add_copy_flags(p)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
   p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
@@ -242,12 +243,12 @@ def main(argv=None):
 
   from infer.timing import warmed_up
   from longspec_jax.engine import Decoding, generate
-  from longspec_jax.proposers import DRAFT_METHODS, draft_kind, make_proposer
+  from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
   from longspec_jax.target import random_model
   from longspec_jax.weights.drafts import load_draft
 
-  uses_draft = args.method in DRAFT_METHODS or (args.method == "auto" and args.draft != "none")
-  if args.shape and uses_draft and args.draft != "random":
+  spec = draft_spec(args.method, args.draft)
+  if args.shape and spec not in (None, "random"):
     p.error("a --shape target has random weights: its draft must be --draft random")
   impl = attention_impl(args.attention)
   dtype = resolve_dtype(args.dtype)
@@ -265,10 +266,10 @@ def main(argv=None):
     model, config = target.model, target.config
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
   set_gemm(model, args.gemm)
-  draft = (load_draft(args.draft, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
-           if uses_draft else None)
+  draft = (load_draft(spec, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
+           if spec is not None else None)
   widths, cape = tree_choice(args.tree_widths, args)
-  proposer, proposer_params = make_proposer(args.method, draft, widths, cape=cape)
+  proposer, proposer_params = make_proposer(args.method, draft, widths, args.copy_tokens, cape, args.copy_matches)
   decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
 
   def run(generation: int):
