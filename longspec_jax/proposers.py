@@ -244,7 +244,7 @@ class LongSpecDraft:
 
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
 # with no arguments; those in DRAFT_METHODS take the draft's graphdef; `auto` uses a draft
-# when there is one.
+# when one is named (`draft_spec`).
 PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "glide": LongSpecDraft, "auto": Adaptive}
 # The draft methods and the kind of draft each runs (`auto` runs LongSpec's).
 DRAFT_KINDS = {"longspec": DraftKind.LONGSPEC, "glide": DraftKind.GLIDE}
@@ -254,6 +254,21 @@ DRAFT_METHODS = tuple(DRAFT_KINDS)
 def draft_kind(method: str) -> DraftKind:
   """The kind of draft `method` runs (`auto`: LongSpec's)."""
   return DRAFT_KINDS.get(method, DraftKind.LONGSPEC)
+
+
+def draft_spec(method: str, named: str | None) -> str | None:
+  """The draft `method` runs, given the draft a user named (None: none named; 'none':
+  none): the draft methods' named one or else 'default' (the one shipped for the
+  target); `auto`'s only when named. On SmolLM2, a GPU's `auto` with the shipped draft
+  ran slower than the copy trie alone (`pld:24x4`) on six of seven prompt sets (H200,
+  session 20; on 20 of 28 prompts on an H100, session 19): its draft rounds cost more in
+  a generation than the tokens they add, so by default `auto` chooses between AR and
+  prompt lookup's continuations, and `--draft default` adds the draft's rounds."""
+  if method in DRAFT_METHODS:
+    return named or "default"
+  if method == "auto" and named != "none":
+    return named
+  return None
 
 
 def auto_copies() -> tuple[int, int]:

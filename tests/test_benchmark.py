@@ -38,3 +38,14 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   auto = result["rows"][-1]  # its rounds by kind instead of one draft/verify split
   assert auto["method"] == "auto[2,2]" and set(auto["rounds_by_kind"]) == {"ar", "copy", "draft"}
   assert auto["draft_seconds_share"] is None
+
+
+def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, capsys):
+  """longspec takes the shipped draft by default (none here: an error), auto none."""
+  common = ["--target", str(tiny_with_tokenizer), "--sets", "code", "--lengths", "64", "--num-prompts", "1",
+            "--new-tokens", "4", "--dtype", "float32", "--out", str(tmp_path / "auto.json")]
+  assert run_cli(main, common + ["--methods", "ar", "auto"], PROG) == 0, capsys.readouterr().err
+  result = json.loads((tmp_path / "auto.json").read_text())
+  assert result["draft"] is None and set(result["rows"][-1]["rounds_by_kind"]) == {"ar", "copy"}
+  assert run_cli(main, common + ["--methods", "longspec"], PROG) == 2
+  assert "no default longspec draft is shipped" in capsys.readouterr().err

@@ -213,3 +213,10 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
   for got, want in ((passes.k, whole.k), (passes.v, whole.v)):
     np.testing.assert_allclose(np.where(held.swapaxes(0, 1), np.asarray(got), 0),
                                np.where(held.swapaxes(0, 1), np.asarray(want), 0), atol=2e-5)
+
+
+def test_draft_methods_default_to_the_shipped_draft_and_auto_to_none():
+  assert [proposers.draft_spec(m, None) for m in ("longspec", "glide", "auto", "pld", "ar")] == [
+      "default", "default", None, None, None]
+  assert [proposers.draft_spec(m, "dir") for m in ("longspec", "auto", "pld")] == ["dir", "dir", None]
+  assert proposers.draft_spec("auto", "none") is None

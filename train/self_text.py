@@ -55,8 +55,8 @@ def parse_args(argv=None):
   p.add_argument("--time-limit", type=positive_float, help="seconds: stop after the first batch past this")
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--method", choices=METHODS, default="auto", help="how the engine decodes (all are lossless)")
-  p.add_argument("--draft", default="default",
-                 help="for auto, longspec and glide (a GLIDE draft): 'default', a checkpoint dir, 'none'")
+  p.add_argument("--draft", help="for longspec, glide (a GLIDE draft) and auto: 'default' (longspec's and glide's"
+                 " default), a checkpoint dir; auto uses one only when named")
   p.add_argument("--samples", type=positive_int, default=1000, help="records to write")
   p.add_argument("--prompt-tokens", type=positive_int, default=1024, help="document tokens in each prompt, at most")
   p.add_argument("--new-tokens", type=positive_int, default=512, help="tokens the target writes per record, at most")
@@ -108,7 +108,7 @@ def main(argv=None) -> None:
   import numpy as np
 
   from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.proposers import DRAFT_METHODS, draft_kind, make_proposer
+  from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
   from longspec_jax.sampling import SamplingConfig
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft, resolve_draft
@@ -117,17 +117,17 @@ def main(argv=None) -> None:
   config = read_target_config(path)
   room = args.prompt_tokens + 64  # (the chat template's and the instruction's tokens)
   check_capacity(config, [[0] * room], args.new_tokens)
-  uses_draft = args.method in DRAFT_METHODS or (args.method == "auto" and args.draft != "none")
-  if uses_draft:
-    resolve_draft(args.draft, args.target, draft_kind(args.method))
+  spec = draft_spec(args.method, args.draft)
+  if spec is not None:
+    resolve_draft(spec, args.target, draft_kind(args.method))
   records = load_records(sources)
   if "text" not in records.column_names:
     raise UserError(f"the data has no 'text' column (columns: {', '.join(records.column_names)}).")
   target = load_target(path, resolve_dtype(args.dtype))
   if args.chat_share and not getattr(target.tokenizer, "chat_template", None):
     raise UserError("--chat-share asks for answers, but the target's tokenizer has no chat template.")
-  draft = (load_draft(args.draft, target.config, target.model.dtype, args.target, kind=draft_kind(args.method))
-           if uses_draft else None)
+  draft = (load_draft(spec, target.config, target.model.dtype, args.target, kind=draft_kind(args.method))
+           if spec is not None else None)
   proposer, params = make_proposer(args.method, draft)
   eos = tuple(target.config.eos_token_ids or (target.tokenizer.eos_token_id,))
   rng = np.random.default_rng(args.seed)
