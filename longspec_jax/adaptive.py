@@ -5,8 +5,9 @@ Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
   AR     the root alone: one target step.
   COPY   prompt lookup's continuations (PLD; several, as a trie, `ngram.PromptLookup`):
          cheap, and long when the output copies the context.
-  DRAFT  the LongSpec draft's beam tree with the same continuations grafted in (when the
-         target has a draft): the most tokens a round, at the highest price.
+  DRAFT  the LongSpec draft's beam tree with the same continuations grafted in (with a
+         draft named, `proposers.draft_spec`): the most tokens a round, at the highest
+         price.
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost, summed over the batch's running sequences.
