@@ -6,7 +6,7 @@ a draft, and each of those may cost the host or the device something per round o
 generation. This tool puts numbers on each part: it decodes every prompt with `pld` and
 with `auto` variants that take one part away at a time,
 
-  auto               as shipped (the draft's tree among the kinds)
+  auto               with the draft's tree among the kinds (--draft; auto's own default runs none)
   auto, copy only    every round a COPY round (the draft's state carried, never run)
   auto, draft only   every round a DRAFT round (the draft's tree with the chain grafted in)
   auto, no draft     AR and COPY only (`--draft none` elsewhere)
