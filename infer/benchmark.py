@@ -41,7 +41,7 @@ from infer.cli import (
 )
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
-from infer.timing import phase_seconds, warmed_up
+from infer.timing import Compiles, phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import DraftKind
@@ -76,7 +76,7 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   the run, on its final state, `infer.timing.phase_seconds`). `auto` warms up until its
   round prices are measured (once per machine and shape: they are kept on disk)."""
   warmed_up(lambda: generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed))
-  stats, token_ids, phases, rounds = [], [], dict.fromkeys(PHASES[:2], 0.0), 0
+  stats, token_ids, phases, rounds, compiles = [], [], dict.fromkeys(PHASES[:2], 0.0), 0, []
   adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)
   for prompt in prompts:
     # Nothing runs between the generations, and none runs while another's caches are
@@ -84,8 +84,10 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
     # buffers, and the next generation paid a rewrite of its loop's CUDA graphs (PLD
     # 1.30 ms a round on the first prompt, ~1.6 on the others; H100, SmolLM2).
     result = None
-    result = generate(target.model, [prompt], new_tokens, decoding, draft_params, seed=seed)
+    with Compiles() as compiled:
+      result = generate(target.model, [prompt], new_tokens, decoding, draft_params, seed=seed)
     stats.append(result.stats)
+    compiles.append(compiled)
     token_ids.append(result.token_ids[0])
     rounds += int(result.state.rounds)
   if not adaptive:  # (the prompts are of about one length: the last one's round stands for all)
@@ -108,9 +110,11 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
+      # (compile_seconds: XLA compiled during that generation, its speed includes it)
       "per_prompt": [{"tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "new_tokens": s.num_new_tokens,
-                      "chunks": s.chunks,
-                      **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {})} for s in stats],
+                      "chunks": s.chunks, "compile_seconds": c.seconds,
+                      **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {})}
+                     for s, c in zip(stats, compiles)],
       "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
       "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
       **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},
@@ -272,6 +276,10 @@ def main(argv=None):
               f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
               f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
               flush=True)
+        compiled = [p["compile_seconds"] for p in row["per_prompt"] if p["compile_seconds"]]
+        if compiled:
+          print(f"  note: {len(compiled)} of its timed generations compiled ({sum(compiled):.1f} s):"
+                " its speed includes the compiler", flush=True)
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def main(argv=None):
   import jax
   import numpy as np
 
-  from infer.timing import warmed_up
+  from infer.timing import Compiles, warmed_up
   from longspec_jax.engine import Decoding, generate
   from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
   from longspec_jax.target import random_model
@@ -281,7 +281,7 @@ def main(argv=None):
   traced, generations = [], []
   for generation in range(args.generations):
     trace_dir = args.out / "trace" / str(generation)
-    with jax.profiler.trace(str(trace_dir)):
+    with jax.profiler.trace(str(trace_dir)), Compiles() as compiled:
       result = run(generation)
     xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
     if not xspace:
@@ -296,7 +296,8 @@ def main(argv=None):
                         "tau": stats.mean_accepted_length, "new_tokens": stats.num_new_tokens,
                         "graph_launches": sum(row[0] for row in updates.values()),
                         "graph_updates": sum(row[1] for row in updates.values()),
-                        "update_ms": sum(row[2] for row in updates.values()) / 1e6})
+                        "update_ms": sum(row[2] for row in updates.values()) / 1e6,
+                        "compile_seconds": compiled.seconds})
     traced.append((events, on_host))
     del result  # (its caches: each generation starts as the benchmark's do)
   events, on_host = back_to_back(traced)

@@ -24,6 +24,7 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   assert rows[1]["copy_tokens"] == 3 and rows[1]["copy_matches"] == 2
   assert rows[6]["cape"] == {"gamma": 2, "edges": [0.3, 0.6, 0.8], "sizes": [7, 5, 3, 1]}
   assert all(len(r["per_prompt"]) == 1 and r["per_prompt"][0]["new_tokens"] == 4 for r in rows)  # (1 prompt)
+  assert all(r["per_prompt"][0]["compile_seconds"] == 0 for r in rows)  # the warm-up compiled everything
   for row in rows:  # the phase split is a partition of the decode time
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
@@ -38,6 +39,7 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   auto = result["rows"][-1]  # its rounds by kind instead of one draft/verify split
   assert auto["method"] == "auto[2,2]" and set(auto["rounds_by_kind"]) == {"ar", "copy", "draft"}
   assert auto["draft_seconds_share"] is None
+  assert all(p["compile_seconds"] == 0 for r in result["rows"] for p in r["per_prompt"])
 
 
 def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, capsys):
