@@ -39,7 +39,7 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import RootOnly
-from longspec_jax.sampling import SamplingConfig, argmax, penalize, probs, recent_tokens, sample
+from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
 from longspec_jax.target import Transformer
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify
 
@@ -264,7 +264,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy:
-        acceptance = accept_greedy(tree, argmax(penalize(logits, seen, sampling)), ancestors)
+        acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
       new = emitted_tokens(tree, acceptance)  # [B, N]

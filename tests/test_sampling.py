@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from longspec_jax.errors import UserError
-from longspec_jax.sampling import SamplingConfig, argmax, log_probs, recent_tokens, sample
+from longspec_jax.sampling import SamplingConfig, log_probs, recent_tokens, sample
 
 
 def reference_probs(logits, seen, c: SamplingConfig):
@@ -48,16 +48,6 @@ def test_greedy_is_the_argmax_of_the_penalized_logits():
   seen = jnp.asarray([[True, False, False]])
   assert int(sample(logits, jax.random.key(0), SamplingConfig(), seen)[0]) == 0
   assert int(sample(logits, jax.random.key(0), SamplingConfig(penalty=1.2), seen)[0]) == 1
-
-
-def test_argmax_is_numpys_ties_and_infinities_included():
-  rng = np.random.default_rng(4)
-  scores = np.round(rng.normal(size=(3, 5, 131)), 1).astype(np.float32)  # (rounded: many ties)
-  scores[0, 0] = -np.inf
-  scores[0, 1, [7, 90]] = np.inf
-  scores[1, 2] = scores[1, 2].max()  # every index tied
-  got = np.asarray(argmax(jnp.asarray(scores)))
-  assert got.dtype == np.int32 and got.tolist() == np.argmax(scores, axis=-1).tolist()
 
 
 def test_recent_tokens_window_spans_history_and_path():
