@@ -94,15 +94,15 @@ class PromptLookup:
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     per_ngram = 1 if self.matches == 1 else CANDIDATES_PER_MATCH * self.matches
-    found = []  # [B, S] per n-gram length: where an earlier occurrence of the tail begins
+    occurrences = []  # [B, S] per n-gram length: where an earlier occurrence of the tail begins
     for n in range(self.max_ngram, 0, -1):
       tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - n,), (n,)))(history, jnp.maximum(count, n))
       windows = jnp.stack([history[:, i : size - n + 1 + i] for i in range(n)], axis=-1)  # [B, S-n+1, n]
       match = jnp.all(windows == tail[:, None, :], axis=-1)
       s = jnp.arange(size - n + 1)[None, :]
       match &= (s + n < count[:, None]) & (count[:, None] > n)  # an earlier occurrence, not the tail itself
-      found.append(jnp.pad(match, ((0, 0), (0, n - 1))))
-    latest_first = latest(jnp.stack(found, axis=1), min(per_ngram, size))  # [B, n-grams, C]
+      occurrences.append(jnp.pad(match, ((0, 0), (0, n - 1))))
+    latest_first = latest(jnp.stack(occurrences, axis=1), min(per_ngram, size))  # [B, n-grams, C]
     lengths = jnp.arange(self.max_ngram, 0, -1, dtype=jnp.int32)[None, :, None]
     start = jnp.where(latest_first >= 0, latest_first + lengths, -1).reshape(batch, -1)  # [B, C]: longest n first
     ngram = jnp.broadcast_to(lengths, latest_first.shape).reshape(batch, -1)
