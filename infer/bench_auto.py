@@ -3,8 +3,10 @@
 `auto` (`longspec_jax.adaptive`) runs the same trees as prompt lookup in its COPY rounds,
 yet on copy-friendly text it was slower than `pld`: its loop carries a choice, gains and
 a draft, and each of those may cost the host or the device something per round or per
-generation. This tool puts numbers on each part: it decodes every prompt with `pld` and
-with `auto` variants that take one part away at a time,
+generation. This tool puts numbers on each part: it decodes every prompt with `pld`
+(with `auto`'s own continuations, `--copy-tokens`/`--copy-matches` or `auto`'s default:
+the very trees of its COPY rounds) and with `auto` variants that take one part away at a
+time,
 
   auto               with the draft's tree among the kinds (--draft; auto's own default runs none)
   auto, copy only    every round a COPY round (the draft's state carried, never run)
@@ -22,7 +24,7 @@ per second, tau, and how far a generation's time exceeds what `auto`'s measured 
 say its rounds cost (the per-generation costs a round's price leaves out). Writes JSON
 and a plot with `--out`.
 
-  python -m infer.bench_auto --sets code pod-docs --length 4096 --repeats 2 --out auto_rounds.json
+  python -m infer.bench_auto --sets code pod-docs --length 4096 --repeats 2 --draft none --out auto_rounds.json
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from infer.cli import add_copy_flags
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import warmed_up
@@ -46,8 +49,6 @@ from longspec_jax.engine import Decoding, check_capacity, generate
 from longspec_jax.proposers import make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
-
-COPY_TOKENS = 10  # `auto`'s chain (the benchmark's default for auto)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,12 +63,13 @@ class OneKind(Adaptive):
     return dataclasses.replace(plan, kind=jnp.where(state.force == CHOOSE, jnp.int32(self.only), plan.kind))
 
 
-def variants(draft) -> dict[str, tuple[object, object]]:
+def variants(draft, copy_tokens: int | None = None,
+             copy_matches: int | None = None) -> dict[str, tuple[object, object]]:
   """Label -> (proposer, its params) of every variant (module docstring)."""
-  auto, params = make_proposer("auto", draft, None, COPY_TOKENS)
-  plain, _ = make_proposer("auto", None, None, COPY_TOKENS)
+  plain, _ = make_proposer("auto", None, None, copy_tokens, copy_matches=copy_matches)
+  auto, params = make_proposer("auto", draft, None, plain.lookup.num_tokens, copy_matches=plain.lookup.matches)
   one = lambda proposer, kind: OneKind(proposer.lookup, proposer.draft, only=kind)
-  chosen = {"pld": (make_proposer("pld")[0], None)}
+  chosen = {"pld": (plain.lookup, None)}
   if draft is not None:
     chosen |= {"auto": (auto, params), "auto, copy only": (one(auto, Kind.COPY), params),
                "auto, draft only": (one(auto, Kind.DRAFT), params)}
@@ -130,19 +132,22 @@ def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.bench_auto", description=__doc__.splitlines()[0])
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code"])
   add_run_flags(p, num_prompts=3)
+  add_copy_flags(p)
   p.add_argument("--repeats", type=cli.positive_int, default=2, help="timed generations of each prompt")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   if args.out:
     cli.output_path(args.out)
   target, draft = load_run(args)
-  chosen = variants(draft)
+  chosen = variants(draft, args.copy_tokens, args.copy_matches)
+  lookup = chosen["pld"][0]
   result = {"kind": "auto_rounds", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:],
             "target": args.target, "dtype": jnp.dtype(target.model.dtype).name, "draft": args.draft,
-            "length": args.length, "new_tokens": args.new_tokens, "copy_tokens": COPY_TOKENS, "sets": {}}
+            "length": args.length, "new_tokens": args.new_tokens, "copy_tokens": lookup.num_tokens,
+            "copy_matches": lookup.matches, "sets": {}}
   print(f"device: {result['device']}, target {args.target}, {result['dtype']}, {args.length} prefill tokens,"
-        f" {args.new_tokens} new")
+        f" {args.new_tokens} new, continuations {lookup.matches} x {lookup.num_tokens}")
   for set_name in args.sets:
     prompts = PROMPT_SETS[set_name](target.tokenizer, args.length, args.num_prompts)
     run = lambda proposer, params, prompt: generate(target.model, [prompt], args.new_tokens,

@@ -5,7 +5,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench_auto import OneKind, main, summary
+from infer.bench_auto import OneKind, main, summary, variants
 from infer.timing import warmed_up
 from longspec_jax import calibration
 from longspec_jax.adaptive import Kind
@@ -21,9 +21,11 @@ PROG = "python -m infer.bench_auto"
 def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "auto.json"
   args = ["--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code", "--length", "64",
-          "--num-prompts", "2", "--new-tokens", "5", "--repeats", "1", "--dtype", "float32", "--out", str(out)]
+          "--num-prompts", "2", "--new-tokens", "5", "--repeats", "1", "--dtype", "float32", "--copy-tokens", "3",
+          "--copy-matches", "2", "--out", str(out)]
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
+  assert (result["copy_tokens"], result["copy_matches"]) == (3, 2)  # (pld's and auto's alike)
   rows = result["sets"]["code"]["summary"]
   assert list(rows) == ["pld", "auto", "auto, copy only", "auto, draft only", "auto, no draft",
                         "auto, no draft, copy only"]
@@ -31,6 +33,11 @@ def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, 
   assert all(len(g) == 2 for g in result["sets"]["code"]["generations"].values())  # 2 prompts x 1 repeat
   assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "copy"}
   assert out.with_suffix(".png").stat().st_size > 0 and "auto, copy only" in capsys.readouterr().out
+
+
+def test_prompt_lookup_runs_autos_own_continuations():
+  chosen = variants(None, 7, 3)
+  assert chosen["pld"][0] == chosen["auto, no draft"][0].lookup == PromptLookup(num_tokens=7, matches=3)
 
 
 def test_one_kind_runs_only_its_kind_and_stays_lossless(tmp_path, monkeypatch):
