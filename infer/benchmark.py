@@ -169,13 +169,18 @@ def main(argv=None):
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft, its trees and copies shape
+  drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft and its copies shape
   names = [m for m, _, _ in args.methods]
   if not set(names) & drafting:
-    draft_flags = (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--tree-widths", args.tree_widths))
-    for flag, value in draft_flags:
+    for flag, value in (("--draft", args.draft), ("--glide-draft", args.glide_draft)):
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(names)} has none")
+  # The draft each method runs (`auto`: LongSpec's, when --draft names one); trees shape those.
+  specs = {m: draft_spec(m, args.glide_draft if m == "glide" else args.draft) for m in ["ar", *names]}
+  treed = {m for m, spec in specs.items() if spec is not None}
+  if args.tree_widths is not None and not treed:
+    p.error(f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
+            " (auto runs one only when --draft names it)")
   if not set(names) & COPYING:
     for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
       if value is not None:
@@ -192,7 +197,7 @@ def main(argv=None):
     if m not in COPYING:
       variants.append((m, m, (None, None), 0, None))
       continue
-    for spec in (args.tree_widths or [None]) if m in drafting else [None]:
+    for spec in (args.tree_widths or [None]) if m in treed else [None]:
       for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
         for matches in [own_matches] if own_matches else args.copy_matches or [None]:
           shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
@@ -205,8 +210,6 @@ def main(argv=None):
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
   if args.glide_draft == "none":
     p.error("--glide-draft none leaves glide without a draft")
-  # The draft each method runs (`auto`: LongSpec's, when --draft names one), by kind.
-  specs = {m: draft_spec(m, args.glide_draft if m == "glide" else args.draft) for m, _, _ in methods}
   kinds = {draft_kind(m): spec for m, spec in specs.items() if spec is not None}
   for kind, spec in kinds.items():
     resolve_draft(spec, args.target, kind)

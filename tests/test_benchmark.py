@@ -51,3 +51,6 @@ def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, caps
   assert result["draft"] is None and set(result["rows"][-1]["rounds_by_kind"]) == {"ar", "copy"}
   assert run_cli(main, common + ["--methods", "longspec"], PROG) == 2
   assert "no default longspec draft is shipped" in capsys.readouterr().err
+  # A tree for auto without a draft would label rows with a tree it never grows.
+  assert run_cli(main, common + ["--methods", "auto", "--tree-widths", "2,2"], PROG) == 2
+  assert "auto runs one only when --draft names it" in capsys.readouterr().err
