@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from infer.cli import method_spec
 from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.shapes import LLAMA_31_8B, SHAPES, SMOLLM2_135M
@@ -167,9 +168,12 @@ def suite_floor(args) -> dict:
   itemsize = jnp.dtype(dtype).itemsize
   # One embedding row is read per token, not the table.
   weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
-  proposers = {"ar": make_proposer("ar"), "pld": make_proposer("pld")}
-  if "longspec" in args.methods:
-    proposers["longspec"] = make_proposer("longspec", load_draft("random", config, dtype, attention=impl))
+  draft = load_draft("random", config, dtype, attention=impl) if "longspec" in {m for m, _, _ in args.methods} else None
+  proposers = {}  # label -> (proposer, its params), e.g. "pld:24x4": four continuations of 24 tokens
+  for method, copies, matches in args.methods:
+    label = method + (f":{copies}x{matches}" if copies else "")
+    proposers[label] = make_proposer(method, draft if method == "longspec" else None, copy_tokens=copies,
+                                     copy_matches=matches)
   rng = np.random.default_rng(0)
   rows = []
   for batch in args.batches:
@@ -181,7 +185,7 @@ def suite_floor(args) -> dict:
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
         prefill_rate = context / median_seconds(run, warmup=1, iters=2)
-      for method, numerics in itertools.product(args.methods, args.numerics):
+      for method, numerics in itertools.product(proposers, args.numerics):
         model.batch_invariant = numerics == "invariant"
         proposer, proposer_params = proposers[method]
         decoding = Decoding(proposer=proposer)
@@ -219,7 +223,7 @@ def _floor_row(row) -> str:
   fraction = f"{row['fraction_of_floor']:6.1%}" if row["fraction_of_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
   rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
-  return (f"{row['method']:8} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
+  return (f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
           f" {row['round_ms']:8.3f} ms |"
           f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}")
 
@@ -315,9 +319,10 @@ def main(argv=None):
   p.add_argument("--prompt-lengths", type=cli.positive_int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
   p.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1], help="batch sizes for --suite floor")
-  p.add_argument("--methods", choices=("ar", "pld", "longspec"), nargs="+", default=["ar", "longspec"],
-                 help="methods for --suite floor (longspec with a random draft; pld's rounds verify its whole"
-                      " copy whether or not the random prompt repeats)")
+  p.add_argument("--methods", type=method_spec, nargs="+", default=[("ar", None, None), ("longspec", None, None)],
+                 help="methods for --suite floor: ar, pld, longspec (with a random draft), each copying one as"
+                      " METHOD:TOKENSxMATCHES too (e.g. pld:24x4, auto's trie on a GPU); prompt lookup's rounds"
+                      " verify their whole trees whether or not the random prompt repeats")
   p.add_argument("--numerics", choices=("fast", "invariant"), nargs="+", default=["fast"],
                  help="--suite floor: time rounds with the fastest kernels, with batch-invariant ones"
                       " (--batch-invariant elsewhere), or both")
@@ -329,6 +334,8 @@ def main(argv=None):
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
+  if unknown := {m for m, _, _ in args.methods} - {"ar", "pld", "longspec"}:
+    p.error(f"--methods: --suite floor times ar, pld and longspec rounds, not {', '.join(sorted(unknown))}")
   args.attention = cli.attention_impl(args.attention).value
   if args.out:
     cli.output_path(args.out)

@@ -18,7 +18,6 @@ A copying method may take its own prompt-lookup continuations, METHOD:TOKENSxMAT
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import platform
@@ -31,10 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.cli import (
+  COPYING,
   add_copy_flags,
   add_sampling_flags,
   add_tree_flags,
   check_tree,
+  method_spec,
   sampling_config,
   tree_choice,
   tree_record,
@@ -46,28 +47,11 @@ from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import DraftKind
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
-from longspec_jax.proposers import DRAFT_METHODS, PROPOSERS, draft_kind, draft_spec, make_proposer
+from longspec_jax.proposers import DRAFT_METHODS, draft_kind, draft_spec, make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
-COPYING = {*DRAFT_METHODS, "auto", "pld"}  # the methods prompt lookup's continuations shape
-
-
-def method_spec(text: str) -> tuple[str, int | None, int | None]:
-  """An argparse type: a method, or for one that copies (pld, longspec, glide, auto)
-  METHOD:TOKENSxMATCHES, prompt lookup's continuations for that method's run alone (e.g.
-  pld:16x4, four of 16 tokens), over --copy-tokens and --copy-matches."""
-  method, _, copies = text.partition(":")
-  if method not in PROPOSERS or (copies and method not in COPYING):
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(PROPOSERS))}, or for one of"
-                                     f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}")
-  if not copies:
-    return method, None, None
-  tokens, _, matches = copies.partition("x")
-  if not (tokens.isdigit() and matches.isdigit() and int(tokens) >= 1 and int(matches) >= 1):
-    raise argparse.ArgumentTypeError(f"expected {method}:TOKENSxMATCHES with two integers >= 1, got {text!r}")
-  return method, int(tokens), int(matches)
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -150,7 +134,7 @@ def same_tokens(row: dict) -> str:
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
   p.add_argument("--methods", nargs="+", type=method_spec, default=[("ar", None, None), ("pld", None, None)],
-                 help=f"of {', '.join(sorted(PROPOSERS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
+                 help=f"of {', '.join(sorted(cli.METHODS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
                  " prompt-lookup continuations (e.g. pld:16x4)")
   p.add_argument("--draft", help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
                  " 'random', a checkpoint dir, or 'none'; auto uses one only when named")
@@ -181,7 +165,7 @@ def main(argv=None):
   if args.tree_widths is not None and not treed:
     p.error(f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
             " (auto runs one only when --draft names it)")
-  if not set(names) & COPYING:
+  if not set(names).intersection(COPYING):
     for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
       if value is not None:
         p.error(f"{flag} shapes prompt lookup's continuations, but --methods {' '.join(names)} has none")

@@ -8,8 +8,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from longspec_jax.cli import any_int, nonnegative_float, nonnegative_int, number_type, positive_int
+from longspec_jax.cli import METHODS, any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
+
+COPYING = tuple(m for m in METHODS if m != "ar")  # the methods prompt lookup's continuations shape
+
+
+def method_spec(text: str) -> tuple[str, int | None, int | None]:
+  """An argparse type: a method, or for one that copies (pld, longspec, glide, auto)
+  METHOD:TOKENSxMATCHES, prompt lookup's continuations for that method's run alone (e.g.
+  pld:16x4, four of 16 tokens), over --copy-tokens and --copy-matches."""
+  method, _, copies = text.partition(":")
+  if method not in METHODS or (copies and method not in COPYING):
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(METHODS))}, or for one of"
+                                     f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}")
+  if not copies:
+    return method, None, None
+  tokens, _, matches = copies.partition("x")
+  if not (tokens.isdigit() and matches.isdigit() and int(tokens) >= 1 and int(matches) >= 1):
+    raise argparse.ArgumentTypeError(f"expected {method}:TOKENSxMATCHES with two integers >= 1, got {text!r}")
+  return method, int(tokens), int(matches)
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
