@@ -60,7 +60,7 @@ class OneKind(Adaptive):
 
   def plan(self, state, **kwargs):
     plan = super().plan(state, **kwargs)
-    return dataclasses.replace(plan, kind=jnp.where(state.force == CHOOSE, jnp.int32(self.only), plan.kind))
+    return dataclasses.replace(plan, kind=jnp.where(state.force == CHOOSE, jnp.int32(self.index(self.only)), plan.kind))
 
 
 def variants(draft, copy_tokens: int | None = None,

@@ -31,7 +31,7 @@ from infer.bench_auto import add_run_flags, load_run
 from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import warmed_up
 from longspec_jax import calibration, cli
-from longspec_jax.adaptive import Adaptive
+from longspec_jax.adaptive import Adaptive, Kind
 from longspec_jax.engine import Decoding, generate
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import make_proposer
@@ -63,7 +63,8 @@ def generation(result, prices: dict[str, float], proposer: Adaptive) -> dict:
   as_list = lambda x: [None if np.isnan(v) else round(float(v), 2) for v in np.asarray(x, np.float64)]
   return {"rounds_by_kind": stats.rounds_by_kind, "tau": stats.mean_accepted_length,
           "priced_tokens_per_second": (stats.num_new_tokens - 1) / seconds,
-          "copy_gain_by_ngram": as_list(learnt.copy_gain), "draft_gain_without_with_match": as_list(learnt.draft_gain),
+          "copy_gain_by_ngram": as_list(learnt.copy_gain), "chain_gain_by_ngram": as_list(learnt.chain_gain),
+          "draft_gain_without_with_match": as_list(learnt.draft_gain),
           "explore_after": np.asarray(result.state.proposal.explore_after).tolist()}
 
 
@@ -83,7 +84,7 @@ def main(argv=None):
   target, draft = load_run(args)
   proposer, params = make_proposer("auto", draft, None, args.copy_tokens or copies["copy_tokens"],
                                    copy_matches=args.copy_matches or copies["copy_matches"])
-  names = [kind.name.lower() for kind in proposer.kinds]
+  names = [kind.value for kind in proposer.kinds]
   if set(names) - set(prices):
     raise UserError(f"--prices has no price for {', '.join(sorted(set(names) - set(prices)))} rounds.")
   known = calibration.Prices(seconds=(*(prices[n] for n in names), prices["switch"]), chunks=((),) * len(names))
@@ -95,14 +96,14 @@ def main(argv=None):
             "copy_tokens": proposer.lookup.num_tokens, "copy_matches": proposer.lookup.matches,
             "generations": []}
   print(f"prices (ms): {', '.join(f'{k} {1e3 * v:.3f}' for k, v in prices.items())}")
-  print("set          | prompt | rounds ar/copy/draft | tau  | tok/s at prices | copy gain by n-gram"
+  print("set          | prompt | rounds ar/chain/copy/draft | tau  | tok/s at prices | copy gain by n-gram"
         " | draft gain (no match, match) | explore after")
 
   def record(set_name: str, prompt, generated) -> None:
     row = {"set": set_name, "prompt": prompt, **generation(generated, prices, proposer)}
     result["generations"].append(row)
-    kinds = "/".join(str(row["rounds_by_kind"].get(n, 0)) for n in ("ar", "copy", "draft"))
-    print(f"{set_name:12} | {prompt!s:>7} | {kinds:>20} | {row['tau']:4.2f} | {row['priced_tokens_per_second']:15.0f} |"
+    kinds = "/".join(str(row["rounds_by_kind"].get(k.value, 0)) for k in Kind)
+    print(f"{set_name:12} | {prompt!s:>7} | {kinds:>26} | {row['tau']:4.2f} | {row['priced_tokens_per_second']:15.0f} |"
           f" {row['copy_gain_by_ngram']} | {row['draft_gain_without_with_match']} | {row['explore_after']}", flush=True)
     if args.out:  # after every generation: a crash loses nothing traced
       args.out.write_text(json.dumps(result, indent=1))

@@ -1,8 +1,11 @@
 """`auto`: each round, the kind of tree that is expected to emit the most tokens per second.
 
-Three kinds of round (`Kind`), all lossless, so the choice only moves the speed:
+Four kinds of round (`Kind`), all lossless, so the choice only moves the speed:
 
   AR     the root alone: one target step.
+  CHAIN  prompt lookup's first continuation alone (PLD's chain; only where the lookup
+         proposes several): the cheapest copy round, as long as the trie's where the
+         other continuations add nothing.
   COPY   prompt lookup's continuations (PLD; several, as a trie, `ngram.PromptLookup`):
          cheap, and long when the output copies the context.
   DRAFT  the LongSpec draft's beam tree with the same continuations grafted in (with a
@@ -18,11 +21,14 @@ choice flapping between kinds that differ by a few percent would pay it every ot
 round.
 The costs are measured on the device at hand, for this target and context
 (`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
-draft's tree's, and the chain's for each length of the n-gram that prompt lookup matched
-(a 3-gram match predicts a good copy better than a 1-gram one), learnt in copy rounds and
-in AR and draft rounds too: their chain is kept (one at a time per sequence, taken
-whatever it will show) and set against the tokens emitted from there on until it breaks
-or ends, which tells what it would have given (in law, at T > 0 too). Without that, a
+draft's tree's, and the continuations' for each length of the n-gram that prompt lookup
+matched (a 3-gram match predicts a good copy better than a 1-gram one), the trie's and
+the first continuation's apart. The continuations' gains are learnt in the rounds that
+verify them (a COPY round shows the first continuation's too: the trie accepts at least
+as deep as any of its branches agrees) and in the other rounds too: their continuations
+are kept (one round's at a time per sequence, taken whatever they will show) and set
+against the tokens emitted from there on until each breaks or ends, which tells what
+they would have given (in law, at T > 0 too). Without that, a
 chain's gain that fell near one was never seen again: auto ran 94 AR rounds of 185 on
 POD summaries at 0.82x prompt lookup's tau. Without a match a COPY round is an AR step
 at a higher price. A gain not seen yet (NaN) counts as half the tree's depth, so that
@@ -74,12 +80,14 @@ if TYPE_CHECKING:
   from longspec_jax.proposers import LongSpecDraft
 
 
-class Kind(enum.IntEnum):
-  """A round's kind, also its branch index."""
+class Kind(enum.Enum):
+  """A round's kind. A proposer's kinds are `Adaptive.kinds`; the state and the plan
+  name a kind by its index there (its loop's, price's and count's)."""
 
-  AR = 0
-  COPY = 1
-  DRAFT = 2
+  AR = "ar"
+  CHAIN = "chain"
+  COPY = "copy"
+  DRAFT = "draft"
 
 
 CHOOSE = -1  # `AdaptiveState.force`: each round's kind is chosen (below)
@@ -90,13 +98,14 @@ CYCLE = -2  # each round takes the kind after the latest round's (calibration: t
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   ring: RingCache | None  # the draft's ring (None without a draft); behind after AR and COPY rounds
-  copy_gain: jax.Array  # [B, M] float32: tokens a chain gives, by its match's n-gram length (1..M); NaN: unseen
+  copy_gain: jax.Array  # [B, M] float32: tokens the continuations give, by their match's n-gram length; NaN: unseen
+  chain_gain: jax.Array  # [B, M] float32: tokens the first continuation alone gives, likewise
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   switch: jax.Array  # [] float32: seconds to change kind (measured; 0 until then)
-  force: jax.Array  # [] int32: the kind every round takes (calibration), CHOOSE or CYCLE
-  last: jax.Array  # [] int32: the latest round's kind (-1: none yet)
-  next_kind: jax.Array  # [] int32: the kind the next round takes, as chosen after the latest (a guess before any)
+  force: jax.Array  # [] int32: the kind (index) every round takes (calibration), CHOOSE or CYCLE
+  last: jax.Array  # [] int32: the latest round's kind (index; -1: none yet)
+  next_kind: jax.Array  # [] int32: the kind (index) of the next round, chosen after the latest (a guess before any)
   # By case (no chain's match, a match; the draft's two gains), a round being of a case
   # when some running sequence is:
   since_draft: jax.Array  # [2] int32: rounds of the case since its last draft round
@@ -107,14 +116,15 @@ class AdaptiveState:
   pending_valid: jax.Array  # [B, M, G] bool
   pending_ngram: jax.Array  # [B] int32: its match's n-gram length; 0: none kept
   pending_at: jax.Array  # [B] int32: the history index of its first token
+  pending_chained: jax.Array  # [B] bool: kept by a CHAIN round, which showed the first one's gain itself
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """What a round's choice saw: the kind, prompt lookup's continuations [B, M, G] (which
-  of their tokens are real) that COPY and DRAFT rounds verify, and the first one's match's
-  n-gram length."""
+  """What a round's choice saw: the kind (its index in `Adaptive.kinds`), prompt lookup's
+  continuations [B, M, G] (which of their tokens are real) that CHAIN, COPY and DRAFT
+  rounds verify, and the first one's match's n-gram length."""
 
   kind: jax.Array  # [] int32
   copies: jax.Array  # [B, M, G] int32
@@ -135,6 +145,7 @@ class Learnt:
   carried (module docstring)."""
 
   copy_gain: np.ndarray  # [M]
+  chain_gain: np.ndarray  # [M]
   draft_gain: np.ndarray  # [2]
 
 
@@ -152,7 +163,14 @@ class Adaptive:
 
   @property
   def kinds(self) -> tuple[Kind, ...]:
-    return (Kind.AR, Kind.COPY) + ((Kind.DRAFT,) if self.draft is not None else ())
+    """The kinds of round this proposer runs: a CHAIN only where the lookup proposes
+    several continuations (else it is the COPY round), a DRAFT only with a draft."""
+    return ((Kind.AR,) + ((Kind.CHAIN,) if self.lookup.matches > 1 else ()) + (Kind.COPY,)
+            + ((Kind.DRAFT,) if self.draft is not None else ()))
+
+  def index(self, kind: Kind) -> int:
+    """`kind`'s index in `kinds` (-1 where this proposer has none)."""
+    return self.kinds.index(kind) if kind in self.kinds else -1
 
   @property
   def tree_size(self) -> int:
@@ -172,43 +190,49 @@ class Adaptive:
     batch = history.shape[0]
     ring = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
     kinds = len(self.kinds)
+    unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
     return AdaptiveState(
-        ring=ring, copy_gain=jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32),
+        ring=ring, copy_gain=unseen(), chain_gain=unseen(),
         draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
-        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1), next_kind=jnp.int32(Kind.COPY),
+        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1),
+        next_kind=jnp.int32(self.index(Kind.COPY)),
         since_draft=jnp.zeros((2,), jnp.int32), explore_after=jnp.full((2,), self.explore_every, jnp.int32),
         rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
         pending=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), jnp.int32),
         pending_valid=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), bool),
         pending_ngram=jnp.zeros((batch,), jnp.int32),
-        pending_at=jnp.zeros((batch,), jnp.int32))
+        pending_at=jnp.zeros((batch,), jnp.int32), pending_chained=jnp.zeros((batch,), bool))
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
     copies, copy_valid, ngram = self.lookup.match(history, cache.lengths)
-    copy_gain = self._chain_gain(state, ngram)  # [B]: 0 without a match
-    per_kind = [jnp.ones_like(copy_gain), jnp.where(ngram > 0, copy_gain, 1.0)]
-    if self.draft is not None:  # (the chain is in the draft's tree too)
+    copy_gain = self._matched_gain(state.copy_gain, ngram)  # [B]: 0 without a match
+    gains = {Kind.AR: jnp.ones_like(copy_gain), Kind.COPY: jnp.where(ngram > 0, copy_gain, 1.0),
+             Kind.CHAIN: jnp.where(ngram > 0, self._matched_gain(state.chain_gain, ngram), 1.0)}
+    if self.draft is not None:  # (the continuations are in the draft's tree too)
       draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
-      per_kind.append(jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain))
+      gains[Kind.DRAFT] = jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain)
     change = (jnp.arange(len(self.kinds)) != state.last) & (state.last >= 0)  # [K]
     price = state.costs + jnp.where(change, state.switch / self.run, 0.0)
-    value = jnp.sum(jnp.where(done[:, None], 0.0, jnp.stack(per_kind, axis=1)), axis=0) / price  # [K]
+    per_kind = jnp.stack([gains[k] for k in self.kinds], axis=1)  # [B, K]
+    value = jnp.sum(jnp.where(done[:, None], 0.0, per_kind), axis=0) / price  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
     cases = jnp.any(~done[:, None] & ((ngram > 0)[:, None] == jnp.arange(2)[None, :]), axis=0)  # [2]
     explored, displaced, draft_price = jnp.asarray(False), jnp.max(value), jnp.float32(1)
     if self.draft is not None:
-      explored = jnp.any(cases & (state.since_draft >= state.explore_after)) & (kind != Kind.DRAFT)
-      kind = jnp.where(explored, jnp.int32(Kind.DRAFT), kind)
-      draft_price = price[Kind.DRAFT]
+      draft = self.index(Kind.DRAFT)
+      explored = jnp.any(cases & (state.since_draft >= state.explore_after)) & (kind != draft)
+      kind = jnp.where(explored, jnp.int32(draft), kind)
+      draft_price = price[draft]
     forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
     return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
                 ngram=ngram, at=cache.lengths + 1, cases=cases, explored=explored & (state.force == CHOOSE),
                 displaced=displaced, draft_price=draft_price)
 
-  def _chain_gain(self, state: AdaptiveState, ngram: jax.Array) -> jax.Array:
-    """The expected tokens of each sequence's chain [B] (0 without a match)."""
-    at = jnp.take_along_axis(state.copy_gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
+  def _matched_gain(self, gain: jax.Array, ngram: jax.Array) -> jax.Array:
+    """The expected tokens [B] of each sequence's continuations by `gain [B, M]` (the
+    trie's or the first one's) at the matched n-gram length (0 without a match)."""
+    at = jnp.take_along_axis(gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
     return jnp.where(ngram > 0, self._guessed(at, self.lookup.depth), 0.0)
 
   @staticmethod
@@ -221,6 +245,8 @@ class Adaptive:
     """The tree of a round of `kind` (static: each kind is a loop of the engine's)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
+    if kind is Kind.CHAIN:
+      return copy_tree(root, plan.copies[:, :1], plan.copy_valid[:, :1]), state
     if kind is Kind.COPY:
       return copy_tree(root, plan.copies, plan.copy_valid), state
     draft = self._draft()
@@ -235,43 +261,49 @@ class Adaptive:
     sequences `active [B]`, committed to `history [B, S]` up to `lengths [B]` (the root's
     index): the gains move toward what the round showed."""
     kind = plan.kind
+    of_kind = lambda k: kind == self.index(k)  # [] bool
     count = count.astype(jnp.float32)
     move = lambda old, seen, where: jnp.where(
         where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
     at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
-    copy_gain = move(state.copy_gain, count[:, None], (active & (kind == Kind.COPY))[:, None] & at_ngram(plan.ngram))
-    # An AR or draft round's continuations are kept where none are, then every kept one
-    # is set against the history: what they would have given is known once each has
-    # broken or ended (the longest agreement).
-    keep = active & (kind != Kind.COPY) & (state.pending_ngram == 0) & (plan.ngram > 0)  # [B]
+    copy_round, chain_round = active & of_kind(Kind.COPY), active & of_kind(Kind.CHAIN)  # [B]
+    copy_gain = move(state.copy_gain, count[:, None], copy_round[:, None] & at_ngram(plan.ngram))
+    # A COPY round also shows its first continuation's gain whole (the trie accepted at
+    # least as deep as that one agrees); a CHAIN round's is its count.
+    first, _ = _agreement(plan.copies[:, :1], plan.copy_valid[:, :1], plan.at, history, lengths)  # [B, 1]
+    chain_gain = move(state.chain_gain, jnp.where(copy_round, 1.0 + first[:, 0], count)[:, None],
+                      (copy_round | chain_round)[:, None] & at_ngram(plan.ngram))
+    # The other rounds' continuations are kept where none are, then every kept one is set
+    # against the history: what they would have given is known once each has broken or
+    # ended (the longest agreement; the first one's alone for CHAIN rounds).
+    keep = active & ~of_kind(Kind.COPY) & (state.pending_ngram == 0) & (plan.ngram > 0)  # [B]
     pending = jnp.where(keep[:, None, None], plan.copies, state.pending)
     pending_valid = jnp.where(keep[:, None, None], plan.copy_valid, state.pending_valid)
     pending_ngram = jnp.where(keep, plan.ngram, state.pending_ngram)
     pending_at = jnp.where(keep, plan.at, state.pending_at)
-    index = pending_at[:, None] + jnp.arange(pending.shape[2])[None, :]  # [B, G]
-    emitted = jnp.take_along_axis(history, jnp.minimum(index, history.shape[1] - 1), axis=1)
-    same = pending_valid & (index <= lengths[:, None])[:, None, :] & (pending == emitted[:, None, :])  # [B, M, G]
-    agree = jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=2), axis=2)  # [B, M]
-    seen = jnp.minimum(lengths + 1 - pending_at, pending.shape[2])  # [B]: their tokens emitted since
-    ended = (agree < seen[:, None]) | (agree == jnp.sum(pending_valid, axis=2))  # [B, M]
+    pending_chained = jnp.where(keep, chain_round, state.pending_chained)
+    agree, ended = _agreement(pending, pending_valid, pending_at, history, lengths)  # [B, M]
     shown = (pending_ngram > 0) & jnp.all(ended, axis=1)
     copy_gain = move(copy_gain, (1.0 + jnp.max(agree, axis=1))[:, None], shown[:, None] & at_ngram(pending_ngram))
+    chain_gain = move(chain_gain, (1.0 + agree[:, 0])[:, None],
+                      (shown & ~pending_chained)[:, None] & at_ngram(pending_ngram))
+    draft_round = of_kind(Kind.DRAFT)
     won = plan.explored & (jnp.sum(jnp.where(active, count, 0.0)) / plan.draft_price >= plan.displaced)
     return dataclasses.replace(
-        state, copy_gain=copy_gain,
+        state, copy_gain=copy_gain, chain_gain=chain_gain,
         draft_gain=move(state.draft_gain, count[:, None],
-                        (active & (kind == Kind.DRAFT))[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
+                        (active & draft_round)[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
         last=kind,
         # (an explored round that won leaves its case's count where it was: the next round
         # of the case explores again)
-        since_draft=jnp.where(plan.cases & ~won, jnp.where(kind == Kind.DRAFT, 0, state.since_draft + 1),
+        since_draft=jnp.where(plan.cases & ~won, jnp.where(draft_round, 0, state.since_draft + 1),
                               state.since_draft),
         explore_after=jnp.where(
             plan.cases & plan.explored & ~won, jnp.minimum(2 * state.explore_after, self.max_explore_every),
-            jnp.where(plan.cases & (kind == Kind.DRAFT) & ~plan.explored, self.explore_every, state.explore_after)),
+            jnp.where(plan.cases & draft_round & ~plan.explored, self.explore_every, state.explore_after)),
         rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
         pending=pending, pending_valid=pending_valid, pending_ngram=jnp.where(shown, 0, pending_ngram),
-        pending_at=pending_at,
+        pending_at=pending_at, pending_chained=pending_chained,
     )
 
   def forced(self, state: AdaptiveState, kind: int) -> AdaptiveState:
@@ -280,8 +312,8 @@ class Adaptive:
 
   def nothing_learnt(self) -> Learnt:
     """What a first generation starts from: every gain unseen."""
-    return Learnt(copy_gain=np.full((self.lookup.max_ngram,), np.nan, np.float32),
-                  draft_gain=np.full((2,), np.nan, np.float32))
+    unseen = np.full((self.lookup.max_ngram,), np.nan, np.float32)
+    return Learnt(copy_gain=unseen, chain_gain=unseen, draft_gain=np.full((2,), np.nan, np.float32))
 
   @staticmethod
   def learnt(state: AdaptiveState) -> Learnt:
@@ -291,7 +323,8 @@ class Adaptive:
       seen = ~np.isnan(gain)
       count = seen.sum(axis=0)
       return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
-    return Learnt(copy_gain=mean(state.copy_gain), draft_gain=mean(state.draft_gain))
+    return Learnt(copy_gain=mean(state.copy_gain), chain_gain=mean(state.chain_gain),
+                  draft_gain=mean(state.draft_gain))
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
@@ -315,14 +348,29 @@ def _donated(update, state: AdaptiveState, value) -> AdaptiveState:
   return update(state, value)
 
 
+def _agreement(copies: jax.Array, valid: jax.Array, at: jax.Array, history: jax.Array,
+               lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """How many leading tokens of each continuation `copies [B, M, G]` (`valid`: which are
+  real; the first one's history index `at [B]`) the history [B, S] holds, up to index
+  `lengths [B]`: [B, M] int32; and whether that is final [B, M] (the continuation broke
+  within the tokens emitted, or ended)."""
+  index = at[:, None] + jnp.arange(copies.shape[2])[None, :]  # [B, G]
+  emitted = jnp.take_along_axis(history, jnp.minimum(index, history.shape[1] - 1), axis=1)
+  same = valid & (index <= lengths[:, None])[:, None, :] & (copies == emitted[:, None, :])  # [B, M, G]
+  agree = jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=2), axis=2)
+  seen = jnp.minimum(lengths + 1 - at, copies.shape[2])  # [B]: their tokens emitted since
+  return agree, (agree < seen[:, None]) | (agree == jnp.sum(valid, axis=2))
+
+
 def _forced(state: AdaptiveState, kind) -> AdaptiveState:
   return dataclasses.replace(state, force=kind)
 
 
 def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
   batch = state.copy_gain.shape[0]
+  by_ngram = lambda gain: jnp.broadcast_to(gain.astype(jnp.float32), state.copy_gain.shape)
   return dataclasses.replace(
-      state, copy_gain=jnp.broadcast_to(learnt.copy_gain.astype(jnp.float32), state.copy_gain.shape),
+      state, copy_gain=by_ngram(learnt.copy_gain), chain_gain=by_ngram(learnt.chain_gain),
       draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)))
 
 

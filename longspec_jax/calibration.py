@@ -49,8 +49,8 @@ REPEATS = 3
 FILE_NAME = "round_costs.json"
 # Part of every key: raised when what a price covers changes, so that no table written
 # before is read as current (2: a GPU changes kind inside one program again, where for
-# a while the host's call was priced, ~2.5 ms on an H100).
-PRICES_VERSION = 2
+# a while the host's call was priced, ~2.5 ms on an H100; 3: CHAIN rounds among the kinds).
+PRICES_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,7 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     if seconds[index] is not None:
       continue
     switch = index == kinds  # (rounds that each change kind: their prices are taken off)
-    force = adaptive.CYCLE if switch else proposer.kinds[index]
+    force = adaptive.CYCLE if switch else index
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, force))
     state, _, _, finished = timed(state, 1)  # (untimed: a kind's first run)
     while seconds[index] is None and not finished:

@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from longspec_jax import calibration, gemm
-from longspec_jax.adaptive import Adaptive, Kind
+from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.errors import UserError
@@ -233,7 +233,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
                   max_rounds, kind=None):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
   compilation) propose -> verify -> accept -> commit rounds on device, until every
-  sequence is done; `auto`'s rounds of one `kind` (`adaptive.Kind`) until the choice
+  sequence is done; `auto`'s rounds of one `kind` (an index in its `kinds`) until the choice
   changes kind, or with no `kind` its rounds of every kind (`_one_program`). Returns the
   new state, this chunk's tokens [B, max_rounds * N] (each row's tokens first, PAD_ID
   after them) and whether every sequence is now done."""
@@ -327,8 +327,8 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     def body(carry):
       state, out, written, chosen = carry
       key, step_key = jax.random.split(state.key)
-      make_tree = functools.partial(proposer.propose, kind, proposer_params, state.proposal, chosen, target=model,
-                                    cache=state.cache, history=state.history, root=_live_root(state))
+      make_tree = functools.partial(proposer.propose, proposer.kinds[kind], proposer_params, state.proposal, chosen,
+                                    target=model, cache=state.cache, history=state.history, root=_live_root(state))
       result = one_round(state, step_key, make_tree)
       committed, out, written = commit(state, key, result, out, written)
       proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
@@ -341,10 +341,10 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
 
   carry = (state, out, written, plan(state))
   if kind is None:
-    loops = [kind_loop(k) for k in proposer.kinds]
+    loops = [kind_loop(k) for k in range(len(proposer.kinds))]
     carry = jax.lax.while_loop(lambda c: cond(c[:3]), lambda c: jax.lax.switch(c[3].kind, loops, c), carry)
   else:
-    carry = kind_loop(Kind(kind))(carry)
+    carry = kind_loop(kind)(carry)
   state, out, _, chosen = carry
   state = dataclasses.replace(state, proposal=dataclasses.replace(state.proposal, next_kind=chosen.kind))
   return state, out, jnp.all(state.done)
@@ -466,10 +466,11 @@ class _Rounds:
 
   @property
   def kinds(self) -> list[int | None]:
-    """The programs: one per kind for `auto` off a GPU (`_one_program`), else one (None)."""
+    """The programs: one per kind (its index) for `auto` off a GPU (`_one_program`), else
+    one (None)."""
     proposer = self.decoding.proposer
     per_kind = isinstance(proposer, Adaptive) and not _one_program()
-    return [int(kind) for kind in proposer.kinds] if per_kind else [None]
+    return list(range(len(proposer.kinds))) if per_kind else [None]
 
   def compile(self, state: DecodeState) -> None:
     for kind in self.kinds:
@@ -643,6 +644,6 @@ def _kind_stats(proposer, proposal, round_seconds) -> dict:
   """An `Adaptive` proposer's rounds and measured costs by kind, for `GenerationStats`."""
   if not isinstance(proposer, Adaptive):
     return {}
-  names = [kind.name.lower() for kind in proposer.kinds]
+  names = [kind.value for kind in proposer.kinds]
   return {"rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
           "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds))}

@@ -37,15 +37,21 @@ def draft_for(target, widths=(2, 2), **config):
   return LongSpecDraft(graphdef, widths), params, draft
 
 
+# The kinds' indices (`Adaptive.kinds`) of a proposer of one continuation: AR, COPY and
+# with a draft DRAFT (with several continuations, CHAIN comes after AR).
+AR, COPY, DRAFT = 0, 1, 2
+
+
 def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0,
                last=-1, chain=3) -> AdaptiveState:
   """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none);
   since_draft and explore_after: both cases' (a number) or each's [2]."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
-  return AdaptiveState(ring=None, copy_gain=copy_gain, draft_gain=draft_gain, costs=jnp.asarray(costs, jnp.float32),
+  return AdaptiveState(ring=None, copy_gain=copy_gain, chain_gain=jnp.copy(copy_gain), draft_gain=draft_gain,
+                       costs=jnp.asarray(costs, jnp.float32),
                        switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
-                       next_kind=jnp.int32(Kind.COPY), since_draft=by_case(since_draft),
+                       next_kind=jnp.int32(COPY), since_draft=by_case(since_draft),
                        explore_after=by_case(explore_after),
                        rounds_by_kind=jnp.zeros((len(costs),), jnp.int32), **no_pending(len(copy_gain), chain))
 
@@ -58,7 +64,8 @@ def by_case(value) -> jax.Array:
 def no_pending(batch, chain, matches=1):
   return dict(pending=jnp.zeros((batch, matches, chain), jnp.int32),
               pending_valid=jnp.zeros((batch, matches, chain), bool),
-              pending_ngram=jnp.zeros((batch,), jnp.int32), pending_at=jnp.zeros((batch,), jnp.int32))
+              pending_ngram=jnp.zeros((batch,), jnp.int32), pending_at=jnp.zeros((batch,), jnp.int32),
+              pending_chained=jnp.zeros((batch,), bool))
 
 
 def plan_of(kind, copies, ngram, at, valid=None):
@@ -94,52 +101,96 @@ def test_a_round_takes_the_most_tokens_per_second():
   copy_only = Adaptive(PromptLookup(num_tokens=3))
   # Row 0 copies 3 tokens a round at 1.5x an AR step's price: copying wins.
   plan = plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[:1], [6])
-  assert int(plan.kind) == Kind.COPY and int(plan.ngram[0]) == 2
+  assert int(plan.kind) == COPY and int(plan.ngram[0]) == 2
   # Row 1 has no match: a copy round is an AR step at a higher price.
-  assert int(plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[1:], [6]).kind) == Kind.AR
+  assert int(plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[1:], [6]).kind) == AR
   # Summed over the batch: 3 + 1 tokens at 1.5 against 2 at 1.
-  assert int(plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6]).kind) == Kind.COPY
+  assert int(plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6]).kind) == COPY
   # The gain of the matched n-gram length counts: 2-gram chains have given 1.2 tokens.
   poor_bigrams = dataclasses.replace(state_with([3], [1.0, 1.5]), copy_gain=jnp.asarray([[3.0, 1.2, 3.0]]))
-  assert int(plan_for(copy_only, poor_bigrams, HISTORY[:1], [6]).kind) == Kind.AR
+  assert int(plan_for(copy_only, poor_bigrams, HISTORY[:1], [6]).kind) == AR
   # A finished sequence counts for nothing.
   plan = plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
-  assert int(plan.kind) == Kind.AR
+  assert int(plan.kind) == AR
   np.testing.assert_array_equal(np.asarray(plan.copies[0]), [[7, 8, 9]])
+
+
+def test_chain_rounds_come_with_several_continuations_and_win_where_the_others_add_little(tiny):
+  one, several = PromptLookup(num_tokens=3), PromptLookup(num_tokens=3, matches=2)
+  assert Adaptive(one).kinds == (Kind.AR, Kind.COPY) and Adaptive(one).index(Kind.CHAIN) == -1
+  with_draft = Adaptive(several, draft_for(tiny)[0])
+  assert with_draft.kinds == (Kind.AR, Kind.CHAIN, Kind.COPY, Kind.DRAFT) and with_draft.index(Kind.DRAFT) == 3
+  proposer = Adaptive(several)
+  ar, chain, copy = (proposer.index(k) for k in (Kind.AR, Kind.CHAIN, Kind.COPY))
+  costs = [1.0, 1.2, 1.6]
+  # The trie gives 3.2 tokens at 1.6, its first continuation alone 3 at 1.2: the chain.
+  state = dataclasses.replace(state_with([3.2], costs), chain_gain=jnp.full((1, 3), 3.0))
+  plan = plan_for(proposer, state, HISTORY[:1], [6])
+  assert int(plan.kind) == chain
+  # The trie gives 5: the trie. Without a match both are an AR step at a higher price.
+  assert int(plan_for(proposer, dataclasses.replace(state, copy_gain=jnp.full((1, 3), 5.0)), HISTORY[:1],
+                      [6]).kind) == copy
+  assert int(plan_for(proposer, state, HISTORY[1:], [6]).kind) == ar
+
+
+def test_a_copy_round_shows_its_first_continuations_gain_and_a_chain_round_keeps_the_others(tiny):
+  """A COPY round of two continuations that emitted 4 tokens where the first one agreed
+  on 1: the trie's gain is 4, the first one's alone 2. A CHAIN round learns the first
+  one's from its count, and the trie's once every continuation it kept has broken."""
+  proposer = Adaptive(PromptLookup(num_tokens=3, matches=2), ema=1.0)
+  chain, copy = proposer.index(Kind.CHAIN), proposer.index(Kind.COPY)
+  state = dataclasses.replace(state_with([np.nan], [1, 1, 1]), **no_pending(1, 3, matches=2))
+  prefix = [5, 6, 1, 5]  # the root at index 3; the continuations' first tokens at 4
+  continuations = [[[7, 8, 9], [7, 4, 4]]]
+  after = observe(proposer, state, plan_of(copy, continuations, [2], [4]), [4], [True], [prefix + [7, 4, 4, 2, 0]],
+                  [7])
+  assert float(after.copy_gain[0, 1]) == 4.0 and float(after.chain_gain[0, 1]) == 2.0
+  assert int(after.pending_ngram[0]) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
+  # A CHAIN round of 7 3 3 that emitted 7 and the target's 4 (2 tokens): the first
+  # continuation broke after 1; the second (7 4 4) goes on, and the next round emits its 4.
+  continuations = [[[7, 3, 3], [7, 4, 4]]]
+  after = observe(proposer, state, plan_of(chain, continuations, [2], [4]), [2], [True], [prefix + [7, 4, 0, 0, 0]],
+                  [5])
+  assert float(after.chain_gain[0, 1]) == 2.0 and np.isnan(float(after.copy_gain[0, 1]))
+  assert bool(after.pending_chained[0])
+  after = observe(proposer, after, plan_of(0, [[[1, 1, 1]] * 2], [2], [6]), [1], [True], [prefix + [7, 4, 4, 0, 0]],
+                  [6])
+  # The trie would have given 1 + 3; the chain's gain is not learnt twice from one round.
+  assert float(after.copy_gain[0, 1]) == 4.0 and float(after.chain_gain[0, 1]) == 2.0
 
 
 def test_draft_rounds_are_chosen_by_gain_explored_and_forced(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=3), draft_for(tiny)[0])
   costs = [1.0, 1.5, 2.0]
   good = state_with([3, 3], costs, draft_gain=[[5, 5], [5, 5]])
-  assert int(plan_for(proposer, good, HISTORY, [6, 6]).kind) == Kind.DRAFT
+  assert int(plan_for(proposer, good, HISTORY, [6, 6]).kind) == DRAFT
   poor = state_with([3, 3], costs, draft_gain=[[1.2, 1.2], [1.2, 1.2]])
-  assert int(plan_for(proposer, poor, HISTORY, [6, 6]).kind) == Kind.COPY
+  assert int(plan_for(proposer, poor, HISTORY, [6, 6]).kind) == COPY
   # Without a match the draft's gain without one counts: 3 tokens at 2 beat AR, 1.5 do not.
-  assert int(plan_for(proposer, state_with([3], costs, [[3, 1]]), HISTORY[1:], [6]).kind) == Kind.DRAFT
-  assert int(plan_for(proposer, state_with([3], costs, [[1.5, 9]]), HISTORY[1:], [6]).kind) == Kind.AR
+  assert int(plan_for(proposer, state_with([3], costs, [[3, 1]]), HISTORY[1:], [6]).kind) == DRAFT
+  assert int(plan_for(proposer, state_with([3], costs, [[1.5, 9]]), HISTORY[1:], [6]).kind) == AR
   explore = dataclasses.replace(poor, since_draft=by_case(proposer.explore_every))
   plan = plan_for(proposer, explore, HISTORY, [6, 6])
-  assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
+  assert int(plan.kind) == DRAFT and bool(plan.explored)
   assert not bool(plan_for(proposer, dataclasses.replace(good, since_draft=by_case(40)), HISTORY, [6, 6]).explored)
   # Each case waits on its own count: a round of the case that is due explores, one of the other does not.
   due_without_match = dataclasses.replace(poor, since_draft=by_case([proposer.explore_every, 0]))
   assert bool(plan_for(proposer, due_without_match, HISTORY[1:], [6]).explored)
   assert not bool(plan_for(proposer, due_without_match, HISTORY[:1], [6]).explored)
-  assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == Kind.AR
+  assert int(plan_for(proposer, dataclasses.replace(poor, force=jnp.int32(0)), HISTORY, [6, 6]).kind) == AR
 
 
 def test_a_change_of_kind_is_paid_for_and_cycling_takes_the_next_kind():
   copy_only = Adaptive(PromptLookup(num_tokens=3), run=4)
   # Row 0's chain gives 1.1 tokens at 1.05: a little better than AR's 1 at 1 ...
   state = state_with([1.1], [1.0, 1.05])
-  assert int(plan_for(copy_only, dataclasses.replace(state, last=jnp.int32(Kind.AR)), HISTORY[:1], [6]).kind) == 1
+  assert int(plan_for(copy_only, dataclasses.replace(state, last=jnp.int32(AR)), HISTORY[:1], [6]).kind) == 1
   # ... but not worth a change that costs 0.4 spread over 4 rounds: stay with the last kind.
-  for last in Kind.AR, Kind.COPY:
+  for last in AR, COPY:
     paying = state_with([1.1], [1.0, 1.05], switch=0.4, last=last)
     assert int(plan_for(copy_only, paying, HISTORY[:1], [6]).kind) == last
   # A chain worth far more is worth the change.
-  assert int(plan_for(copy_only, state_with([3], [1.0, 1.05], switch=0.4, last=Kind.AR), HISTORY[:1], [6]).kind) == 1
+  assert int(plan_for(copy_only, state_with([3], [1.0, 1.05], switch=0.4, last=AR), HISTORY[:1], [6]).kind) == 1
   for last, following in (-1, 0), (0, 1), (1, 0):
     cycling = state_with([3], [1.0, 1.05], force=CYCLE, last=last)
     plan = plan_for(copy_only, cycling, HISTORY[:1], [6])
@@ -156,16 +207,16 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
   emitted = [[7, 8, 9], [4, 7, 8]]
   gains = []
   for step in range(3):
-    plan = plan_of(Kind.AR, [[7, 8, 9]] * 2 if step == 0 else [[1, 1, 1]] * 2, [2, 2], [4 + step] * 2)
+    plan = plan_of(AR, [[7, 8, 9]] * 2 if step == 0 else [[1, 1, 1]] * 2, [2, 2], [4 + step] * 2)
     history = [prefix + row[: step + 1] + [0] * 4 for row in emitted]
     state = observe(proposer, state, plan, [1, 1], [True, True], history, [4 + step] * 2)
     gains.append(np.asarray(state.copy_gain[:, 1]).tolist())
-    assert int(state.last) == Kind.AR
+    assert int(state.last) == AR
   # (row 1: each round's chain is kept and breaks at once: 3 -> 2 -> 1.5 -> 1.25)
   assert gains == [[1.0, 2.0], [1.0, 1.5], [2.5, 1.25]]
   np.testing.assert_array_equal(np.asarray(state.pending_ngram), [0, 0])
   unseen = dataclasses.replace(state_with([np.nan, np.nan], [1, 1]))
-  shown = observe(proposer, unseen, plan_of(Kind.AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]), [1, 1], [True, True],
+  shown = observe(proposer, unseen, plan_of(AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]), [1, 1], [True, True],
                   [prefix + [4, 0, 0, 0, 0]] * 2, [4, 4])
   np.testing.assert_array_equal(np.asarray(shown.copy_gain[:, 1]), [1, 1])
 
@@ -176,13 +227,13 @@ def test_kept_continuations_show_their_gain_once_each_has_broken_or_ended():
   proposer = Adaptive(PromptLookup(num_tokens=3, matches=2), ema=1.0)
   state = dataclasses.replace(state_with([np.nan], [1, 1]), **no_pending(1, 3, matches=2))
   prefix = [5, 6, 1, 5]  # the root at index 3; the continuations' first tokens at 4
-  plan = plan_of(Kind.AR, [[[7, 8, 9], [7, 4, 4]]], [2], [4])
+  plan = plan_of(AR, [[[7, 8, 9], [7, 4, 4]]], [2], [4])
   state = observe(proposer, state, plan, [1], [True], [prefix + [7] + [0] * 4], [4])
   assert np.isnan(float(state.copy_gain[0, 1]))  # both still agree
-  state = observe(proposer, state, plan_of(Kind.AR, [[1, 1, 1]], [2], [5]), [1], [True], [prefix + [7, 8] + [0] * 3],
+  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [5]), [1], [True], [prefix + [7, 8] + [0] * 3],
                   [5])
   assert np.isnan(float(state.copy_gain[0, 1]))  # the second broke, the first goes on
-  state = observe(proposer, state, plan_of(Kind.AR, [[1, 1, 1]], [2], [6]), [1], [True],
+  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [6]), [1], [True],
                   [prefix + [7, 8, 3] + [0] * 2], [6])
   assert float(state.copy_gain[0, 1]) == 3.0  # the first broke after 2: 1 + 2 tokens a copy round would have given
 
@@ -194,14 +245,14 @@ def test_exploring_a_draft_that_loses_waits_twice_as_long_and_a_chosen_draft_res
   waits = []
   for _ in range(3):  # explored where chains match, losing each time: 4 -> 8 -> 10 (the cap)
     plan = plan_for(proposer, dataclasses.replace(state, since_draft=state.explore_after), HISTORY[:1], [6])
-    assert int(plan.kind) == Kind.DRAFT and bool(plan.explored)
+    assert int(plan.kind) == DRAFT and bool(plan.explored)
     state = observe(proposer, state, plan, [2], [True], history, lengths)
     waits.append(np.asarray(state.explore_after).tolist())
   # (rounds without a match keep their own wait and count)
   assert waits == [[4, 8], [4, 10], [4, 10]] and np.asarray(state.since_draft).tolist() == [2, 0]
-  chosen = plan_of(Kind.DRAFT, [[7, 8, 9]], [2], [7])
+  chosen = plan_of(DRAFT, [[7, 8, 9]], [2], [7])
   assert np.asarray(observe(proposer, state, chosen, [6], [True], history, lengths).explore_after).tolist() == [4, 4]
-  copy = dataclasses.replace(chosen, kind=jnp.int32(Kind.COPY))
+  copy = dataclasses.replace(chosen, kind=jnp.int32(COPY))
   after = observe(proposer, state, copy, [2], [True], history, lengths)
   assert np.asarray(after.explore_after).tolist() == [4, 10] and np.asarray(after.since_draft).tolist() == [2, 1]
 
@@ -214,7 +265,7 @@ def test_an_explored_draft_that_wins_is_explored_again_until_one_loses(tiny):
   history, lengths = [HISTORY[1] + [0, 0]], [6]
   for count, explores_next in ((3, True), (1, False)):  # 3 tokens at 2 beat AR's 1 at 1; 1 at 2 does not
     plan = plan_for(proposer, state, HISTORY[1:], [6])
-    assert int(plan.kind) == Kind.DRAFT and bool(plan.explored) and float(plan.displaced) == 1.0
+    assert int(plan.kind) == DRAFT and bool(plan.explored) and float(plan.displaced) == 1.0
     state = observe(proposer, state, plan, [count], [True], history, lengths)
     # (after the win the gain, 0.5 moved by ema toward 3, is still below AR's: not chosen on its merit)
     assert bool(plan_for(proposer, state, HISTORY[1:], [6]).explored) == explores_next
@@ -233,9 +284,9 @@ def test_a_draft_gain_seen_low_once_is_explored_again_in_rounds_without_a_match(
     row = HISTORY[0] if round_ % 3 == 2 else HISTORY[1]  # mostly without a match; every third with one
     plan = plan_for(proposer, state, [row], [6])
     kinds.append(int(plan.kind))
-    state = observe(proposer, state, plan, [2 if int(plan.kind) != Kind.DRAFT else 5], [True], history, lengths)
+    state = observe(proposer, state, plan, [2 if int(plan.kind) != DRAFT else 5], [True], history, lengths)
   # Without a match: 4 AR rounds, then the draft explored (5 tokens: chosen on its merit from then on).
-  assert kinds == [Kind.AR, Kind.AR, Kind.DRAFT, Kind.AR, Kind.AR, Kind.DRAFT, Kind.DRAFT, Kind.DRAFT, Kind.DRAFT]
+  assert kinds == [AR, AR, DRAFT, AR, AR, DRAFT, DRAFT, DRAFT, DRAFT]
 
 
 def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
@@ -244,14 +295,14 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   valid = [[True, True, True], [False, False, False]]  # row 1: no match
   # The draft round emitted 5 tokens after the root at index 3: row 0's chain agreed on 2.
   history = [[1, 2, 3, 0, 7, 8, 2, 3, 3, 0], [1, 2, 3, 0, 4, 4, 4, 4, 4, 0]]
-  plan = plan_of(Kind.DRAFT, [[7, 8, 9]] * 2, [2, 0], [4, 4], valid)
+  plan = plan_of(DRAFT, [[7, 8, 9]] * 2, [2, 0], [4, 4], valid)
   after = observe(proposer, state, plan, [5, 5], [True, True], history, [8, 8])
   # Draft gains move halfway to 5 (row 0: with a match, row 1: without); row 0's 2-gram chain
   # would have given 2 tokens + the bonus = 3; row 1 had no chain.
   np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
   assert np.asarray(after.since_draft).tolist() == [0, 0] and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
-  plan = plan_of(Kind.COPY, [[7, 8, 9]] * 2, [2, 0], [9, 9], valid)
+  plan = plan_of(COPY, [[7, 8, 9]] * 2, [2, 0], [9, 9], valid)
   after = observe(proposer, after, plan, [2, 1], [True, False], history, [8, 8])
   np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert np.asarray(after.since_draft).tolist() == [1, 1]  # (row 1, inactive, counts for neither)
@@ -263,12 +314,12 @@ def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
   proposer = Adaptive(PromptLookup(num_tokens=4), draft_for(tiny, widths=(2, 2))[0], ema=0.5)
   state = state_with([np.nan], [1.0, 1.5, 100.0], draft_gain=[[np.nan, np.nan]], chain=4)
   # Guess: a 2-gram chain gives 1 + 4 / 2 = 3 tokens at 1.5 (2 a unit of cost) > AR's 1.
-  assert int(plan_for(proposer, state, HISTORY[:1], [6]).kind) == Kind.COPY
-  plan = plan_of(Kind.COPY, [[7, 8, 9, 5]], [2], [7])
+  assert int(plan_for(proposer, state, HISTORY[:1], [6]).kind) == COPY
+  plan = plan_of(COPY, [[7, 8, 9, 5]], [2], [7])
   history = [HISTORY[0] + [0] * 6]
   after = observe(proposer, state, plan, [1], [True], history, [6])
   np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 1.0, np.nan])  # seen whole
-  assert int(plan_for(proposer, after, HISTORY[:1], [6]).kind) == Kind.AR
+  assert int(plan_for(proposer, after, HISTORY[:1], [6]).kind) == AR
   after = observe(proposer, after, plan, [5], [True], history, [6])
   np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 3.0, np.nan])  # then by ema
   assert np.isnan(np.asarray(after.draft_gain)).all()
@@ -309,12 +360,13 @@ def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_
   np.testing.assert_array_equal(np.asarray(ring.positions), np.asarray(fresh.positions))
 
 
-@pytest.mark.parametrize("with_draft, one_program", [(False, False), (True, False), (True, True)])
-def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, monkeypatch):
+@pytest.mark.parametrize("with_draft, one_program, matches", [(False, False, 2), (True, False, 1), (True, True, 2)])
+def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkeypatch):
   """Greedy auto on a repetitive and a random prompt (batched, unequal lengths, an EOS):
-  AR's tokens, with every kind of round run; near-zero temperature too (1e-6: this
-  model's top two logits lie 2.5e-5 apart at one step, a coin flip at 1e-4). Both
-  structures: a program per kind (a CPU's) and every kind in one program (a GPU's)."""
+  AR's tokens, with every kind of round run (CHAIN rounds with two continuations);
+  near-zero temperature too (1e-6: this model's top two logits lie 2.5e-5 apart at one
+  step, a coin flip at 1e-4). Both structures: a program per kind (a CPU's) and every
+  kind in one program (a GPU's)."""
   monkeypatch.setattr(calibration, "REPEATS", 1)  # (every kind measured within 100 tokens)
   monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(5)
@@ -323,12 +375,12 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, monkeypatch):
   reference = generate(tiny, prompts, 100).token_ids
   eos = reference[1][90]
   draft, params, _ = draft_for(tiny, widths=(2, 3)) if with_draft else (None, None, None)
-  proposer = Adaptive(PromptLookup(num_tokens=4), draft)
+  proposer = Adaptive(PromptLookup(num_tokens=4, matches=matches), draft)
   result = generate(tiny, prompts, 100, Decoding(proposer=proposer, eos_ids=(eos,)), params)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
   kinds = result.stats.rounds_by_kind
   # (calibration may end the generation: timed rounds emit tokens too)
-  assert set(kinds) == {k.name.lower() for k in proposer.kinds} and min(kinds.values()) >= 1
+  assert set(kinds) == {k.value for k in proposer.kinds} and min(kinds.values()) >= 1
   assert result.stats.calibration_seconds > 0
   sampled = Decoding(proposer=proposer, sampling=SamplingConfig(temperature=1e-6))
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
@@ -415,7 +467,7 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
   # (a kind that ran as fast as the chunk's overhead jitters)
   jittery = calibration.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None)
-  assert jittery.prices.seconds[Kind.COPY] == 7.0 / (ROUNDS + 1)
+  assert jittery.prices.seconds[COPY] == 7.0 / (ROUNDS + 1)
 
   greedy = SamplingConfig()
   key = calibration.cost_key(tiny, proposer, None, greedy, 1, 300)
@@ -455,7 +507,7 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
   chunks.budget = 1000
   rest = calibration.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
   # COPY: its first round, 1 and 9; DRAFT and the change of kind: a first round, 3 x (1, 9)
-  assert chunks.forced == [Kind.COPY] * 3 + [Kind.DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
+  assert chunks.forced == [COPY] * 3 + [DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
   np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
   np.testing.assert_allclose(np.asarray(rest.state.proposal.costs), PRICES)
 
