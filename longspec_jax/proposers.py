@@ -277,8 +277,10 @@ def auto_copies() -> tuple[int, int]:
   same for a hundred nodes as for one (its kernels are launch-bound), four of 24 tokens:
   on SmolLM2 (H100, 4k, seven prompt sets) `auto` with them ran 1.04-1.93x prompt
   lookup's one of 10, median 1.45x, and with four of 16 median 1.23x
-  (docs/benchmarks.md, session 19). Elsewhere, where a round's cost grows with its
-  nodes, prompt lookup's own one of 10."""
+  (docs/benchmarks.md, session 19). Where the trie is dear (a large target's long
+  contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
+  continuation alone (`adaptive.Kind.CHAIN`). Elsewhere, where a round's cost grows with
+  its nodes, prompt lookup's own one of 10."""
   if jax.default_backend() == "gpu":
     return 24, 4
   return PromptLookup().num_tokens, 1

@@ -31,7 +31,7 @@ def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, 
                         "auto, no draft, copy only"]
   assert rows["pld"]["ms_per_round_vs_pld"] == 1.0 and rows["pld"]["rounds_by_kind"] is None
   assert all(len(g) == 2 for g in result["sets"]["code"]["generations"].values())  # 2 prompts x 1 repeat
-  assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "copy"}
+  assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "chain", "copy"}  # (two continuations)
   assert out.with_suffix(".png").stat().st_size > 0 and "auto, copy only" in capsys.readouterr().out
 
 
