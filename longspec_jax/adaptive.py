@@ -100,7 +100,7 @@ CYCLE = -2  # each round takes the kind after the latest round's (calibration: t
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
-  ring: RingCache | None  # the draft's ring (None without a draft); behind after AR and COPY rounds
+  ring: RingCache | None  # the draft's ring (None without a draft); behind after AR, CHAIN and COPY rounds
   copy_gain: jax.Array  # [B, M] float32: tokens the continuations give, by their match's n-gram length; NaN: unseen
   chain_gain: jax.Array  # [B, M] float32: tokens the first continuation alone gives, likewise
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
