@@ -301,8 +301,9 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD
   (one continuation, and four of 16 tokens as a trie), LongSpec with the shipped trained
   draft (a smaller tree than its default, for CPU time, prompt lookup's copies grafted
-  in; and CAPE's tree), auto with that draft (two continuations) and an oracle tree with
-  decoys emit exactly the AR tokens for 80 new tokens."""
+  in; and CAPE's tree), GLIDE with its shipped draft and CAPE's tree, auto with
+  LongSpec's draft (two continuations) and an oracle tree with decoys emit exactly the
+  AR tokens for 80 new tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -321,6 +322,10 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
   proposer, params = make_proposer("longspec", draft, cape=CapeConfig(gamma=4))
   assert generate(target.model, prompts, 80, Decoding(proposer=proposer), params).token_ids == reference
+  glide = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.GLIDE)
+  proposer, params = make_proposer("glide", glide)  # (the shipped GLIDE draft, CAPE's tree: its default)
+  glide_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
+  assert glide_run.token_ids == reference and glide_run.stats.mean_accepted_length > 1.5
   proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2), copy_matches=2)
   auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference

@@ -30,7 +30,14 @@
 # Sizes (defaults in brackets): PRETRAIN_STEPS [20000], LONG_STEPS [600], SELF_SAMPLES
 # [4000] of SELF_NEW_TOKENS [768], SFT_STEPS [3000]; FINETUNE_LR [1e-4] is the long and
 # SFT stages' learning rate (the paper's 5e-6, for 7B drafts, barely moved this 4M-
-# parameter draft in 600 long steps: session 17).
+# parameter draft in 600 long steps: session 17), LONG_LR the long stage's alone (GLIDE's
+# shipped draft: 3e-4, its full attention first meeting contexts past 1k there).
+#
+# The shipped drafts for SmolLM2-135M (docs/training.md, sessions 18, 20 and 22):
+#   PRETRAIN_STEPS=9000 LONG_STEPS=200 SELF_SAMPLES=1024 SELF_NEW_TOKENS=512 SFT_STEPS=400 \
+#     EXTRA_DATA=extra.jsonl train/recipes/broad.sh runs/broad
+#   DRAFT_KIND=glide PRETRAIN_STEPS=9000 LONG_STEPS=725 LONG_LR=3e-4 SELF_SAMPLES=1024 \
+#     SELF_NEW_TOKENS=512 SFT_STEPS=400 EXTRA_DATA=extra.jsonl train/recipes/broad.sh runs/glide --draft-layers 1
 set -euo pipefail
 out=${1:?usage: train/recipes/broad.sh OUT_DIR [train.run flags]}
 shift
@@ -56,7 +63,7 @@ fi
 if [ -f "$out/pretrain/complete" ] && [ ! -f "$out/long/complete" ] && [ "$(left)" -gt 60 ]; then
   python3 -m train.run --stage long --target smollm2-135m --data "$out/corpus/train.jsonl" "${extra[@]}" \
     --init-draft "$out/pretrain/draft" --max-tokens 20000000 --eval "$out/corpus/heldout.jsonl" --eval-rows 8 \
-    --eval-length 8192 --eval-every 100 --steps "${LONG_STEPS:-600}" --learning-rate "$finetune_lr" --save-every 100 --time-limit "$(left)" --out "$out/long" \
+    --eval-length 8192 --eval-every 100 --steps "${LONG_STEPS:-600}" --learning-rate "${LONG_LR:-$finetune_lr}" --save-every 100 --time-limit "$(left)" --out "$out/long" \
     $(resume "$out/long") "$@"
 fi
 if [ -f "$out/long/complete" ] && [ ! -f "$out/self.jsonl.done" ] && [ "$(left)" -gt 60 ]; then
