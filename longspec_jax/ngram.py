@@ -1,4 +1,5 @@
-"""Drafting from n-grams already in the context: prompt lookup decoding (PLD).
+"""Drafting from n-grams already in the context: prompt lookup decoding (PLD), and
+TokenSwift's table of frequent n-grams (`NGramTable`).
 
 The training-free baseline: find the most recent earlier occurrence of the context's last
 n tokens (n from `max_ngram` down to 1) and propose the tokens that followed it.
@@ -17,6 +18,7 @@ grows with its nodes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +124,109 @@ class PromptLookup:
     drafted = jnp.take_along_axis(tokens, pick[:, :, None], axis=1)  # [B, M, gamma]
     valid = jnp.take_along_axis(real, pick[:, :, None], axis=1) & found[:, :, None]
     return drafted, valid, jnp.where(found[:, 0], jnp.take_along_axis(ngram, pick[:, :1], axis=1)[:, 0], 0)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NGramTable:
+  """TokenSwift's token reutilization (tokenswift.md, section 3.2): the n-grams of the
+  text so far, by first token, with how often each occurred; a round proposes the most
+  frequent n-grams that begin with the token the model predicts next (`top`).
+
+  Static shapes: each first token holds at most `slots` distinct continuations (the n - 1
+  tokens after it), most frequent first where the table was built (`build`). The paper
+  keeps every n-gram (a Python dictionary); here a first token with more distinct
+  continuations than slots keeps the most frequent ones of the text it was built from,
+  and a continuation added later (`add`) takes the slot of the least frequent one (its
+  count starting at 1): the table's bytes are fixed by vocabulary x slots, whatever the
+  length of the text."""
+
+  continuations: jax.Array  # [B, V, K, n - 1] int32: each first token's continuations
+  counts: jax.Array  # [B, V, K] int32: how often each occurred (0: an empty slot)
+
+  @property
+  def n(self) -> int:
+    return self.continuations.shape[-1] + 1
+
+  @property
+  def slots(self) -> int:
+    return self.counts.shape[-1]
+
+  @classmethod
+  def build(cls, history: jax.Array, count: jax.Array, vocab: int, slots: int, n: int = 4) -> NGramTable:
+    """The table of the n-grams wholly inside history[b, :count[b]] ([B, S] int32, count
+    [B]): for each first token its `slots` most frequent continuations (of equally
+    frequent ones, the one that occurred first), in that order."""
+    if n < 2 or slots < 1:
+      raise ValueError(f"an n-gram table needs n >= 2 and slots >= 1, got n={n} and slots={slots}.")
+    continuations, counts = jax.vmap(functools.partial(_build_one, vocab=vocab, slots=slots, n=n))(history, count)
+    return cls(continuations=continuations, counts=counts)
+
+  def add(self, history: jax.Array, start: jax.Array, stop: jax.Array, most: int) -> NGramTable:
+    """The table with the n-grams of history [B, S] that begin at positions start[b] ..
+    stop[b] - 1 added in order (at most `most` of them per sequence: a static bound): a
+    continuation already held counts once more, a new one takes the slot of the least
+    frequent (the first such, empty slots first)."""
+    n = self.n
+
+    def one(continuations, counts, tokens, first, end):
+      def insert(i, table):
+        continuations, counts = table
+        position = first + i
+        gram = jax.lax.dynamic_slice(tokens, (jnp.clip(position, 0, tokens.shape[0] - n),), (n,))
+        real = (position < end) & (position + n <= tokens.shape[0])
+        token, tail = gram[0], gram[1:]
+        held, times = continuations[token], counts[token]  # [K, n - 1], [K]
+        same = jnp.all(held == tail, axis=-1) & (times > 0)
+        hit = jnp.any(same)
+        slot = jnp.where(hit, jnp.argmax(same), jnp.argmin(times))
+        continuations = continuations.at[token, slot].set(jnp.where(real, tail, held[slot]))
+        counts = counts.at[token, slot].set(jnp.where(real, jnp.where(hit, times[slot] + 1, 1), times[slot]))
+        return continuations, counts
+
+      return jax.lax.fori_loop(0, most, insert, (continuations, counts))
+
+    continuations, counts = jax.vmap(one)(self.continuations, self.counts, history, start, stop)
+    return NGramTable(continuations=continuations, counts=counts)
+
+  def top(self, first: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The k most frequent n-grams that begin with first [B] (of equally frequent ones, the
+    earlier slot): n-grams [B, k, n] and which are real [B, k]."""
+    if not 1 <= k <= self.slots:
+      raise ValueError(f"the table holds {self.slots} n-grams per first token; {k} were asked for.")
+    rows = jnp.arange(first.shape[0])
+    times, pick = jax.lax.top_k(self.counts[rows, first], k)  # [B, k]
+    tails = jnp.take_along_axis(self.continuations[rows, first], pick[:, :, None], axis=1)  # [B, k, n - 1]
+    heads = jnp.broadcast_to(first[:, None, None], (*pick.shape, 1))
+    return jnp.concatenate([heads, tails], axis=-1), times > 0
+
+
+def _build_one(tokens: jax.Array, count: jax.Array, *, vocab: int, slots: int, n: int):
+  """`NGramTable.build` for one sequence: tokens [S], count []. Sorting gives each
+  distinct n-gram's count and first position, a second sort each first token's ranking."""
+  size = tokens.shape[0]
+  continuations = jnp.zeros((vocab, slots, n - 1), jnp.int32)
+  counts = jnp.zeros((vocab, slots), jnp.int32)
+  starts = size - n + 1
+  if starts <= 0:
+    return continuations, counts
+  grams = jnp.stack([tokens[i : i + starts] for i in range(n)], axis=-1)  # [G, n]
+  positions = jnp.arange(starts)
+  real = positions + n <= count
+  order = jnp.lexsort((positions, *[grams[:, i] for i in range(n - 1, -1, -1)], ~real))  # (last key: primary)
+  grams, real = grams[order], real[order]
+  index = jnp.arange(starts)
+  fresh = real & ((index == 0) | jnp.any(grams != jnp.roll(grams, 1, axis=0), axis=-1))  # a run's first
+  run = jnp.cumsum(fresh) - 1  # [G]: which distinct n-gram
+  times = jax.ops.segment_sum(real.astype(jnp.int32), jnp.where(real, run, starts), num_segments=starts)
+  first_seen = jax.ops.segment_min(positions[order], jnp.where(real, run, starts), num_segments=starts)
+  distinct = jnp.zeros((starts, n), jnp.int32).at[jnp.where(fresh, run, starts)].set(grams, mode="drop")
+  held = index < jnp.sum(fresh)  # [G]: runs that exist
+  rank_order = jnp.lexsort((first_seen, -times, distinct[:, 0], ~held))
+  distinct, times, held = distinct[rank_order], times[rank_order], held[rank_order]
+  leader = held & ((index == 0) | (distinct[:, 0] != jnp.roll(distinct[:, 0], 1)))  # a first token's first
+  rank = index - jax.lax.cummax(jnp.where(leader, index, 0))
+  token = jnp.where(held & (rank < slots), distinct[:, 0], vocab)  # (vocab: dropped)
+  continuations = continuations.at[token, rank].set(distinct[:, 1:], mode="drop")
+  counts = counts.at[token, rank].set(times, mode="drop")
+  return continuations, counts
