@@ -152,6 +152,12 @@ class DraftKind(enum.Enum):
 
   LONGSPEC = "longspec"
   GLIDE = "glide"
+  # TokenSwift's (tokenswift.md, section 3.2): no block, residual heads on the target's
+  # own hidden state (`HeadsConfig`, `heads.py`)
+  TOKENSWIFT = "tokenswift"
+
+
+BLOCK_KINDS = (DraftKind.LONGSPEC, DraftKind.GLIDE)  # the kinds a `DraftConfig` (a block draft) has
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -178,8 +184,8 @@ class DraftConfig(BlockConfig):
 
   def __post_init__(self):
     super().__post_init__()
-    if not isinstance(self.kind, DraftKind):
-      raise UserError(f"a draft's kind is one of {', '.join(k.value for k in DraftKind)}, got {self.kind!r}.")
+    if self.kind not in BLOCK_KINDS:
+      raise UserError(f"a block draft's kind is one of {', '.join(k.value for k in BLOCK_KINDS)}, got {self.kind!r}.")
     if self.num_layers < 1 or self.window < 1:
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
     if self.copy_tokens < 0:
@@ -242,6 +248,65 @@ class DraftConfig(BlockConfig):
       raise UserError(f"a draft's kind is one of {', '.join(k.value for k in DraftKind)}, got {d['kind']!r}.") from None
     return cls(**{**d, "kind": kind, "rope": RopeConfig(**rope), **({"tree_widths": tuple(d["tree_widths"])}
                                                                     if "tree_widths" in d else {})})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeadsConfig:
+  """TokenSwift's multi-token heads for one target (tokenswift.md, section 3.2): `gamma`
+  residual linear layers on the target's last hidden state, head i predicting the token
+  i + 1 places past the one the target predicts; the target's LM head is shared, so
+  only its vocabulary and width appear here. `tree_widths`: the tokens each depth of its
+  tree takes from the target's prediction (depth 1) and each head's (depths 2 ..
+  gamma + 1), the paper's [1, 3, 3, 3]."""
+
+  vocab_size: int
+  hidden_size: int
+  rms_norm_eps: float = 1e-6
+  gamma: int = 3
+  tree_widths: tuple[int, ...] = (1, 3, 3, 3)
+
+  @property
+  def kind(self) -> DraftKind:
+    return DraftKind.TOKENSWIFT
+
+  def __post_init__(self):
+    if self.gamma < 1:
+      raise UserError(f"TokenSwift needs gamma >= 1 heads, got {self.gamma}.")
+    if len(self.tree_widths) != self.gamma + 1 or any(w < 1 for w in self.tree_widths):
+      raise UserError(f"TokenSwift's tree takes one width >= 1 per depth, {self.gamma + 1} for gamma {self.gamma},"
+                      f" got {list(self.tree_widths)}.")
+
+  @classmethod
+  def for_target(cls, target: TargetConfig, **overrides) -> HeadsConfig:
+    return cls(vocab_size=target.vocab_size, hidden_size=target.hidden_size, rms_norm_eps=target.rms_norm_eps,
+               **overrides)
+
+  def check_matches(self, target: TargetConfig) -> None:
+    """Raises UserError unless these heads read this target's hidden states and share its
+    vocabulary."""
+    for name in ("vocab_size", "hidden_size"):
+      mine, theirs = getattr(self, name), getattr(target, name)
+      if mine != theirs:
+        raise UserError(f"the heads do not match the target: their {name} is {mine}, the target's is {theirs}.")
+
+  def to_dict(self) -> dict:
+    return {**dataclasses.asdict(self), "kind": self.kind.value}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> HeadsConfig:
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields - {"kind"}
+    if unknown:
+      raise UserError(f"unknown TokenSwift heads config keys: {', '.join(sorted(unknown))}.")
+    return cls(**{k: tuple(v) if k == "tree_widths" else v for k, v in d.items() if k in fields})
+
+
+def draft_config_from_dict(d: Mapping[str, Any]) -> DraftConfig | HeadsConfig:
+  """A draft checkpoint's config by its `kind`: a block draft's (`DraftConfig`) or
+  TokenSwift's heads' (`HeadsConfig`)."""
+  if d.get("kind") == DraftKind.TOKENSWIFT.value:
+    return HeadsConfig.from_dict(d)
+  return DraftConfig.from_dict(d)
 
 
 # Most nodes a token tree may have (root included): the papers' trees have 20-70 nodes,

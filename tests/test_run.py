@@ -70,6 +70,26 @@ def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, 
   assert "cross-attends to target layers 40, but the target has" in capsys.readouterr().err
 
 
+def test_tokenswift_heads_train_and_report_each_head(tiny_with_tokenizer, tmp_path, capsys):
+  """`--draft-kind tokenswift` trains the heads on the frozen target, exports them as a
+  draft of their kind, and reports held-out agreement per head."""
+  out = tmp_path / "heads"
+  data = f"{sysconfig.get_paths()['stdlib']}/json/*.py"
+  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "40",
+              "--batch", "2", "--data", data, "--dtype", "float32", "--steps", "2", "--warmup-steps", "1",
+              "--max-tokens", "2000", "--draft-kind", "tokenswift", "--eval", data, "--eval-rows", "2",
+              "--eval-length", "32"]) == 0, capsys.readouterr().err
+  config = json.loads((out / "draft" / "draft_config.json").read_text())
+  assert config["kind"] == "tokenswift" and config["gamma"] == 3
+  report = json.loads((out / "eval.json").read_text())
+  assert [d["depth"] for d in report["by_depth"]] == [1, 2, 3]
+  assert report["tokens"] == 2 * (31 - 1)  # head 1 scores the positions whose token two ahead is in the row
+  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(tmp_path / "more"),
+              "--length", "40", "--batch", "2", "--data", data, "--dtype", "float32", "--steps", "1",
+              "--warmup-steps", "0", "--max-tokens", "2000", "--draft-kind", "tokenswift", "--init-draft",
+              str(out / "draft")]) == 0, capsys.readouterr().err
+
+
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
   """Each bad input is one line and exit code 2, before the target loads."""
   stdlib = sysconfig.get_paths()["stdlib"]

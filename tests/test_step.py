@@ -1,4 +1,5 @@
-"""Draft training: flash noisy cross-attention against the paper's slicing, and real steps."""
+"""Draft training: flash noisy cross-attention against the paper's slicing, and real steps
+(TokenSwift's heads too)."""
 
 import dataclasses
 
@@ -9,8 +10,9 @@ import pytest
 from flax import nnx
 
 from longspec_jax.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
-from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
+from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig
 from longspec_jax.draft import random_draft
+from longspec_jax.heads import random_heads
 from longspec_jax.target import random_model
 from train import Labels, Positions
 from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
@@ -83,6 +85,29 @@ def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
     assert losses[-1] < losses[0] - 0.5, losses
   else:  # a random target is nearly uniform: the loss is mostly its entropy, agreement is what moves
     assert losses[-1] < losses[0] and hits[-1] > hits[0] + 0.2, (losses, hits)
+
+
+@pytest.mark.parametrize("labels", [Labels.DATA, Labels.TARGET])
+def test_tokenswift_heads_learn_the_tokens_further_ahead(labels):
+  """TokenSwift's heads on the frozen target: the loss falls; it counts each head's
+  tokens inside the rows (head i at position t predicts the token at t + 1 + i)."""
+  target = random_model(TARGET, jnp.float32, seed=0)
+  heads_graphdef, heads_params = nnx.split(random_heads(HeadsConfig.for_target(TARGET), jnp.float32))
+  target_graphdef, target_params = nnx.split(target)
+  text = real_texts(limit=1)[0].encode()
+  tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)
+  config = TrainConfig(learning_rate=3e-3, warmup_steps=2, total_steps=30, loss_chunk=16, compute_dtype="float32",
+                       positions=Positions.VANILLA, labels=labels)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(heads_params)
+  step = make_train_step(heads_graphdef, target_graphdef, optimizer, config)
+  losses = []
+  for i in range(12):
+    heads_params, opt_state, metrics = step(heads_params, opt_state, jax.random.key(i), tokens,
+                                            jnp.ones_like(tokens), target_params)
+    losses.append(float(metrics["loss"]))
+  assert int(metrics["tokens"]) == 4 * (46 + 45 + 44)
+  assert losses[-1] < losses[0] - (0.5 if labels is Labels.DATA else 0.0), losses
 
 
 def test_accumulation_applies_one_update_per_k_micro_batches():

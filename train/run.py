@@ -40,7 +40,7 @@ from longspec_jax.cli import (
   resolve_dtype,
   run_main,
 )
-from longspec_jax.config import DraftConfig, DraftKind
+from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig
 from longspec_jax.errors import UserError
 from train import Labels, Positions
 
@@ -112,7 +112,9 @@ def parse_args(argv=None):
   p.add_argument("--draft-kind", choices=[k.value for k in DraftKind], default=DraftKind.LONGSPEC.value,
                  help="the draft's kind (a new one's, or --init-draft's): LongSpec's (a sliding window, flash"
                       " noisy training) or GLIDE's (full self-attention, layer m reading target layer N_T - N_D + m,"
-                      " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)")
+                      " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)"
+                      " or TokenSwift's heads (3 residual linear heads on the frozen target's final state, vanilla"
+                      " positions; the block flags below do not apply)")
   p.add_argument("--cross-block", type=positive_int, default=5,
                  help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
   p.add_argument("--cross-layer", type=any_int,
@@ -209,7 +211,9 @@ class Run:
   length: int
   batch: int
   flops_per_token: float
-  tree_depth: int  # of the draft's tree: held-out agreement is reported at each depth's delay
+  # of the draft's tree: held-out agreement is reported at each depth's delay (TokenSwift's
+  # heads: gamma, each head's agreement)
+  tree_depth: int
   eval_fn: Any = None  # the jitted held-out pass (`depth_report`), built at its first use
 
 
@@ -222,6 +226,7 @@ def prepare(args, sources, eval_sources) -> Run:
 
   from longspec_jax.attention import Impl
   from longspec_jax.draft import random_draft
+  from longspec_jax.heads import random_heads
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft
   from train.data import has_chat_records, load_records, pack
@@ -248,20 +253,24 @@ def prepare(args, sources, eval_sources) -> Run:
   compute = jnp.dtype(resolve_dtype(args.dtype))
   target = load_target(target_path, compute)  # its forward on the Pallas kernels on a GPU
   # The draft trains on differentiable attention: flash passes with structured masks.
+  kind = DraftKind(args.draft_kind)
   if args.init_draft:
-    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH,
-                       kind=DraftKind(args.draft_kind))
+    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind)
+  elif kind is DraftKind.TOKENSWIFT:
+    draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
-                                                kind=DraftKind(args.draft_kind),
-                                                cross_layer=args.cross_layer,
+                                                kind=kind, cross_layer=args.cross_layer,
                                                 cross_attention=not args.no_cross_attention),
                          jnp.float32, seed=args.seed, attention=Impl.FLASH)
     draft.config.check_matches(target.config)  # (e.g. a --cross-layer past the target's layers)
-  glide = draft.config.kind is DraftKind.GLIDE  # (the paper's positions are plain ones)
+  heads = kind is DraftKind.TOKENSWIFT
+  # GLIDE's paper trains at plain positions; TokenSwift's heads read the target's own
+  # states, at the positions inference gives them.
+  plain = kind in (DraftKind.GLIDE, DraftKind.TOKENSWIFT)
   config = TrainConfig(
       learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
-      positions=Positions(args.positions) if args.positions else Positions.VANILLA if glide else stage.positions,
+      positions=Positions(args.positions) if args.positions else Positions.VANILLA if plain else stage.positions,
       cross_block=args.cross_block,
       labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
       accumulate=args.accumulate, compute_dtype=compute.name, max_position=context,
@@ -290,7 +299,7 @@ def prepare(args, sources, eval_sources) -> Run:
              step_fn=make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings),
              batch_sharding=shardings[2], data=data, held_out=held_out, length=length, batch=batch,
              flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels),
-             tree_depth=len(draft.config.tree_widths))
+             tree_depth=draft.config.gamma if heads else len(draft.config.tree_widths))
 
 
 def train(args, run: Run) -> int:
@@ -412,9 +421,10 @@ def main(argv=None) -> None:
 
 def model_flops_per_token(target, draft, length: int, labels: Labels) -> float:
   """Matmul FLOPs per trained token (no recomputation counted): the frozen target's
-  forward, the draft block's forward and backward, the shared LM head's forward and
-  input gradient for the draft, and, when distilling, its forward for the target; causal
-  attention at the mean context length/2."""
+  forward, the draft block's (or each of TokenSwift's heads') forward and backward, the
+  shared LM head's forward and input gradient for the draft (each head), and, when
+  distilling, its forward for the target; causal attention at the mean context
+  length/2."""
   def block(c, cross=False):
     attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, o, k, v
     if cross:
@@ -422,10 +432,14 @@ def model_flops_per_token(target, draft, length: int, labels: Labels) -> float:
     return attention + 3 * c.hidden_size * c.intermediate_size, 2 * length * c.num_heads * c.head_dim * (1 + cross)
 
   target_params, target_attention = block(target)
-  draft_params, draft_attention = block(draft, cross=True)
   head = target.hidden_size * target.vocab_size
-  return (target.num_layers * (2 * target_params + target_attention) + draft.num_layers * 3 * (
-      2 * draft_params + draft_attention) + 4 * head + (2 * head if labels is Labels.TARGET else 0))
+  frozen = target.num_layers * (2 * target_params + target_attention)
+  if isinstance(draft, HeadsConfig):  # each head: its linear map, and the LM head (+ the teacher's)
+    return frozen + draft.gamma * (3 * 2 * draft.hidden_size**2 + 4 * head + (2 * head if labels is Labels.TARGET
+                                                                           else 0))
+  draft_params, draft_attention = block(draft, cross=True)
+  return (frozen + draft.num_layers * 3 * (2 * draft_params + draft_attention) + 4 * head
+          + (2 * head if labels is Labels.TARGET else 0))
 
 
 def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)) -> dict:
@@ -448,18 +462,27 @@ def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)
 def depth_report(run: Run) -> dict:
   """Held-out loss and top-1 agreement of the draft as it is, at each depth d of its tree
   with the delay d has at inference (d tokens past the cache); the whole report
-  (`evaluate`) at depth 1, the root's prediction, plus `by_depth`."""
+  (`evaluate`) at depth 1, the root's prediction, plus `by_depth`. For TokenSwift's
+  heads, "depth" d is head d (its tree's depth d + 1), each scored where it predicts a
+  token inside the row."""
   import jax
   import jax.numpy as jnp
+  from flax import nnx
 
+  from longspec_jax.heads import Heads
   from train.step import eval_step
 
   if run.eval_fn is None:
     run.eval_fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef,
                                             target_graphdef=run.target_graphdef, config=run.config))
   # (the delay traced: one compilation serves every depth)
-  depths = [evaluate(lambda rows, d=d: run.eval_fn(run.params, rows, run.target_params, delay=jnp.int32(d)),
-                     run.held_out) for d in range(1, run.tree_depth + 1)]
+  heads = isinstance(nnx.merge(run.draft_graphdef, run.params), Heads)
+
+  def token_losses(rows, d):
+    loss, hit = run.eval_fn(run.params, rows, run.target_params, delay=jnp.int32(d))
+    return (loss[:, : loss.shape[1] - d], hit[:, : hit.shape[1] - d]) if heads else (loss, hit)
+
+  depths = [evaluate(functools.partial(token_losses, d=d), run.held_out) for d in range(1, run.tree_depth + 1)]
   return {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
                                     for d, r in enumerate(depths, 1)]}
 

@@ -1,5 +1,7 @@
 """One draft training step: frozen target forward -> draft forward with flash noisy
-cross-attention -> chunked next-token loss -> AdamW.
+cross-attention -> chunked next-token loss -> AdamW. TokenSwift's heads (`heads.py`)
+train in the same step on the target's final states: head i at position t predicts the
+token at t + 1 + i, against the target's own distribution there.
 
 The target only supplies its K/V at every position and, with `Labels.TARGET`, its
 next-token distribution as the soft label (no gradients reach it). Positions are
@@ -26,6 +28,7 @@ from flax import nnx
 from longspec_jax.attention import Impl, causal_block_mask
 from longspec_jax.config import DraftKind
 from longspec_jax.draft import CrossAttend, SelfAttend
+from longspec_jax.heads import Heads
 from longspec_jax.rope import anchor_offset_positions
 from train import Labels, Positions
 from train.loss import chunked_token_losses
@@ -115,11 +118,39 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
 
+def heads_token_losses(heads_params, heads_graphdef, target, tokens, positions, config: TrainConfig, head):
+  """Per-token (loss, hit) [B, T - 1] of TokenSwift's head `head` (1 .. gamma; an int or
+  a traced int32): at position t it predicts the token at t + 1 + head, against the
+  target's distribution at t + head (or that token, per `config.labels`). Its last
+  `head` positions would predict past the sequence: their values are meaningless."""
+  dtype = jnp.dtype(config.compute_dtype)
+  heads = nnx.merge(heads_graphdef, jax.tree.map(lambda p: p.astype(dtype), heads_params))
+  batch, length = tokens.shape
+  index = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  hidden, _, _ = target.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((batch, length), bool)))
+  hidden = jax.lax.stop_gradient(hidden)  # [B, T, E]: the frozen target's final states
+  states = jnp.take(heads(hidden), head - 1, axis=2)[:, :-1]  # [B, T - 1, E]
+  labels = jnp.roll(tokens, -(1 + head), axis=1)[:, :-1]
+  teacher = jnp.roll(hidden, -head, axis=1)[:, :-1] if config.labels is Labels.TARGET else None
+  return chunked_token_losses(states, target.logits, labels, config.loss_chunk, teacher)
+
+
 def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config: TrainConfig):
-  """Mean loss over the predicted tokens (loss_mask [B, T] marks them). Returns (loss,
-  (number of predicted tokens, fraction of them hit))."""
-  losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
-  weights = loss_mask[:, 1:].astype(jnp.float32)
+  """Mean loss over the predicted tokens (loss_mask [B, T] marks them; for TokenSwift's
+  heads, every head's tokens). Returns (loss, (number of predicted tokens, fraction of
+  them hit))."""
+  model = nnx.merge(draft_graphdef, draft_params)
+  if not isinstance(model, Heads):
+    losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
+    weights = loss_mask[:, 1:].astype(jnp.float32)
+  else:
+    gamma = model.config.gamma
+    runs = [heads_token_losses(draft_params, draft_graphdef, target, tokens, positions, config, i)
+            for i in range(1, gamma + 1)]
+    losses, hits = (jnp.stack(x, axis=1) for x in zip(*runs))  # [B, G, T - 1]
+    within = jnp.arange(tokens.shape[1] - 1)[None, :] < tokens.shape[1] - 1 - jnp.arange(1, gamma + 1)[:, None]
+    weights = jnp.stack([jnp.roll(loss_mask, -(1 + i), axis=1)[:, :-1] for i in range(1, gamma + 1)], axis=1)
+    weights = (weights & within[None]).astype(jnp.float32)
   count = jnp.maximum(jnp.sum(weights), 1.0)
   return jnp.sum(losses * weights) / count, (jnp.sum(weights), jnp.sum(hits * weights) / count)
 
@@ -145,10 +176,13 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
               delay=1):
   """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them at
   a tree depth `delay`: vanilla positions, cross-attention delayed by that many tokens
-  (depth 1, the root's prediction, reads the committed cache up to the token before it)."""
+  (depth 1, the root's prediction, reads the committed cache up to the token before it).
+  TokenSwift's heads: head `delay`'s (its last `delay` positions meaningless)."""
   target = nnx.merge(target_graphdef, target_params)
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  if isinstance(nnx.merge(draft_graphdef, draft_params), Heads):
+    return heads_token_losses(draft_params, draft_graphdef, target, tokens, positions, config, delay)
   delays = jnp.full((batch,), delay, jnp.int32)
   return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config, training=False)
 

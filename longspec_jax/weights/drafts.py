@@ -3,7 +3,8 @@
 `--draft` specs: `random` (a random-init draft shaped for the target: useful to check the
 machinery, it proposes noise), `default` (the draft shipped in the package for the
 embedded target), or a checkpoint directory. Each spec names a draft of one kind
-(`DraftKind`: LongSpec's or GLIDE's), the kind the method runs.
+(`DraftKind`: LongSpec's or GLIDE's block, or TokenSwift's heads), the kind the method
+runs.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import jax
 from flax import nnx
 
 from longspec_jax.attention import Impl
-from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
+from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
 from longspec_jax.draft import Draft, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.files import write_whole
+from longspec_jax.heads import Heads, random_heads
 
 CONFIG_NAME = "draft_config.json"
 PARAMS_DIR = "params"
@@ -30,7 +32,7 @@ PARAMS_DIR = "params"
 SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
 
 
-def save_draft(path: Path, draft: Draft) -> None:
+def save_draft(path: Path, draft: Draft | Heads) -> None:
   """Writes the draft to the directory `path`, replacing what is there: everything is
   written to a temporary directory beside it and renamed into place, so `path` always
   holds a whole draft."""
@@ -87,28 +89,33 @@ def resolve_draft(spec: str, target_name: str = "", kind: DraftKind = DraftKind.
 
 
 def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "",
-               attention: Impl | None = None, kind: DraftKind = DraftKind.LONGSPEC) -> Draft:
+               attention: Impl | None = None, kind: DraftKind = DraftKind.LONGSPEC) -> Draft | Heads:
   """The draft of `kind` a spec names (`resolve_draft`), in `dtype`, checked against the
-  target's config; `attention` is its attention code (default: `Impl.default()`)."""
+  target's config; `attention` is a block draft's attention code (default:
+  `Impl.default()`; TokenSwift's heads have none)."""
   path = resolve_draft(spec, target_name, kind)
   if path is None:
+    if kind is DraftKind.TOKENSWIFT:
+      return random_heads(HeadsConfig.for_target(target_config), dtype)
     return random_draft(DraftConfig.for_target(target_config, kind=kind), dtype, attention=attention)
   draft = _restore(path, target_config, dtype)
   if draft.config.kind is not kind:
     raise UserError(f"{path} holds {draft.config.kind.value}'s draft, where {kind.value}'s is needed.")
-  draft.attention = attention or Impl.default()
+  if isinstance(draft, Draft):
+    draft.attention = attention or Impl.default()
   return draft
 
 
-def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft:
+def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft | Heads:
   import orbax.checkpoint as ocp
 
   try:
-    config = DraftConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+    config = draft_config_from_dict(json.loads((path / CONFIG_NAME).read_text()))
   except (ValueError, TypeError) as e:
     raise UserError(f"the draft config {path / CONFIG_NAME} is unreadable ({e}).") from None
   config.check_matches(target_config)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Draft(config, dtype, rngs=nnx.Rngs(0))))
+  module = Heads if isinstance(config, HeadsConfig) else Draft
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: module(config, dtype, rngs=nnx.Rngs(0))))
   # Restored onto the device: without a sharding orbax returns host (numpy) arrays, which
   # every jitted call then copies to the device again (~1 ms a call on an H100 for
   # SmolLM2's draft).
