@@ -1,4 +1,5 @@
-"""Static-shape KV caches: the target's full cache and the draft's sliding-window ring.
+"""Static-shape KV caches: the target's full cache, the draft's sliding-window ring, and
+TokenSwift's partial cache of the target's most important K/V.
 
 Keys and values are preallocated `[L, B, S_max, K, D]`; `lengths [B]` says how many
 slots of each sequence hold committed tokens (slot i holds position i). A forward pass
@@ -113,3 +114,96 @@ class RingCache:
     `limit [B]` and within the window (p - window < position <= p)."""
     held = self.positions[:, None, :]  # [B, 1, W]
     return (held >= 0) & (held < limit[:, None, None]) & (q_positions[:, :, None] - held < self.window)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PartialCache:
+  """TokenSwift's drafting cache (tokenswift.md, section 3.3 and Algorithm 1): a fixed
+  budget P of the target's committed K/V per layer, so its bytes stay the same however
+  long the output grows; the target drafts on it, verification uses the full cache.
+
+  Slots [0, sink) hold the first positions (attention sinks); slots [sink, P) the
+  positions that ranked most important (Eq. 2: the current token's queries of each KV
+  head's group, dotted with the key) at the last selection, in decreasing importance per
+  KV head. The tokens committed since take the least important slots first: position
+  `selected` + j goes to slot P - 1 - j, written once (`append`, a few slots a round,
+  never a copy of the whole cache). When they would reach the sink, every position is
+  ranked again (`select`, layer by layer inside the drafting pass that has the queries)."""
+
+  k: jax.Array  # [L, B, P, K, D]
+  v: jax.Array  # [L, B, P, K, D]
+  filled: jax.Array  # [B, P] bool: slots that hold a position (the same slots for every head)
+  selected: jax.Array  # [B] int32: the target cache's length at the last selection
+  copied: jax.Array  # [B] int32: the committed positions below this are in (selected, or appended)
+  sink: int = dataclasses.field(metadata=dict(static=True))
+
+  @classmethod
+  def create(cls, config: TargetConfig, batch: int, budget: int, sink: int, dtype) -> PartialCache:
+    if not 0 <= sink < budget:
+      raise ValueError(f"a partial cache needs 0 <= sink < budget, got sink {sink} and budget {budget}.")
+    shape = (config.num_layers, batch, budget, config.num_kv_heads, config.head_dim)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), filled=jnp.zeros((batch, budget), bool),
+               selected=zeros, copied=zeros, sink=sink)
+
+  @property
+  def budget(self) -> int:
+    return self.k.shape[2]
+
+  def needs_selection(self, lengths: jax.Array) -> jax.Array:
+    """[B] bool: the positions committed since the last selection (up to `lengths`) would
+    reach the sink's slots, or nothing has been selected yet (Algorithm 1, line 5)."""
+    return (self.copied == 0) | (lengths - self.selected > self.budget - self.sink)
+
+  def append(self, full: KVCache, most: int) -> PartialCache:
+    """Copies the target's K/V of the positions committed since the last call (at most
+    `most` of them per sequence: a static bound, a round's accepted tokens) into the
+    least important slots. The caller selects first where `needs_selection`."""
+    batch = self.filled.shape[0]
+    rows = jnp.arange(batch)[:, None]
+    positions = self.copied[:, None] + jnp.arange(most)[None, :]  # [B, M]
+    fresh = positions < full.lengths[:, None]
+    slots = jnp.where(fresh, self.budget - 1 - (positions - self.selected[:, None]), self.budget)  # (past: dropped)
+    take = lambda layers: layers.at[:, rows, positions].get(mode="clip")  # [L, B, M, K, D]
+    put = lambda slots_kv, new: slots_kv.at[:, rows, slots].set(new.astype(slots_kv.dtype), mode="drop")
+    return dataclasses.replace(self, k=put(self.k, take(full.k)), v=put(self.v, take(full.v)),
+                               filled=self.filled.at[rows, slots].set(True, mode="drop"),
+                               copied=jnp.maximum(self.copied, full.lengths))
+
+  def reselected(self, k: jax.Array, v: jax.Array, filled: jax.Array, lengths: jax.Array,
+                 where: jax.Array) -> PartialCache:
+    """The cache holding a selection (`select_layer`'s slots, stacked over the layers
+    [L, B, P, K, D], filled [B, P]) of the positions below `lengths` where `where [B]`,
+    as it was elsewhere."""
+    pick = lambda new, old: jnp.where(where.reshape((1, -1) + (1,) * (old.ndim - 2)), new.astype(old.dtype), old)
+    return dataclasses.replace(self, k=pick(k, self.k), v=pick(v, self.v),
+                               filled=jnp.where(where[:, None], filled, self.filled),
+                               selected=jnp.where(where, lengths, self.selected),
+                               copied=jnp.where(where, lengths, self.copied))
+
+  def nbytes(self) -> int:
+    return sum(x.nbytes for x in (self.k, self.v, self.filled, self.selected, self.copied))
+
+
+def select_layer(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, budget: int, sink: int):
+  """One layer's slots after a selection (Algorithm 1, line 6): the first `sink`
+  positions, then per KV head the budget - sink others with the largest importance (Eq. 2,
+  `q [B, K, G, D]` the current token's queries grouped by KV head, each dotted with the
+  key and summed over the group; ties: the earlier position), from the target's
+  committed keys and values k, v [B, S, K, D] below `lengths [B]`. Returns slot keys and
+  values [B, P, K, D] and which slots hold a position [B, P]."""
+  size = k.shape[1]
+  rest = budget - sink
+  scores = jnp.einsum("bkgd,bskd->bks", q.astype(jnp.float32), k.astype(jnp.float32))  # [B, K, S]
+  position = jnp.arange(size)
+  eligible = (position[None, :] >= sink) & (position[None, :] < lengths[:, None])  # [B, S]
+  scores = jnp.where(eligible[:, None, :], scores, -jnp.inf)
+  if rest > size:  # (fewer positions than slots: the rest of the slots stay empty)
+    scores = jnp.pad(scores, ((0, 0), (0, 0), (0, rest - size)), constant_values=-jnp.inf)
+  best, chosen = jax.lax.top_k(scores, rest)  # [B, K, R], most important first
+  chosen = jnp.concatenate([jnp.broadcast_to(jnp.arange(sink), (*chosen.shape[:2], sink)), chosen], axis=-1)
+  gather = lambda x: jnp.take_along_axis(x, jnp.clip(chosen, 0, size - 1).transpose(0, 2, 1)[..., None], axis=1)
+  sinks = jnp.broadcast_to(jnp.arange(sink)[None, :] < lengths[:, None], (lengths.shape[0], sink))
+  filled = jnp.concatenate([sinks, jnp.isfinite(best[:, 0])], axis=1)  # [B, P] (heads fill alike)
+  return gather(k), gather(v), filled

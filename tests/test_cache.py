@@ -1,12 +1,13 @@
 """KV cache: chunked prefill + decode through the cache equals one full forward."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache, RingCache, write_block
-from longspec_jax.config import DraftConfig
+from longspec_jax.cache import KVCache, PartialCache, RingCache, select_layer, write_block
+from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.engine import prefill
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -112,3 +113,69 @@ def test_ring_keeps_the_latest_window_positions():
   # A query at position 12 sees positions 8..11 below a limit of 12 (window 5, itself excluded).
   visible = np.asarray(ring.visible(jnp.array([[12], [12]]), jnp.array([12, 12])))
   assert sorted(np.asarray(ring.positions[0])[visible[0, 0]]) == [8, 9, 10, 11]
+
+
+def reference_selection(q, k, lengths, budget, sink):
+  """Per sequence and KV head, the positions a selection keeps, slot by slot: 0 .. sink - 1
+  (those below the length), then the others below the length by Eq. 2's importance
+  (the group's queries dotted with the key, summed), largest first, earlier first among
+  equals; None for an empty slot."""
+  batch, size, heads = k.shape[:3]
+  kept = []
+  for b in range(batch):
+    per_head = []
+    for h in range(heads):
+      score = [float(np.sum(q[b, h] @ k[b, s, h])) for s in range(size)]
+      others = sorted(range(sink, lengths[b]), key=lambda s: (-score[s], s))[: budget - sink]
+      slots = [s if s < lengths[b] else None for s in range(sink)] + others
+      per_head.append(slots + [None] * (budget - len(slots)))
+    kept.append(per_head)
+  return kept
+
+
+@pytest.mark.parametrize("size, budget, sink", [(40, 12, 4), (9, 12, 4), (30, 8, 0)])
+def test_a_selection_keeps_the_sink_and_the_most_important_positions(size, budget, sink):
+  """TokenSwift's Eq. 2 and Algorithm 1's selection against a plain ranking, GQA groups
+  of 3, sequences shorter and longer than the budget; integer-valued keys and queries make
+  ties, broken toward the earlier position."""
+  rng = np.random.default_rng(size)
+  batch, heads, group, dim = 3, 2, 3, 4
+  q = rng.integers(-2, 3, size=(batch, heads, group, dim)).astype(np.float32)
+  k = rng.integers(-2, 3, size=(batch, size, heads, dim)).astype(np.float32)
+  v = rng.standard_normal((batch, size, heads, dim)).astype(np.float32)
+  lengths = np.array([size, max(size - 5, 1), min(size, 3)])
+  got_k, got_v, filled = select_layer(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths), budget,
+                                      sink)
+  assert got_k.shape == got_v.shape == (batch, budget, heads, dim)
+  for b, per_head in enumerate(reference_selection(q, k, lengths, budget, sink)):
+    np.testing.assert_array_equal(np.asarray(filled[b]), [s is not None for s in per_head[0]])
+    for h, slots in enumerate(per_head):
+      for slot, position in enumerate(slots):
+        if position is not None:
+          np.testing.assert_array_equal(np.asarray(got_v[b, slot, h]), v[b, position, h])
+          np.testing.assert_array_equal(np.asarray(got_k[b, slot, h]), k[b, position, h])
+
+
+def test_the_partial_cache_appends_into_the_least_important_slots_at_a_fixed_size():
+  """Rounds append the committed positions from the last slot down, each once; a
+  selection is due when they would reach the sink; the cache's bytes never change."""
+  config = TargetConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
+                        head_dim=4)
+  full = KVCache.create(config, 2, 64, jnp.float32)
+  values = jnp.arange(64, dtype=jnp.float32)[None, None, :, None, None] + jnp.zeros(full.k.shape)
+  full = KVCache(k=values, v=-values, lengths=jnp.asarray([20, 30], jnp.int32))
+  partial = PartialCache.create(config, 2, budget=10, sink=2, dtype=jnp.float32)
+  size = partial.nbytes()
+  assert bool(jnp.all(partial.needs_selection(full.lengths)))  # nothing selected yet
+  slot_k, slot_v, filled = jax.vmap(lambda k, v: select_layer(
+      jnp.ones((2, 1, 2, 4)), k, v, full.lengths, 10, 2))(full.k, full.v)
+  partial = partial.reselected(slot_k, slot_v, filled[0], full.lengths, jnp.asarray([True, True]))
+  assert not bool(jnp.any(partial.needs_selection(full.lengths)))
+  for added in ([3, 1], [2, 4]):
+    full = full.advance(jnp.asarray(added, jnp.int32))
+    partial = partial.append(full, most=4)
+  np.testing.assert_array_equal(np.asarray(partial.k[1, 0, 5:, 0, 0]), [24, 23, 22, 21, 20])  # newest lowest
+  np.testing.assert_array_equal(np.asarray(partial.v[0, 1, 5:, 0, 0]), [-34, -33, -32, -31, -30])
+  np.testing.assert_array_equal(np.asarray(partial.copied), [25, 35])
+  np.testing.assert_array_equal(np.asarray(partial.needs_selection(full.lengths + jnp.asarray([3, 4]))), [False, True])
+  assert partial.nbytes() == size == 2 * (2 * 2 * 10 * 1 * 4 * 4) + 2 * 10 + 2 * 2 * 4
