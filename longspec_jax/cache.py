@@ -156,20 +156,23 @@ class PartialCache:
     reach the sink's slots, or nothing has been selected yet (Algorithm 1, line 5)."""
     return (self.copied == 0) | (lengths - self.selected > self.budget - self.sink)
 
-  def append(self, full: KVCache, most: int) -> PartialCache:
+  def append(self, full: KVCache, most: int, where: jax.Array | None = None) -> PartialCache:
     """Copies the target's K/V of the positions committed since the last call (at most
     `most` of them per sequence: a static bound, a round's accepted tokens) into the
-    least important slots. The caller selects first where `needs_selection`."""
+    least important slots, in the sequences `where [B]` (all by default): the others are
+    due a selection (`needs_selection`), which takes every position."""
     batch = self.filled.shape[0]
     rows = jnp.arange(batch)[:, None]
     positions = self.copied[:, None] + jnp.arange(most)[None, :]  # [B, M]
     fresh = positions < full.lengths[:, None]
+    if where is not None:
+      fresh &= where[:, None]
     slots = jnp.where(fresh, self.budget - 1 - (positions - self.selected[:, None]), self.budget)  # (past: dropped)
     take = lambda layers: layers.at[:, rows, positions].get(mode="clip")  # [L, B, M, K, D]
     put = lambda slots_kv, new: slots_kv.at[:, rows, slots].set(new.astype(slots_kv.dtype), mode="drop")
     return dataclasses.replace(self, k=put(self.k, take(full.k)), v=put(self.v, take(full.v)),
                                filled=self.filled.at[rows, slots].set(True, mode="drop"),
-                               copied=jnp.maximum(self.copied, full.lengths))
+                               copied=jnp.max(jnp.where(fresh, positions + 1, self.copied[:, None]), axis=1))
 
   def reselected(self, k: jax.Array, v: jax.Array, filled: jax.Array, lengths: jax.Array,
                  where: jax.Array) -> PartialCache:
