@@ -23,12 +23,14 @@ from flax import nnx
 from longspec_jax import gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import RingCache
+from longspec_jax.cache import PartialCache, RingCache
 from longspec_jax.config import CapeConfig, DraftKind
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.errors import UserError
-from longspec_jax.ngram import PromptLookup
-from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chains
+from longspec_jax.heads import Heads
+from longspec_jax.ngram import NGramTable, PromptLookup
+from longspec_jax.self_draft import draft_pass
+from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chains, static_topology
 
 # Tokens one catch-up pass takes when the draft's ring lags behind (`LongSpecDraft.catch_up`):
 # after 32 copy rounds of ~5 tokens, one pass of 128 instead of ten of 16, each with its
@@ -240,6 +242,76 @@ class LongSpecDraft:
     if ring is None:
       ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype, window)
     return hidden, ring.write(k, v, positions, valid if keep is None else keep)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SelfDraftState:
+  """TokenSwift's per-sequence state: its partial cache and its n-gram table."""
+
+  partial: PartialCache
+  table: NGramTable
+  tabled: jax.Array  # [B] int32: the n-grams that begin below this position are in the table
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSwift:
+  """TokenSwift (tokenswift.md, Algorithm 1): the target drafts for itself. Each round it
+  runs its newest token over its partial cache (`self_draft.draft_pass`); its own
+  prediction there and its heads' (`heads.py`: `params` are theirs) give each depth's
+  most likely tokens, set as a full tree with `tree_widths[d - 1]` children per node at
+  depth d (the paper's ternary (1, 3, 3, 3), Medusa-style: a depth's candidates are the
+  same under every parent); and the `ngrams` most frequent n-grams of the text so far
+  that begin with the target's own top token (`ngram.NGramTable`, n-grams entered once
+  they are `lag` tokens old, the contextual penalty's window: the paper's table lags
+  as much) join it as branches (`tree.graft_chains`). Verification then runs over the
+  full cache, so the draft's approximations cost acceptance, never exactness.
+
+  Deviations: candidates are ranked by the raw logits (the paper's by the penalised
+  probabilities); of several fully accepted paths the walk keeps the first, not one at
+  random (the paper's "random n-gram selection", exact only under greedy decoding)."""
+
+  graphdef: nnx.GraphDef  # the heads'
+  tree_widths: tuple[int, ...] = (1, 3, 3, 3)
+  budget: int = 4096  # |B|: positions the partial cache holds (the authors' scripts: 4,096)
+  sink: int = 16  # |S|: the first positions, always kept (the authors' code: 16)
+  ngrams: int = 20  # k: n-gram branches a round (the paper's Table 11)
+  ngram_slots: int = 32  # continuations the table holds per first token
+  n: int = 4  # the paper's 4-grams: as deep as the heads' tree
+  lag: int = 1024
+
+  @property
+  def tree_size(self) -> int:
+    return len(static_topology(self.tree_widths)[0]) + self.ngrams * self.n
+
+  @property
+  def depth(self) -> int:
+    return max(len(self.tree_widths), self.n)
+
+  def start(self, params, *, target, cache, history) -> SelfDraftState:
+    """An empty partial cache (the first round selects its positions) and the table of the
+    prompt's n-grams that are `lag` tokens old."""
+    batch = history.shape[0]
+    budget = min(self.budget, cache.max_len)
+    partial = PartialCache.create(target.config, batch, budget, min(self.sink, budget - 1), cache.k.dtype)
+    old = cache.lengths + 1 - self.lag  # the text so far (the root included), less the lag
+    table = NGramTable.build(history, old, target.config.vocab_size, self.ngram_slots, self.n)
+    return SelfDraftState(partial=partial, table=table, tabled=jnp.maximum(old - self.n + 1, 0))
+
+  def propose(self, params, state: SelfDraftState, *, target, cache, history, root):
+    heads: Heads = nnx.merge(self.graphdef, params)
+    hidden, partial = draft_pass(target, state.partial, cache, root, most=self.depth + 1)
+    logits = target.logits(jnp.concatenate([hidden[:, None], heads(hidden)], axis=1))  # [B, G + 1, V]
+    _, top = jax.lax.top_k(logits, max(self.tree_widths))  # [B, G + 1, W]
+    parents, depths, ranks = static_topology(self.tree_widths)
+    tokens = jnp.concatenate([root[:, None], top[:, depths[1:] - 1, ranks[1:]]], axis=1)
+    tree = Tree(tokens=tokens.astype(jnp.int32), parents=jnp.broadcast_to(parents, tokens.shape),
+                depths=jnp.broadcast_to(depths, tokens.shape), valid=jnp.ones(tokens.shape, bool))
+    stop = jnp.maximum(cache.lengths + 1 - self.lag - self.n + 1, state.tabled)  # n-grams now `lag` old
+    table = state.table.add(history, state.tabled, stop, most=self.depth + 1)
+    grams, real = table.top(top[:, 0, 0], self.ngrams)  # [B, k, n]: those that begin with its own top token
+    tree = graft_chains(tree, grams, jnp.broadcast_to(real[:, :, None], grams.shape))
+    return tree, SelfDraftState(partial=partial, table=table, tabled=stop)
 
 
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible

@@ -11,12 +11,13 @@ from flax import nnx
 
 from longspec_jax import gemm
 from longspec_jax.attention import Impl, causal_block_mask, with_impl
-from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
+from longspec_jax.config import CapeConfig, DraftConfig, DraftKind, HeadsConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, acceptance_by_depth, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
+from longspec_jax.heads import random_heads
 from longspec_jax.ngram import PromptLookup
-from longspec_jax.proposers import LongSpecDraft, RootOnly, make_proposer
+from longspec_jax.proposers import LongSpecDraft, RootOnly, TokenSwift, make_proposer
 from longspec_jax.sampling import SamplingConfig
 from longspec_jax.tree import Tree, static_topology
 from longspec_jax.verify import accept_greedy, verify
@@ -301,9 +302,10 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 1,024 tokens: PLD
   (one continuation, and four of 16 tokens as a trie), LongSpec with the shipped trained
   draft (a smaller tree than its default, for CPU time, prompt lookup's copies grafted
-  in; and CAPE's tree), GLIDE with its shipped draft and CAPE's tree, auto with
-  LongSpec's draft (two continuations) and an oracle tree with decoys emit exactly the
-  AR tokens for 80 new tokens."""
+  in; and CAPE's tree), GLIDE with its shipped draft and CAPE's tree, TokenSwift (its
+  heads untrained, a partial cache of 256 positions), auto with LongSpec's draft (two
+  continuations) and an oracle tree with decoys emit exactly the AR tokens for 80 new
+  tokens."""
   target = smollm2_float32
   texts = real_texts()
   prompts = [target.tokenizer(t).input_ids[:1024] for t in (texts[0], texts[-1])]
@@ -326,6 +328,8 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   proposer, params = make_proposer("glide", glide)  # (the shipped GLIDE draft, CAPE's tree: its default)
   glide_run = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert glide_run.token_ids == reference and glide_run.stats.mean_accepted_length > 1.5
+  proposer, params = tokenswift(target.model, budget=256, ngrams=4, lag=64)  # (untrained heads; a partial cache)
+  assert generate(target.model, prompts, 80, Decoding(proposer=proposer), params).token_ids == reference
   proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2), copy_matches=2)
   auto = generate(target.model, prompts, 80, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference
@@ -337,9 +341,36 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert result.stats.mean_accepted_length > 5.5  # depth 5 + bonus, less the last round
 
 
+def tokenswift(target, **options):
+  """TokenSwift with untrained heads (they predict what the target predicts) on `target`."""
+  graphdef, params = nnx.split(random_heads(HeadsConfig.for_target(target.config, **options.pop("heads", {})),
+                                            jnp.float32))
+  return TokenSwift(graphdef, **options), params
+
+
 def speculative_methods(target):
   """name -> (proposer, its params)."""
-  return {"pld": (PromptLookup(num_tokens=4), None), "longspec": longspec(target, widths=(2, 2), window=8)}
+  return {"pld": (PromptLookup(num_tokens=4), None), "longspec": longspec(target, widths=(2, 2), window=8),
+          "tokenswift": tokenswift(target, heads={"gamma": 2, "tree_widths": (1, 2, 2)}, tree_widths=(1, 2, 2),
+                                   budget=16, sink=2, ngrams=2, ngram_slots=4, n=3, lag=0)}
+
+
+@pytest.mark.parametrize("budget, lag", [(96, 0), (12, 8)], ids=["whole-context", "partial-lagging"])
+def test_tokenswift_is_lossless(tiny, budget, lag):
+  """TokenSwift emits the AR tokens with a partial cache that holds the whole context and
+  an n-gram table that is current, and with one smaller than the context (selected again
+  as the output grows) and a table that lags; on repeated text its n-gram branches are
+  accepted."""
+  rng = np.random.default_rng(5)
+  pattern = rng.integers(3, 211, size=7).tolist()
+  prompts = [pattern * 5, rng.integers(3, 211, size=26).tolist()]
+  reference = generate(tiny, prompts, 30).token_ids
+  proposer, params = tokenswift(tiny, budget=budget, sink=2, ngrams=3, ngram_slots=4, lag=lag)
+  result = generate(tiny, prompts, 30, Decoding(proposer=proposer), params, rounds_per_chunk=4)
+  assert result.token_ids == reference
+  assert result.state.proposal.partial.budget == budget
+  if lag == 0:
+    assert result.stats.mean_accepted_length > 1.5
 
 
 def test_sampling_near_zero_temperature_is_greedy(tiny):
