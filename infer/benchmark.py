@@ -139,6 +139,8 @@ def main(argv=None):
   p.add_argument("--draft", help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
                  " 'random', a checkpoint dir, or 'none'; auto uses one only when named")
   p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
+  p.add_argument("--heads", help="TokenSwift's heads for tokenswift: 'default' (the default), 'random' or a checkpoint"
+                 " dir")
   add_tree_flags(p, many=True)
   add_copy_flags(p, many=True)
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=["code", "docs"],
@@ -156,12 +158,13 @@ def main(argv=None):
   drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft and its copies shape
   names = [m for m, _, _ in args.methods]
   if not set(names) & drafting:
-    for flag, value in (("--draft", args.draft), ("--glide-draft", args.glide_draft)):
+    for flag, value in (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--heads", args.heads)):
       if value is not None:
         p.error(f"{flag} shapes a draft method, but --methods {' '.join(names)} has none")
   # The draft each method runs (`auto`: LongSpec's, when --draft names one); trees shape those.
-  specs = {m: draft_spec(m, args.glide_draft if m == "glide" else args.draft) for m in ["ar", *names]}
-  treed = {m for m, spec in specs.items() if spec is not None}
+  named = {"glide": args.glide_draft, "tokenswift": args.heads}
+  specs = {m: draft_spec(m, named.get(m, args.draft)) for m in ["ar", *names]}
+  treed = {m for m, spec in specs.items() if spec is not None and m != "tokenswift"}  # (its tree: its heads')
   if args.tree_widths is not None and not treed:
     p.error(f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
             " (auto runs one only when --draft names it)")
@@ -192,8 +195,9 @@ def main(argv=None):
   path = resolve_target(args.target)  # every input is checked before the weights load
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
-  if args.glide_draft == "none":
-    p.error("--glide-draft none leaves glide without a draft")
+  for flag, value, method in (("--glide-draft", args.glide_draft, "glide"), ("--heads", args.heads, "tokenswift")):
+    if value == "none":
+      p.error(f"{flag} none leaves {method} without a draft")
   kinds = {draft_kind(m): spec for m, spec in specs.items() if spec is not None}
   for kind, spec in kinds.items():
     resolve_draft(spec, args.target, kind)
@@ -220,7 +224,7 @@ def main(argv=None):
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
         "batch_invariant": args.batch_invariant, "draft": kinds.get(DraftKind.LONGSPEC),
-        "glide_draft": kinds.get(DraftKind.GLIDE),
+        "glide_draft": kinds.get(DraftKind.GLIDE), "heads": kinds.get(DraftKind.TOKENSWIFT),
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
         "seed": args.seed, "rows": rows,
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 from longspec_jax.cli import METHODS, any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
 
-COPYING = tuple(m for m in METHODS if m != "ar")  # the methods prompt lookup's continuations shape
+COPYING = ("pld", "longspec", "glide", "auto")  # the methods prompt lookup's continuations shape
 
 
 def method_spec(text: str) -> tuple[str, int | None, int | None]:
@@ -95,7 +95,9 @@ def add_tree_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   p.add_argument("--tree-widths", type=tree_widths, nargs="+" if many else None,
                  help="longspec, auto: beam widths per tree depth like 4,16,16, or 'cape' for CAPE's tree (a greedy"
                       " chain with the draft's next-best tokens as leaves, as many as its confidence asks for;"
-                      " default: the draft's)" + ("; several: one run each" if many else ""))
+                      " default: the draft's); tokenswift: children per node at each depth of its full tree, one"
+                      " more than its heads (default: the heads', 1,3,3,3)"
+                      + ("; several: one run each" if many else ""))
   p.add_argument("--cape-gamma", type=positive_int, default=5, help="CAPE: draft tokens in its chain")
   p.add_argument("--cape-bins", type=cape_bins, default=((0.3, 0.6, 0.8), (7, 5, 3, 1)),
                  help="CAPE: confidence bins as highest-confidence:leaves pairs, the paper's 0.3:7,0.6:5,0.8:3,1:1")
@@ -145,7 +147,7 @@ def tree_record(proposer) -> dict:
 
   from longspec_jax.adaptive import Adaptive
   from longspec_jax.ngram import PromptLookup
-  from longspec_jax.proposers import LongSpecDraft
+  from longspec_jax.proposers import LongSpecDraft, TokenSwift
 
   def shape(draft) -> dict:
     if draft is None:
@@ -158,6 +160,8 @@ def tree_record(proposer) -> dict:
     return {**shape(proposer), "copy_tokens": proposer.copy_tokens, "copy_matches": proposer.copy_matches}
   if isinstance(proposer, PromptLookup):
     return {"copy_tokens": proposer.num_tokens, "copy_matches": proposer.matches}
+  if isinstance(proposer, TokenSwift):
+    return {"tree_widths": list(proposer.tree_widths), "ngrams": proposer.ngrams, "partial_cache": proposer.budget}
   return {}
 
 

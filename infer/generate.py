@@ -44,8 +44,9 @@ def parse_args(argv=None):
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
       "--draft",
-      help="draft for longspec, glide and auto: 'default' (shipped for the target; longspec's and glide's"
-           " default), 'random', 'none', or a checkpoint dir (glide: a GLIDE draft); auto uses one only when named",
+      help="draft for longspec, glide, tokenswift and auto: 'default' (shipped for the target; the draft"
+           " methods' default), 'random', 'none', or a checkpoint dir (glide: a GLIDE draft; tokenswift:"
+           " TokenSwift's heads, `train.run --draft-kind tokenswift`); auto uses one only when named",
   )
   p.add_argument("--method", choices=METHODS, default="auto",
                  help="decoding method; auto (default) chooses each round among AR, prompt lookup's continuations"
@@ -65,7 +66,7 @@ def parse_args(argv=None):
                         *(copy_flags if args.method == "ar" else ())):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
-  if args.draft == "none" and args.method in ("longspec", "glide"):
+  if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")

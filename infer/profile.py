@@ -210,7 +210,7 @@ def graph_row(graph: str, scopes: collections.Counter, launches: int, updates: i
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
   p.add_argument("--method", default="longspec", choices=METHODS)
-  p.add_argument("--draft", help="draft for longspec, glide and auto: 'default' (longspec's and glide's default),"
+  p.add_argument("--draft", help="draft for longspec, glide, tokenswift (its heads) and auto: 'default' (theirs),"
                  " 'random', a checkpoint dir; auto uses one only when named")
   add_tree_flags(p)
   add_copy_flags(p)

@@ -23,7 +23,7 @@ from longspec_jax.errors import UserError
 # (tests/test_cli.py keeps the two equal).
 ATTENTION = ("reference", "pallas")
 GEMM = ("xla", "cublas")  # likewise `longspec_jax.gemm.Gemm`
-METHODS = ("auto", "ar", "pld", "longspec", "glide")  # likewise `longspec_jax.proposers.PROPOSERS`
+METHODS = ("auto", "ar", "pld", "longspec", "glide", "tokenswift")  # likewise `longspec_jax.proposers.PROPOSERS`
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).

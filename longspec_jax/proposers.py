@@ -317,9 +317,11 @@ class TokenSwift:
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
 # with no arguments; those in DRAFT_METHODS take the draft's graphdef; `auto` uses a draft
 # when one is named (`draft_spec`).
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "glide": LongSpecDraft, "auto": Adaptive}
-# The draft methods and the kind of draft each runs (`auto` runs LongSpec's).
-DRAFT_KINDS = {"longspec": DraftKind.LONGSPEC, "glide": DraftKind.GLIDE}
+PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "glide": LongSpecDraft, "auto": Adaptive,
+             "tokenswift": TokenSwift}
+# The draft methods and the kind of draft each runs (`auto` runs LongSpec's; TokenSwift's
+# "draft" is its heads).
+DRAFT_KINDS = {"longspec": DraftKind.LONGSPEC, "glide": DraftKind.GLIDE, "tokenswift": DraftKind.TOKENSWIFT}
 DRAFT_METHODS = tuple(DRAFT_KINDS)
 
 
@@ -368,11 +370,19 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   published method). `auto` chooses each round among AR, prompt lookup's continuations
   (by default the draft's copy length, else `auto_copies`) and, if a draft is given, the
   draft's tree with them grafted in. GLIDE's draft takes CAPE's tree (its paper's)
-  unless widths or CAPE are given. The other methods have no params."""
+  unless widths or CAPE are given. `tokenswift`'s draft is its heads (`Heads`), whose
+  full tree `tree_widths` replaces. The other methods have no params."""
   stored = draft.config if draft is not None else None
   if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
     raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
                     f" {stored.kind.value}'s.")
+  if method == "tokenswift":
+    if cape is not None or copy_tokens or copy_matches:
+      raise UserError("--method tokenswift drafts with its heads and the n-grams of its own text: CAPE's tree and"
+                      " prompt lookup's continuations do not apply to it.")
+    graphdef, params = nnx.split(draft)
+    heads = stored if tree_widths is None else dataclasses.replace(stored, tree_widths=tuple(tree_widths))  # (checked)
+    return TokenSwift(graphdef, heads.tree_widths), params
   if method == "glide" and tree_widths is None and cape is None:
     cape = CapeConfig()
   if cape is not None and stored is not None:

@@ -29,13 +29,15 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
   assert (tmp_path / "greedy.png").stat().st_size > 0  # the plot beside the JSON
-  sampled = common + ["--tree-widths", "2,2", "--methods", "ar", "longspec", "glide", "auto", "--glide-draft",
-                      "random", "--temperature", "1.0",
+  sampled = common + ["--tree-widths", "2,2", "--methods", "ar", "longspec", "glide", "tokenswift", "auto",
+                      "--glide-draft", "random", "--heads", "random", "--temperature", "1.0",
                       "--top-k", "50", "--out", str(tmp_path / "sampled.json")]
   assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err
   result = json.loads((tmp_path / "sampled.json").read_text())
   assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] is None for r in result["rows"])
   assert result["rows"][2]["method"] == "glide[2,2]" and result["glide_draft"] == "random"
+  swift = result["rows"][3]  # (the beam widths shape the draft methods' trees, not TokenSwift's)
+  assert swift["method"] == "tokenswift" and swift["tree_widths"] == [1, 3, 3, 3] and result["heads"] == "random"
   auto = result["rows"][-1]  # its rounds by kind instead of one draft/verify split
   assert auto["method"] == "auto[2,2]" and set(auto["rounds_by_kind"]) == {"ar", "copy", "draft"}
   assert auto["draft_seconds_share"] is None

@@ -153,12 +153,13 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
                       ("cape", ["--method", "longspec", "--draft", "random", "--tree-widths", "cape",
                                 "--cape-gamma", "3", "--cape-bins", "0.5:2,1:1"]),
                       ("glide", ["--method", "glide", "--draft", "random"]),  # (CAPE's tree: its default)
+                      ("tokenswift", ["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,2,2,2"]),
                       ("auto", []),  # (no draft on a CPU unless one is named)
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "pld-trie", "random", "copies", "cape", "glide", "auto", "checkpoint"):
+  for name in ("pld", "pld-trie", "random", "copies", "cape", "glide", "tokenswift", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
@@ -167,6 +168,7 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   assert results["cape"]["cape"] == {"gamma": 3, "edges": [0.5], "sizes": [2, 1]}
   assert "tree_widths" not in results["cape"]
   assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
+  assert results["tokenswift"]["tree_widths"] == [1, 2, 2, 2] and results["tokenswift"]["ngrams"] == 20
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
@@ -183,6 +185,10 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
   for flags, message in [
       (["--method", "longspec"], "no default longspec draft is shipped for target"),
       (["--method", "glide"], "no default glide draft is shipped for target"),
+      (["--method", "tokenswift"], "no default tokenswift draft is shipped for target"),
+      (["--method", "tokenswift", "--draft", "random", "--copy-tokens", "4"], "drafts with its heads and the n-grams"),
+      (["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,3"], "one width >= 1 per depth, 4 for"
+                                                                                " gamma 3"),
       (["--method", "glide", "--draft", str(tmp_path / "longspec")], "holds longspec's draft, where glide's is"),
       (["--draft", str(tmp_path)], "is not a draft checkpoint"),
       (["--draft", str(tmp_path / "other")], "the draft does not match the target: its vocab_size is 100"),
