@@ -3,7 +3,8 @@
 `plot(result_json)` recognises what a JSON holds (a method comparison from
 `infer.benchmark`, a target suite from `infer.bench_target`, a profile from
 `infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
-`infer.tree_search`, auto's rounds from `infer.bench_auto`) and draws it;
+`infer.tree_search`, auto's rounds from `infer.bench_auto`, long outputs from
+`infer.bench_long`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results.
 """
@@ -271,11 +272,37 @@ def _auto_rounds(result: dict, plt):
   return fig
 
 
+def _long_generation(result: dict, plt):
+  """`infer.bench_long`: speedup over AR and tau against the output's length, cumulative
+  (lines) and per segment (dashed), one column per contextual penalty."""
+  rows = result["rows"]
+  penalties = sorted({r["penalty"] for r in rows})
+  fig, axes = plt.subplots(2, len(penalties), figsize=(5.5 * len(penalties), 6.5), squeeze=False)
+  for column, penalty in enumerate(penalties):
+    by_method = defaultdict(list)
+    for r in rows:
+      if r["penalty"] == penalty:
+        by_method[r["method"]].append(r)
+    for index, (method, points) in enumerate(by_method.items()):
+      xs = [r["output_tokens"] for r in points]
+      for ax, key in zip(axes[:, column], ("speedup_vs_ar", "tau")):
+        ax.plot(xs, [r[key] for r in points], marker="o", color=f"C{index}", label=method)
+        ax.plot(xs, [r[f"segment_{key}"] for r in points], ls="--", color=f"C{index}", alpha=0.6)
+    axes[0, column].set(title=f"penalty {penalty:g}: speedup vs AR (dashed: per segment)", ylabel="x AR tokens/s")
+    axes[1, column].set(title=f"penalty {penalty:g}: tau", ylabel="tokens per target forward",
+                        xlabel="output tokens")
+    axes[0, column].legend(fontsize=7)
+    for ax in axes[:, column]:
+      ax.grid(alpha=0.3)
+  fig.suptitle(_title(result, f"long generation, {result['prompt_tokens']:,}-token prompt ({result['set']})"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
-  if result.get("kind") in ("tree_search", "auto_rounds"):
+  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation"):
     return result["kind"]
   if any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul")) and "suite" not in result:
     return "kernels"
@@ -288,7 +315,8 @@ def kind(result: dict) -> str | None:
 
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
-         "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds}
+         "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds,
+         "long_generation": _long_generation}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:
