@@ -12,6 +12,7 @@ from longspec_jax.cli import METHODS, any_int, nonnegative_float, nonnegative_in
 from longspec_jax.errors import UserError
 
 COPYING = ("pld", "longspec", "glide", "auto")  # the methods prompt lookup's continuations shape
+TOKENSWIFT_PENALTY = 1.2  # theta of TokenSwift's paper (Table 11, Llama 3.1 8B), its method's default
 
 
 def method_spec(text: str) -> tuple[str, int | None, int | None]:
@@ -38,17 +39,21 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
                  help="keep the most likely tokens of mass p (1: off)")
   p.add_argument("--min-p", type=number_type(float, lambda x: 0 <= x < 1, "a number in [0, 1)"), default=0.0,
                  help="keep tokens >= min_p x the most likely (0: off)")
-  p.add_argument("--penalty", type=number_type(float, lambda x: x >= 1, "a finite number >= 1"), default=1.0,
-                 help="TokenSwift's contextual penalty theta: divide the logits of recent tokens (1: off)")
+  p.add_argument("--penalty", type=number_type(float, lambda x: x >= 1, "a finite number >= 1"),
+                 help="TokenSwift's contextual penalty theta: divide the logits of recent tokens (default: 1, off;"
+                      f" with --method tokenswift alone, its paper's {TOKENSWIFT_PENALTY})")
   p.add_argument("--penalty-window", type=positive_int, default=1024, help="how many recent tokens the penalty sees")
   p.add_argument("--seed", type=any_int, default=0)
 
 
-def sampling_config(args):
+def sampling_config(args, method: str | None = None):
+  """The logit processors the flags give; a `--penalty` left unset is off, or TokenSwift's
+  paper's where `method` is tokenswift (the output then is AR's under that penalty)."""
   from longspec_jax.sampling import SamplingConfig
 
+  penalty = args.penalty if args.penalty is not None else TOKENSWIFT_PENALTY if method == "tokenswift" else 1.0
   return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                        penalty=args.penalty, penalty_window=args.penalty_window)
+                        penalty=penalty, penalty_window=args.penalty_window)
 
 
 CAPE = "cape"  # a --tree-widths value: CAPE's tree (--cape-gamma, --cape-bins) instead of a beam search

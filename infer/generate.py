@@ -6,6 +6,7 @@ last stdout line is one JSON object with the token ids and timing statistics.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -144,7 +145,7 @@ def main(argv=None) -> None:
   method = args.method
   spec = draft_spec(method, args.draft)
   uses_draft = spec is not None
-  sampling = sampling_config(args)
+  sampling = sampling_config(args, method)
   dtype = resolve_dtype(args.dtype)
   # Everything the prompt and flags can get wrong is checked before the weights load.
   path = resolve_target(args.target)
@@ -192,6 +193,7 @@ def main(argv=None) -> None:
         "batch_invariant": args.batch_invariant,
         "draft": spec,
         **tree_record(proposer),
+        "sampling": dataclasses.asdict(sampling),
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
         "token_ids": token_ids,

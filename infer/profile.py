@@ -270,7 +270,7 @@ def main(argv=None):
            if spec is not None else None)
   widths, cape = tree_choice(args.tree_widths, args)
   proposer, proposer_params = make_proposer(args.method, draft, widths, args.copy_tokens, cape, args.copy_matches)
-  decoding = Decoding(proposer=proposer, sampling=sampling_config(args))
+  decoding = Decoding(proposer=proposer, sampling=sampling_config(args, args.method))
 
   def run(generation: int):
     batch = prompts[generation * args.batch:(generation + 1) * args.batch]

@@ -153,7 +153,10 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
                       ("cape", ["--method", "longspec", "--draft", "random", "--tree-widths", "cape",
                                 "--cape-gamma", "3", "--cape-bins", "0.5:2,1:1"]),
                       ("glide", ["--method", "glide", "--draft", "random"]),  # (CAPE's tree: its default)
-                      ("tokenswift", ["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,2,2,2"]),
+                      ("tokenswift", ["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,2,2,2",
+                                      "--penalty", "1"]),  # (AR's processors: its own default penalty is 1.2)
+                      ("ar-penalized", ["--method", "ar", "--penalty", "1.2"]),
+                      ("tokenswift-default", ["--method", "tokenswift", "--draft", "random"]),
                       ("auto", []),  # (no draft on a CPU unless one is named)
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
@@ -169,6 +172,10 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   assert "tree_widths" not in results["cape"]
   assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
   assert results["tokenswift"]["tree_widths"] == [1, 2, 2, 2] and results["tokenswift"]["ngrams"] == 20
+  # TokenSwift's own default penalty (its paper's theta), under which it writes what AR writes
+  assert results["tokenswift-default"]["sampling"]["penalty"] == 1.2 == results["ar-penalized"]["sampling"]["penalty"]
+  assert results["tokenswift-default"]["token_ids"] == results["ar-penalized"]["token_ids"]
+  assert results["ar"]["sampling"]["penalty"] == 1.0
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
