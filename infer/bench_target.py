@@ -13,6 +13,7 @@ Prints tables and writes JSON (`--out`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -140,9 +141,12 @@ def _smollm2_row(row) -> str:
 
 def suite_floor(args) -> dict:
   """Decode rounds of a random-weight model of a known shape, per batch, context and method
-  (AR; PLD; LongSpec with a random draft and its 69-node tree), against the bytes an AR step must
-  read over the measured memory bandwidth; prefill speed; and transformers' static-cache
-  decoding of the same shape, compiled, as a peer (run first, before JAX takes the GPU)."""
+  (AR; PLD; LongSpec with a random draft and its 69-node tree; TokenSwift with random
+  heads, its drafting pass also timed alone over its partial cache, steady and when it
+  selects its positions again), against the bytes an AR step must read over the measured
+  memory bandwidth; prefill speed; and transformers' static-cache decoding of the same
+  shape, compiled, as a peer (run first, before JAX takes the GPU)."""
+  from longspec_jax.config import DraftKind
   from longspec_jax.engine import prefill, start
   from longspec_jax.proposers import make_proposer
   from longspec_jax.target import random_model
@@ -168,12 +172,14 @@ def suite_floor(args) -> dict:
   itemsize = jnp.dtype(dtype).itemsize
   # One embedding row is read per token, not the table.
   weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
-  draft = load_draft("random", config, dtype, attention=impl) if "longspec" in {m for m, _, _ in args.methods} else None
+  names = {m for m, _, _ in args.methods}
+  drafts = {"longspec": load_draft("random", config, dtype, attention=impl) if "longspec" in names else None,
+            "tokenswift": load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT) if "tokenswift" in names
+            else None}
   proposers = {}  # label -> (proposer, its params), e.g. "pld:24x4": four continuations of 24 tokens
   for method, copies, matches in args.methods:
     label = method + (f":{copies}x{matches}" if copies else "")
-    proposers[label] = make_proposer(method, draft if method == "longspec" else None, copy_tokens=copies,
-                                     copy_matches=matches)
+    proposers[label] = make_proposer(method, drafts.get(method), copy_tokens=copies, copy_matches=matches)
   rng = np.random.default_rng(0)
   rows = []
   for batch in args.batches:
@@ -198,13 +204,14 @@ def suite_floor(args) -> dict:
           return tokens
 
         seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
+        drafting = draft_pass_ms(model, state[0], proposer.depth + 1) if method == "tokenswift" else {}
         state.clear()  # frees the cache before the next run
         row = {"method": method, "numerics": numerics, "batch": batch, "context": context,
                "round_ms": seconds * 1e3, "floor_ms": floor * 1e3,
                "fraction_of_floor": floor / seconds if method == "ar" else None,
                "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "prefill_tokens_per_second": prefill_rate,
                "transformers_step_ms": (peers.get((batch, context), {}).get("step_ms")
-                                        if method == "ar" and numerics == "fast" else None)}
+                                        if method == "ar" and numerics == "fast" else None), **drafting}
         rows.append(row)
         print(_floor_row(row), flush=True)
   ar = {(r["batch"], r["context"], r["numerics"]): r["round_ms"] for r in rows if r["method"] == "ar"}
@@ -217,6 +224,21 @@ def suite_floor(args) -> dict:
   return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth,
           "attention": args.attention, "gemm": model.gemm.value, "steps_per_measure": steps,
           "transformers": list(peers.values()), "rows": rows}
+
+
+def draft_pass_ms(model, state, most: int) -> dict:
+  """TokenSwift's drafting pass alone (`self_draft.draft_pass`), from a decode state of its
+  rounds: steady (the positions committed since appended to its partial cache) and
+  selecting (every layer ranking the whole cache again, as once per budget - sink
+  committed tokens), in ms (medians). An AR step is the same pass over the full cache."""
+  from longspec_jax.self_draft import draft_pass
+
+  run = jax.jit(lambda partial, cache, root: draft_pass(model, partial, cache, root, most)[0])
+  partial = state.proposal.partial
+  due = dataclasses.replace(partial, copied=jnp.zeros_like(partial.copied))  # (a selection is due)
+  return {"draft_pass_ms": median_seconds(lambda: run(partial, state.cache, state.root)) * 1e3,
+          "draft_pass_selecting_ms": median_seconds(lambda: run(due, state.cache, state.root)) * 1e3,
+          "partial_cache_slots": partial.budget}
 
 
 def _floor_row(row) -> str:
@@ -320,7 +342,8 @@ def main(argv=None):
   p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
   p.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1], help="batch sizes for --suite floor")
   p.add_argument("--methods", type=method_spec, nargs="+", default=[("ar", None, None), ("longspec", None, None)],
-                 help="methods for --suite floor: ar, pld, longspec (with a random draft), each copying one as"
+                 help="methods for --suite floor: ar, pld, longspec (with a random draft), tokenswift (random heads,"
+                      " its drafting pass also timed alone), each copying one as"
                       " METHOD:TOKENSxMATCHES too (e.g. pld:24x4, auto's trie on a GPU); prompt lookup's rounds"
                       " verify their whole trees whether or not the random prompt repeats")
   p.add_argument("--numerics", choices=("fast", "invariant"), nargs="+", default=["fast"],
@@ -334,8 +357,9 @@ def main(argv=None):
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  if unknown := {m for m, _, _ in args.methods} - {"ar", "pld", "longspec"}:
-    p.error(f"--methods: --suite floor times ar, pld and longspec rounds, not {', '.join(sorted(unknown))}")
+  if unknown := {m for m, _, _ in args.methods} - {"ar", "pld", "longspec", "tokenswift"}:
+    p.error(f"--methods: --suite floor times ar, pld, longspec and tokenswift rounds, not"
+            f" {', '.join(sorted(unknown))}")
   args.attention = cli.attention_impl(args.attention).value
   if args.out:
     cli.output_path(args.out)
