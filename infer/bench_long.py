@@ -121,7 +121,7 @@ def main(argv=None):
                               penalty_window=args.penalty_window)
     baseline, ar_tokens = {}, {}  # AR's runs and tokens by output length
     for (method, copies, matches), name in zip(methods, names):
-      proposer, params = make_proposer(method, drafts.get(name), None, copies, None, matches)
+      proposer, params = make_proposer(method, drafts.get(name), None, copies, None, matches, sampling)
       decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run writes its whole length)
       warmed_up(lambda: generate(target.model, [prompt], args.lengths[0], decoding, params, seed=args.seed))
       runs = []

@@ -237,7 +237,7 @@ def main(argv=None):
       baseline = None
       for label, method, (widths, cape), copies, matches in variants:
         draft = drafts[draft_kind(method)] if specs[method] is not None else None
-        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches)
+        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches, sampling)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result

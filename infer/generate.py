@@ -169,7 +169,7 @@ def main(argv=None) -> None:
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches)
+  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling)
   with PrefillBar() as on_prefill:
     decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,

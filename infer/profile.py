@@ -269,8 +269,10 @@ def main(argv=None):
   draft = (load_draft(spec, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
            if spec is not None else None)
   widths, cape = tree_choice(args.tree_widths, args)
-  proposer, proposer_params = make_proposer(args.method, draft, widths, args.copy_tokens, cape, args.copy_matches)
-  decoding = Decoding(proposer=proposer, sampling=sampling_config(args, args.method))
+  sampling = sampling_config(args, args.method)
+  proposer, proposer_params = make_proposer(args.method, draft, widths, args.copy_tokens, cape, args.copy_matches,
+                                            sampling)
+  decoding = Decoding(proposer=proposer, sampling=sampling)
 
   def run(generation: int):
     batch = prompts[generation * args.batch:(generation + 1) * args.batch]

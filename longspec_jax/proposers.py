@@ -29,6 +29,7 @@ from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.errors import UserError
 from longspec_jax.heads import Heads
 from longspec_jax.ngram import NGramTable, PromptLookup
+from longspec_jax.sampling import SamplingConfig, penalize, recent_tokens
 from longspec_jax.self_draft import draft_pass
 from longspec_jax.tree import Tree, beam_offsets, best_children, cape_tree, chain, graft_chains, static_topology
 
@@ -267,9 +268,11 @@ class TokenSwift:
   as much) join it as branches (`tree.graft_chains`). Verification then runs over the
   full cache, so the draft's approximations cost acceptance, never exactness.
 
-  Deviations: candidates are ranked by the raw logits (the paper's by the penalised
-  probabilities); of several fully accepted paths the walk keeps the first, not one at
-  random (the paper's "random n-gram selection", exact only under greedy decoding)."""
+  Candidates are ranked by the logits under `sampling`'s contextual penalty (over the
+  text up to the root; the only processor that reorders tokens), as the verification
+  will weigh them. Deviation: of several fully accepted paths the walk keeps the first,
+  not one at random (the paper's "random n-gram selection", exact only under greedy
+  decoding)."""
 
   graphdef: nnx.GraphDef  # the heads'
   tree_widths: tuple[int, ...] = (1, 3, 3, 3)
@@ -279,6 +282,7 @@ class TokenSwift:
   ngram_slots: int = 32  # continuations the table holds per first token
   n: int = 4  # the paper's 4-grams: as deep as the heads' tree
   lag: int = 1024
+  sampling: SamplingConfig = SamplingConfig()  # the generation's processors (the penalty ranks candidates)
 
   @property
   def tree_size(self) -> int:
@@ -302,6 +306,10 @@ class TokenSwift:
     heads: Heads = nnx.merge(self.graphdef, params)
     hidden, partial = draft_pass(target, state.partial, cache, root, most=self.depth + 1)
     logits = target.logits(jnp.concatenate([hidden[:, None], heads(hidden)], axis=1))  # [B, G + 1, V]
+    if self.sampling.penalized:  # (the window up to the root: the tree's own tokens are left out)
+      none = jnp.full((root.shape[0], 1, 1), -1, jnp.int32)
+      seen = recent_tokens(history, cache.lengths, none, self.sampling, logits.shape[-1])  # [B, 1, V]
+      logits = penalize(logits, seen, self.sampling)
     _, top = jax.lax.top_k(logits, max(self.tree_widths))  # [B, G + 1, W]
     parents, depths, ranks = static_topology(self.tree_widths)
     tokens = jnp.concatenate([root[:, None], top[:, depths[1:] - 1, ranks[1:]]], axis=1)
@@ -361,7 +369,8 @@ def auto_copies() -> tuple[int, int]:
 
 
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
-                  copy_tokens: int | None = None, cape: CapeConfig | None = None, copy_matches: int | None = None):
+                  copy_tokens: int | None = None, cape: CapeConfig | None = None, copy_matches: int | None = None,
+                  sampling: SamplingConfig | None = None):
   """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
   draft's graphdef and tree, `tree_widths` (or with `cape`, CAPE's tree) with
   `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in
@@ -371,7 +380,8 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   (by default the draft's copy length, else `auto_copies`) and, if a draft is given, the
   draft's tree with them grafted in. GLIDE's draft takes CAPE's tree (its paper's)
   unless widths or CAPE are given. `tokenswift`'s draft is its heads (`Heads`), whose
-  full tree `tree_widths` replaces. The other methods have no params."""
+  full tree `tree_widths` replaces; it ranks its candidates under `sampling`'s penalty.
+  The other methods have no params."""
   stored = draft.config if draft is not None else None
   if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
     raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
@@ -382,7 +392,7 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
                       " prompt lookup's continuations do not apply to it.")
     graphdef, params = nnx.split(draft)
     heads = stored if tree_widths is None else dataclasses.replace(stored, tree_widths=tuple(tree_widths))  # (checked)
-    return TokenSwift(graphdef, heads.tree_widths), params
+    return TokenSwift(graphdef, heads.tree_widths, sampling=sampling or SamplingConfig()), params
   if method == "glide" and tree_widths is None and cape is None:
     cape = CapeConfig()
   if cape is not None and stored is not None:

@@ -494,3 +494,19 @@ def test_chunks_done_when_their_call_returns_are_streamed_before_the_next(tiny, 
   dispatched.clear()
   assert engine.generate(tiny, [[5, 6, 7]], 40).token_ids == reference
   assert dispatched == [engine.MAX_ROUNDS_PER_CHUNK]  # the pace of the generation before
+
+
+def test_tokenswift_ranks_its_candidates_under_the_penalty(tiny):
+  """Under a contextual penalty TokenSwift proposes the penalised ranking's tokens (its
+  one depth-1 candidate is the target's penalised choice), so its rounds accept more
+  than the raw ranking's, and both emit AR's tokens under that penalty."""
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(3, 40, size=30).tolist(), rng.integers(3, 211, size=24).tolist()]
+  sampling = SamplingConfig(penalty=3.0, penalty_window=12)
+  reference = generate(tiny, prompts, 24, Decoding(sampling=sampling)).token_ids
+  heads, params = tokenswift(tiny, budget=96, ngrams=2, lag=0)
+  runs = {}
+  for name, proposer in (("raw", heads), ("penalised", dataclasses.replace(heads, sampling=sampling))):
+    runs[name] = generate(tiny, prompts, 24, Decoding(proposer=proposer, sampling=sampling), params)
+    assert runs[name].token_ids == reference, name
+  assert runs["penalised"].stats.mean_accepted_length > runs["raw"].stats.mean_accepted_length
