@@ -11,7 +11,7 @@ from flax import nnx
 from longspec_jax import proposers
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
-from longspec_jax.config import CapeConfig, DraftConfig, DraftKind
+from longspec_jax.config import BLOCK_KINDS, CapeConfig, DraftConfig, DraftKind
 from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.engine import prefill
 from longspec_jax.errors import UserError
@@ -24,7 +24,7 @@ from conftest import save_tiny_hf_model
 WIDTHS = (2, 3, 3)
 
 
-@pytest.fixture(scope="module", params=list(DraftKind), ids=[kind.value for kind in DraftKind])
+@pytest.fixture(scope="module", params=list(BLOCK_KINDS), ids=[kind.value for kind in BLOCK_KINDS])
 def models(tmp_path_factory, request):
   target, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "llama"), jnp.float32)
   # Two layers, so that ring K/V depend on the cross-attention too; a window shorter than
