@@ -17,7 +17,7 @@ from longspec_jax.config import CapeConfig
 from longspec_jax.engine import prefill
 from longspec_jax.ngram import PromptLookup
 from longspec_jax.sampling import SamplingConfig, probs
-from longspec_jax.tree import Tree, chain, graft_chains
+from longspec_jax.tree import Tree, chain, graft_chains, static_topology
 from longspec_jax.tree import cape_tree as build_cape_tree
 from longspec_jax.tree import copy_tree as build_copy_tree
 from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
@@ -202,6 +202,21 @@ def cape_tree(context):
   return [(1.0, nodes_of(tree))]
 
 
+def tokenswift_tree(context):
+  """TokenSwift's tree (`proposers.TokenSwift`): a full (1, 2, 2) tree whose depth d holds
+  the top tokens of a head's prediction d places ahead of the root, the same under every
+  parent (`tree.static_topology`), with two 3-token n-grams that begin with its depth-1
+  token grafted in (`tree.graft_chains`)."""
+  parents, depths, ranks = static_topology((1, 2, 2))
+  top = [np.argsort(-toy_distribution(context, SamplingConfig(temperature=0.5), salt=2 + d))[:2] for d in range(3)]
+  tokens = [context[-1]] + [int(top[d - 1][r]) for d, r in zip(depths[1:], ranks[1:])]
+  tree = Tree(tokens=jnp.asarray([tokens], jnp.int32), parents=jnp.asarray([parents]), depths=jnp.asarray([depths]),
+              valid=jnp.ones((1, len(tokens)), bool))
+  grams = np.random.default_rng([4, *context]).integers(0, V, (2, 3))
+  grams[:, 0] = tokens[1]
+  return [(1.0, nodes_of(graft_chains(tree, jnp.asarray(grams[None], jnp.int32), jnp.ones((1, 2, 3), bool))))]
+
+
 def sampled_tree(context):
   """Two children drawn i.i.d. from the draft at the root, the first with one child drawn
   from the draft after it: every draw enumerated with its probability."""
@@ -221,7 +236,7 @@ CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6, top_
 
 
 @pytest.mark.parametrize("trees", [chain_tree, beam_tree, copy_tree, copies_only, random_tree_of_context, cape_tree,
-                                   sampled_tree])
+                                   tokenswift_tree, sampled_tree])
 @pytest.mark.parametrize("config", CONFIGS, ids=["t1", "top-k", "top-p,min-p", "penalty"])
 def test_emitted_tokens_follow_the_target_exactly(trees, config):
   want = ar_law(config)
