@@ -118,21 +118,28 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
 
-def heads_token_losses(heads_params, heads_graphdef, target, tokens, positions, config: TrainConfig, head):
-  """Per-token (loss, hit) [B, T - 1] of TokenSwift's head `head` (1 .. gamma; an int or
-  a traced int32): at position t it predicts the token at t + 1 + head, against the
-  target's distribution at t + head (or that token, per `config.labels`). Its last
-  `head` positions would predict past the sequence: their values are meaningless."""
+def heads_states(heads_params, heads_graphdef, target, tokens, positions, config: TrainConfig):
+  """The frozen target's final states [B, T, E] over tokens [B, T] and TokenSwift's heads'
+  states on them [B, T, G, E]: one target forward serves every head."""
   dtype = jnp.dtype(config.compute_dtype)
   heads = nnx.merge(heads_graphdef, jax.tree.map(lambda p: p.astype(dtype), heads_params))
   batch, length = tokens.shape
   index = jnp.broadcast_to(jnp.arange(length), (batch, length))
   hidden, _, _ = target.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((batch, length), bool)))
-  hidden = jax.lax.stop_gradient(hidden)  # [B, T, E]: the frozen target's final states
-  states = jnp.take(heads(hidden), head - 1, axis=2)[:, :-1]  # [B, T - 1, E]
+  hidden = jax.lax.stop_gradient(hidden)
+  return hidden, heads(hidden)
+
+
+def head_token_losses(target, tokens, hidden, states, config: TrainConfig, head):
+  """Per-token (loss, hit) [B, T - 1] of TokenSwift's head `head` (1 .. gamma; an int or
+  a traced int32), from `heads_states`: at position t it predicts the token at
+  t + 1 + head, against the target's distribution at t + head (or that token, per
+  `config.labels`). Its last `head` positions would predict past the sequence: their
+  values are meaningless."""
+  own = jnp.take(states, head - 1, axis=2)[:, :-1]  # [B, T - 1, E]
   labels = jnp.roll(tokens, -(1 + head), axis=1)[:, :-1]
   teacher = jnp.roll(hidden, -head, axis=1)[:, :-1] if config.labels is Labels.TARGET else None
-  return chunked_token_losses(states, target.logits, labels, config.loss_chunk, teacher)
+  return chunked_token_losses(own, target.logits, labels, config.loss_chunk, teacher)
 
 
 def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config: TrainConfig):
@@ -145,8 +152,8 @@ def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, position
     weights = loss_mask[:, 1:].astype(jnp.float32)
   else:
     gamma = model.config.gamma
-    runs = [heads_token_losses(draft_params, draft_graphdef, target, tokens, positions, config, i)
-            for i in range(1, gamma + 1)]
+    hidden, states = heads_states(draft_params, draft_graphdef, target, tokens, positions, config)
+    runs = [head_token_losses(target, tokens, hidden, states, config, i) for i in range(1, gamma + 1)]
     losses, hits = (jnp.stack(x, axis=1) for x in zip(*runs))  # [B, G, T - 1]
     within = jnp.arange(tokens.shape[1] - 1)[None, :] < tokens.shape[1] - 1 - jnp.arange(1, gamma + 1)[:, None]
     weights = jnp.stack([jnp.roll(loss_mask, -(1 + i), axis=1)[:, :-1] for i in range(1, gamma + 1)], axis=1)
@@ -182,7 +189,8 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
   batch, length = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
   if isinstance(nnx.merge(draft_graphdef, draft_params), Heads):
-    return heads_token_losses(draft_params, draft_graphdef, target, tokens, positions, config, delay)
+    hidden, states = heads_states(draft_params, draft_graphdef, target, tokens, positions, config)
+    return head_token_losses(target, tokens, hidden, states, config, delay)
   delays = jnp.full((batch,), delay, jnp.int32)
   return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config, training=False)
 
