@@ -176,12 +176,11 @@ class PartialCache:
 
   def reselected(self, k: jax.Array, v: jax.Array, filled: jax.Array, lengths: jax.Array,
                  where: jax.Array) -> PartialCache:
-    """The cache holding a selection (`select_layer`'s slots, stacked over the layers
-    [L, B, P, K, D], filled [B, P]) of the positions below `lengths` where `where [B]`,
-    as it was elsewhere."""
-    pick = lambda new, old: jnp.where(where.reshape((1, -1) + (1,) * (old.ndim - 2)), new.astype(old.dtype), old)
-    return dataclasses.replace(self, k=pick(k, self.k), v=pick(v, self.v),
-                               filled=jnp.where(where[:, None], filled, self.filled),
+    """The cache with slots k, v [L, B, P, K, D] and `filled [B, P]` that hold, where
+    `where [B]`, a selection (`select_layer`'s, stacked over the layers) of the positions
+    below `lengths`, and elsewhere the slots as they were: the sequences selected count
+    every position below `lengths` in."""
+    return dataclasses.replace(self, k=k.astype(self.k.dtype), v=v.astype(self.v.dtype), filled=filled,
                                selected=jnp.where(where, lengths, self.selected),
                                copied=jnp.where(where, lengths, self.copied))
 

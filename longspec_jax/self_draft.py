@@ -45,11 +45,14 @@ def draft_pass(target: Transformer, partial: PartialCache, full: KVCache, root: 
     state, index, slot_k, slot_v = xs  # this layer's params and partial slots [B, P, K, D]
     layer = nnx.merge(layer_def, state)
     q, k, v = layer.project_qkv(x, cos, sin)  # q [B, 1, K, G, D]
-    rank = lambda: select_layer(q[:, 0], full.k[index], full.v[index], full.lengths, partial.budget, partial.sink)
-    chosen_k, chosen_v, chosen = jax.lax.cond(any_due, rank, lambda: (slot_k, slot_v, partial.filled))
-    pick = lambda new, old: jnp.where(due[:, None, None, None], new.astype(old.dtype), old)
-    slot_k, slot_v = pick(chosen_k, slot_k), pick(chosen_v, slot_v)
-    filled = jnp.where(due[:, None], chosen, partial.filled)
+    def rank():  # the due sequences' slots selected again, the others' as they are
+      new_k, new_v, new_filled = select_layer(q[:, 0], full.k[index], full.v[index], full.lengths, partial.budget,
+                                              partial.sink)
+      pick = lambda new, old: jnp.where(due[:, None, None, None], new.astype(old.dtype), old)
+      return pick(new_k, slot_k), pick(new_v, slot_v), jnp.where(due[:, None], new_filled, partial.filled)
+
+    # (a round with nothing due reads its slots as they are: no select over them)
+    slot_k, slot_v, filled = jax.lax.cond(any_due, rank, lambda: (slot_k, slot_v, partial.filled))
     keys = jnp.concatenate([slot_k, k.astype(slot_k.dtype)], axis=1)  # [B, P + 1, K, D]: the slots, then itself
     values = jnp.concatenate([slot_v, v.astype(slot_v.dtype)], axis=1)
     visible = jnp.concatenate([filled, itself], axis=1)[:, None, :]  # [B, 1, P + 1]
