@@ -28,7 +28,8 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
   save_draft(tmp_path / "glide", random_draft(DraftConfig.for_target(config, kind=DraftKind.GLIDE), jnp.float32))
   runs = {}
-  for method, flags in (("ar", []), ("pld", []), ("glide", ["--draft", str(tmp_path / "glide")])):
+  for method, flags in (("ar", []), ("pld", []), ("glide", ["--draft", str(tmp_path / "glide")]),
+                        ("tokenswift", ["--draft", "random"])):
     out = tmp_path / f"{method}.jsonl"
     assert run_cli(main, common + ["--method", method, "--out", str(out)] + flags, PROG) == 0, \
         capsys.readouterr().err
@@ -43,7 +44,7 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   assert run_cli(main, common + ["--method", "ar", "--out", str(resumed), "--resume"], PROG) == 0
   assert [json.loads(line) for line in resumed.read_text().splitlines()] == records
   greedy = [i for i, r in enumerate(records) if r["temperature"] == 0.0]
-  for method in ("pld", "glide"):  # lossless: the target's own text
+  for method in ("pld", "glide", "tokenswift"):  # lossless: the target's own text
     assert [runs[method][i] for i in greedy] == [records[i] for i in greedy], method
   loaded = load_records(str(tmp_path / "ar.jsonl"))
   if any(r["kind"] == "answer" for r in records):
