@@ -233,11 +233,13 @@ def draft_pass_ms(model, state, most: int) -> dict:
   committed tokens), in ms (medians). An AR step is the same pass over the full cache."""
   from longspec_jax.self_draft import draft_pass
 
-  run = jax.jit(lambda partial, cache, root: draft_pass(model, partial, cache, root, most)[0])
+  graphdef, weights = nnx.split(model)  # (the weights as arguments: closed over, jit embeds them as constants)
+  run = jax.jit(lambda weights, partial, cache, root: draft_pass(nnx.merge(graphdef, weights), partial, cache, root,
+                                                                most)[0])
   partial = state.proposal.partial
   due = dataclasses.replace(partial, copied=jnp.zeros_like(partial.copied))  # (a selection is due)
-  return {"draft_pass_ms": median_seconds(lambda: run(partial, state.cache, state.root)) * 1e3,
-          "draft_pass_selecting_ms": median_seconds(lambda: run(due, state.cache, state.root)) * 1e3,
+  return {"draft_pass_ms": median_seconds(lambda: run(weights, partial, state.cache, state.root)) * 1e3,
+          "draft_pass_selecting_ms": median_seconds(lambda: run(weights, due, state.cache, state.root)) * 1e3,
           "partial_cache_slots": partial.budget}
 
 

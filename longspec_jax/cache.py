@@ -123,17 +123,21 @@ class PartialCache:
   budget P of the target's committed K/V per layer, so its bytes stay the same however
   long the output grows; the target drafts on it, verification uses the full cache.
 
-  Slots [0, sink) hold the first positions (attention sinks); slots [sink, P) the
-  positions that ranked most important (Eq. 2: the current token's queries of each KV
-  head's group, dotted with the key) at the last selection, in decreasing importance per
-  KV head. The tokens committed since take the least important slots first: position
-  `selected` + j goes to slot P - 1 - j, written once (`append`, a few slots a round,
-  never a copy of the whole cache). When they would reach the sink, every position is
-  ranked again (`select`, layer by layer inside the drafting pass that has the queries)."""
+  The slots that hold a position are always a prefix, [0, `count`), so the drafting pass
+  reads them as the target's decode step reads its cache (`as_cache`: the same attention
+  kernel, lengths = count). A selection fills slots [0, sink) with the first positions
+  (attention sinks) and [sink, `kept`) with the positions that ranked most important
+  (Eq. 2: the current token's queries of each KV head's group, dotted with the key), in
+  decreasing importance per KV head; `kept` = min(context, P). The tokens committed since
+  are written once each (`append`, a few slots a round, never a copy of the whole cache):
+  into the empty slots after `kept` while there are any, then over the least important
+  selected ones, from slot P - 1 - j down (the j-th appended). When they would reach the
+  sink, every position is ranked again (`select_layer`, layer by layer inside the
+  drafting pass that has the queries)."""
 
   k: jax.Array  # [L, B, P, K, D]
   v: jax.Array  # [L, B, P, K, D]
-  filled: jax.Array  # [B, P] bool: slots that hold a position (the same slots for every head)
+  kept: jax.Array  # [B] int32: slots the last selection filled
   selected: jax.Array  # [B] int32: the target cache's length at the last selection
   copied: jax.Array  # [B] int32: the committed positions below this are in (selected, or appended)
   sink: int = dataclasses.field(metadata=dict(static=True))
@@ -144,12 +148,22 @@ class PartialCache:
       raise ValueError(f"a partial cache needs 0 <= sink < budget, got sink {sink} and budget {budget}.")
     shape = (config.num_layers, batch, budget, config.num_kv_heads, config.head_dim)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), filled=jnp.zeros((batch, budget), bool),
-               selected=zeros, copied=zeros, sink=sink)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), kept=zeros, selected=zeros, copied=zeros,
+               sink=sink)
 
   @property
   def budget(self) -> int:
     return self.k.shape[2]
+
+  @property
+  def count(self) -> jax.Array:
+    """[B]: slots [0, count) hold a position."""
+    return jnp.minimum(self.kept + self.copied - self.selected, self.budget)
+
+  def as_cache(self) -> KVCache:
+    """The held slots as a target cache of `count` committed slots (their positions are
+    not their slot numbers: a window over positions does not apply to them)."""
+    return KVCache(k=self.k, v=self.v, lengths=self.count)
 
   def needs_selection(self, lengths: jax.Array) -> jax.Array:
     """[B] bool: the positions committed since the last selection (up to `lengths`) would
@@ -159,33 +173,35 @@ class PartialCache:
   def append(self, full: KVCache, most: int, where: jax.Array | None = None) -> PartialCache:
     """Copies the target's K/V of the positions committed since the last call (at most
     `most` of them per sequence: a static bound, a round's accepted tokens) into the
-    least important slots, in the sequences `where [B]` (all by default): the others are
-    due a selection (`needs_selection`), which takes every position."""
-    batch = self.filled.shape[0]
+    empty slots, then the least important ones, in the sequences `where [B]` (all by
+    default): the others are due a selection (`needs_selection`), which takes every
+    position."""
+    batch = self.kept.shape[0]
     rows = jnp.arange(batch)[:, None]
     positions = self.copied[:, None] + jnp.arange(most)[None, :]  # [B, M]
     fresh = positions < full.lengths[:, None]
     if where is not None:
       fresh &= where[:, None]
-    slots = jnp.where(fresh, self.budget - 1 - (positions - self.selected[:, None]), self.budget)  # (past: dropped)
+    since = positions - self.selected[:, None]  # [B, M]: the j-th appended since the selection
+    empty = self.kept[:, None] + since
+    slots = jnp.where(empty < self.budget, empty, self.budget - 1 - since)
+    slots = jnp.where(fresh, slots, self.budget)  # (past the end: dropped)
     take = lambda layers: layers.at[:, rows, positions].get(mode="clip")  # [L, B, M, K, D]
     put = lambda slots_kv, new: slots_kv.at[:, rows, slots].set(new.astype(slots_kv.dtype), mode="drop")
     return dataclasses.replace(self, k=put(self.k, take(full.k)), v=put(self.v, take(full.v)),
-                               filled=self.filled.at[rows, slots].set(True, mode="drop"),
                                copied=jnp.max(jnp.where(fresh, positions + 1, self.copied[:, None]), axis=1))
 
-  def reselected(self, k: jax.Array, v: jax.Array, filled: jax.Array, lengths: jax.Array,
-                 where: jax.Array) -> PartialCache:
-    """The cache with slots k, v [L, B, P, K, D] and `filled [B, P]` that hold, where
-    `where [B]`, a selection (`select_layer`'s, stacked over the layers) of the positions
-    below `lengths`, and elsewhere the slots as they were: the sequences selected count
-    every position below `lengths` in."""
-    return dataclasses.replace(self, k=k.astype(self.k.dtype), v=v.astype(self.v.dtype), filled=filled,
+  def reselected(self, k: jax.Array, v: jax.Array, lengths: jax.Array, where: jax.Array) -> PartialCache:
+    """The cache with slots k, v [L, B, P, K, D] that hold, where `where [B]`, a selection
+    (`select_layer`'s, stacked over the layers) of the positions below `lengths`, and
+    elsewhere the slots as they were."""
+    return dataclasses.replace(self, k=k.astype(self.k.dtype), v=v.astype(self.v.dtype),
+                               kept=jnp.where(where, jnp.minimum(lengths, self.budget), self.kept),
                                selected=jnp.where(where, lengths, self.selected),
                                copied=jnp.where(where, lengths, self.copied))
 
   def nbytes(self) -> int:
-    return sum(x.nbytes for x in (self.k, self.v, self.filled, self.selected, self.copied))
+    return sum(x.nbytes for x in (self.k, self.v, self.kept, self.selected, self.copied))
 
 
 def select_layer(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, budget: int, sink: int):
@@ -194,7 +210,7 @@ def select_layer(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, b
   `q [B, K, G, D]` the current token's queries grouped by KV head, each dotted with the
   key and summed over the group; ties: the earlier position), from the target's
   committed keys and values k, v [B, S, K, D] below `lengths [B]`. Returns slot keys and
-  values [B, P, K, D] and which slots hold a position [B, P]."""
+  values [B, P, K, D], of which the first min(lengths, P) hold a position."""
   size = k.shape[1]
   rest = budget - sink
   scores = jnp.einsum("bkgd,bskd->bks", q.astype(jnp.float32), k.astype(jnp.float32))  # [B, K, S]
@@ -203,9 +219,7 @@ def select_layer(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, b
   scores = jnp.where(eligible[:, None, :], scores, -jnp.inf)
   if rest > size:  # (fewer positions than slots: the rest of the slots stay empty)
     scores = jnp.pad(scores, ((0, 0), (0, 0), (0, rest - size)), constant_values=-jnp.inf)
-  best, chosen = jax.lax.top_k(scores, rest)  # [B, K, R], most important first
+  _, chosen = jax.lax.top_k(scores, rest)  # [B, K, R], most important first (the eligible ones)
   chosen = jnp.concatenate([jnp.broadcast_to(jnp.arange(sink), (*chosen.shape[:2], sink)), chosen], axis=-1)
   gather = lambda x: jnp.take_along_axis(x, jnp.clip(chosen, 0, size - 1).transpose(0, 2, 1)[..., None], axis=1)
-  sinks = jnp.broadcast_to(jnp.arange(sink)[None, :] < lengths[:, None], (lengths.shape[0], sink))
-  filled = jnp.concatenate([sinks, jnp.isfinite(best[:, 0])], axis=1)  # [B, P] (heads fill alike)
-  return gather(k), gather(v), filled
+  return gather(k), gather(v)

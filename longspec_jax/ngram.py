@@ -184,7 +184,7 @@ class NGramTable:
         counts = counts.at[token, slot].set(jnp.where(real, jnp.where(hit, times[slot] + 1, 1), times[slot]))
         return continuations, counts
 
-      return jax.lax.fori_loop(0, most, insert, (continuations, counts))
+      return jax.lax.fori_loop(0, most, insert, (continuations, counts), unroll=True)  # (a few: no loop to launch)
 
     continuations, counts = jax.vmap(one)(self.continuations, self.counts, history, start, stop)
     return NGramTable(continuations=continuations, counts=counts)

@@ -119,11 +119,14 @@ class Transformer(nnx.Module):
     return x, cache
 
   def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
-                    unroll: bool = False):
+                    unroll: bool = False, any_slot: bool = False):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
-    cache the attention is the masked pass alone (not differentiable with pallas)."""
+    cache the attention is the masked pass alone (not differentiable with pallas). With
+    `any_slot`, every committed slot of the cache is visible to every query whatever the
+    sliding window: a cache whose slots are not positions (`PartialCache.as_cache`)."""
     c = self.config
+    window = None if any_slot else c.sliding_window
     x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
@@ -145,7 +148,7 @@ class Transformer(nnx.Module):
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.
         out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
-                                         window=c.sliding_window, layer=index, impl=self.attention,
+                                         window=window, layer=index, impl=self.attention,
                                          invariance=invariance)
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
 

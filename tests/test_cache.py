@@ -144,11 +144,11 @@ def test_a_selection_keeps_the_sink_and_the_most_important_positions(size, budge
   k = rng.integers(-2, 3, size=(batch, size, heads, dim)).astype(np.float32)
   v = rng.standard_normal((batch, size, heads, dim)).astype(np.float32)
   lengths = np.array([size, max(size - 5, 1), min(size, 3)])
-  got_k, got_v, filled = select_layer(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths), budget,
-                                      sink)
+  got_k, got_v = select_layer(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths), budget, sink)
   assert got_k.shape == got_v.shape == (batch, budget, heads, dim)
   for b, per_head in enumerate(reference_selection(q, k, lengths, budget, sink)):
-    np.testing.assert_array_equal(np.asarray(filled[b]), [s is not None for s in per_head[0]])
+    for slots in per_head:  # the held slots are a prefix, as many as the positions or the budget
+      assert [s is not None for s in slots] == [i < min(lengths[b], budget) for i in range(budget)]
     for h, slots in enumerate(per_head):
       for slot, position in enumerate(slots):
         if position is not None:
@@ -156,26 +156,33 @@ def test_a_selection_keeps_the_sink_and_the_most_important_positions(size, budge
           np.testing.assert_array_equal(np.asarray(got_k[b, slot, h]), k[b, position, h])
 
 
-def test_the_partial_cache_appends_into_the_least_important_slots_at_a_fixed_size():
-  """Rounds append the committed positions from the last slot down, each once; a
-  selection is due when they would reach the sink; the cache's bytes never change."""
+def test_the_partial_cache_fills_its_empty_slots_then_the_least_important_at_a_fixed_size():
+  """Rounds append the committed positions once each: into the slots after a selection's
+  where it left some empty, then over the least important selected ones from the last
+  slot down; the held slots stay a prefix; a selection is due when the appended would
+  reach the sink; the cache's bytes never change."""
   config = TargetConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
                         head_dim=4)
   full = KVCache.create(config, 2, 64, jnp.float32)
   values = jnp.arange(64, dtype=jnp.float32)[None, None, :, None, None] + jnp.zeros(full.k.shape)
-  full = KVCache(k=values, v=-values, lengths=jnp.asarray([20, 30], jnp.int32))
+  full = KVCache(k=values, v=-values, lengths=jnp.asarray([20, 6], jnp.int32))  # longer and shorter than the budget
   partial = PartialCache.create(config, 2, budget=10, sink=2, dtype=jnp.float32)
   size = partial.nbytes()
   assert bool(jnp.all(partial.needs_selection(full.lengths)))  # nothing selected yet
-  slot_k, slot_v, filled = jax.vmap(lambda k, v: select_layer(
-      jnp.ones((2, 1, 2, 4)), k, v, full.lengths, 10, 2))(full.k, full.v)
-  partial = partial.reselected(slot_k, slot_v, filled[0], full.lengths, jnp.asarray([True, True]))
+  select = lambda k, v: select_layer(jnp.ones((2, 1, 2, 4)), k, v, full.lengths, 10, 2)
+  slot_k, slot_v = jax.vmap(select)(full.k, full.v)
+  partial = partial.reselected(slot_k, slot_v, full.lengths, jnp.asarray([True, True]))
   assert not bool(jnp.any(partial.needs_selection(full.lengths)))
+  np.testing.assert_array_equal(np.asarray(partial.count), [10, 6])
+  np.testing.assert_array_equal(np.asarray(partial.k[0, 1, :6, 0, 0]), [0, 1, 5, 4, 3, 2])  # the later, the larger q.k
   for added in ([3, 1], [2, 4]):
     full = full.advance(jnp.asarray(added, jnp.int32))
     partial = partial.append(full, most=4)
   np.testing.assert_array_equal(np.asarray(partial.k[1, 0, 5:, 0, 0]), [24, 23, 22, 21, 20])  # newest lowest
-  np.testing.assert_array_equal(np.asarray(partial.v[0, 1, 5:, 0, 0]), [-34, -33, -32, -31, -30])
-  np.testing.assert_array_equal(np.asarray(partial.copied), [25, 35])
+  np.testing.assert_array_equal(np.asarray(partial.v[0, 1, :, 0, 0]), [0, -1, -5, -4, -3, -10, -6, -7, -8, -9])
+  np.testing.assert_array_equal(np.asarray(partial.copied), [25, 11])
+  np.testing.assert_array_equal(np.asarray(partial.count), [10, 10])
+  cache = partial.as_cache()
+  assert cache.k is partial.k and cache.lengths.tolist() == [10, 10]
   np.testing.assert_array_equal(np.asarray(partial.needs_selection(full.lengths + jnp.asarray([3, 4]))), [False, True])
-  assert partial.nbytes() == size == 2 * (2 * 2 * 10 * 1 * 4 * 4) + 2 * 10 + 2 * 2 * 4
+  assert partial.nbytes() == size == 2 * (2 * 2 * 10 * 1 * 4 * 4) + 3 * 2 * 4
