@@ -5,10 +5,14 @@ Each method writes the same long continuation of one prompt, once to each output
 same tokens, the same random draws), so the differences between consecutive lengths give
 each segment's tau and speed, the shape of TokenSwift's Table 3 (speedup as the output
 grows). Speedups are against AR at the same length and the same logit processors, in
-the same run. `--penalties` repeats everything per contextual penalty (TokenSwift's
-theta, over the last `--penalty-window` tokens), and the JSON gives the output's
-Distinct-n (distinct n-grams over all n-grams, n = 1..4) under each: what the penalty is
-for. Greedy tokens are checked against AR's. Writes JSON (and a PNG) with `--out`.
+the same run. Each run follows a warm-up generation of its own length (its own shapes:
+on an H100 a TokenSwift run at a length not run before took ~12 s more than its rounds,
+session 23); its JSON row gives the seconds XLA compiled in the warm-up and any it
+compiled inside the timed decoding all the same (`decode_compile_seconds`).
+`--penalties` repeats everything per contextual penalty (TokenSwift's theta, over the
+last `--penalty-window` tokens), and the JSON gives the output's Distinct-n (distinct
+n-grams over all n-grams, n = 1..4) under each: what the penalty is for. Greedy tokens
+are checked against AR's. Writes JSON (and a PNG) with `--out`.
 
   python -m infer.bench_long --methods ar tokenswift --heads DIR --prompt-tokens 2048 \
       --lengths 1024 2048 4096 6000 --temperature 1.0 --min-p 0.1 --penalties 1.0 1.2 --out long.json
@@ -123,17 +127,17 @@ def main(argv=None):
     for (method, copies, matches), name in zip(methods, names):
       proposer, params = make_proposer(method, drafts.get(name), None, copies, None, matches, sampling)
       decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run writes its whole length)
-      warmed_up(lambda: generate(target.model, [prompt], args.lengths[0], decoding, params, seed=args.seed))
       runs = []
-      for length in args.lengths:
+      for length in args.lengths:  # (each length its own shapes: warmed up each)
         with Compiles() as compiled:
-          result = generate(target.model, [prompt], length, decoding, params, seed=args.seed)
+          warmed_up(lambda: generate(target.model, [prompt], length, decoding, params, seed=args.seed))
+        result = generate(target.model, [prompt], length, decoding, params, seed=args.seed)
         stats = result.stats
         runs.append({"penalty": penalty, "method": method, "output_tokens": length, "new_tokens": stats.num_new_tokens,
                      "rounds": stats.rounds, "decode_seconds": stats.decode_seconds,
                      "tau": stats.mean_accepted_length, "tokens_per_second": stats.tokens_per_second,
-                     "compile_seconds": compiled.seconds, "draft_state_mib": stats.proposer_state_bytes / 2**20,
-                     "token_ids": result.token_ids[0]})
+                     "compile_seconds": compiled.seconds, "decode_compile_seconds": stats.decode_compile_seconds,
+                     "draft_state_mib": stats.proposer_state_bytes / 2**20, "token_ids": result.token_ids[0]})
         del result  # (its caches)
       for run, segment in zip(runs, segments(runs)):
         run.update(segment)

@@ -12,6 +12,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from longspec_jax.compiles import Compiles  # noqa: F401 (the benchmarks' import of it)
+
 
 def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
   for _ in range(warmup):
@@ -22,27 +24,6 @@ def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t)
   return statistics.median(times)
-
-
-class Compiles:
-  """Counts XLA's compilations, and the seconds they took, while its `with` block runs: a
-  timed generation that compiles times the compiler, not the decoding (once 13 s inside
-  a LongSpec generation of 0.2 s, H200, session 20), so the benchmarks report it."""
-
-  def __init__(self):
-    self.count, self.seconds = 0, 0.0
-
-  def _heard(self, event: str, seconds: float, **_) -> None:
-    if "backend_compile" in event:
-      self.count += 1
-      self.seconds += seconds
-
-  def __enter__(self) -> Compiles:
-    jax.monitoring.register_event_duration_secs_listener(self._heard)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    jax.monitoring.unregister_event_duration_listener(self._heard)
 
 
 WARM_UPS = 8  # at most: `auto` measuring its round prices may need more than one generation

@@ -37,6 +37,7 @@ from longspec_jax import calibration, gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
+from longspec_jax.compiles import Compiles
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
@@ -111,6 +112,7 @@ class GenerationStats:
   prefill_seconds: float  # prefill, the first token and the proposer's start
   decode_seconds: float  # the rounds, streaming included
   compile_seconds: float  # the decode loop's compilation (outside both timings)
+  decode_compile_seconds: float  # compilations inside decode_seconds all the same (0: all compiled before)
   kv_cache_bytes: int  # the target's cache, allocated for prompt + new tokens
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
@@ -544,75 +546,77 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   run.compile(state)
   compile_seconds = time.perf_counter() - tc
 
-  t1 = time.perf_counter()
-  chunks = [first[:, None]]
-  pace_key = (decoding, len(prompts), model.config)
-  rounds, dispatched, pending, ready_at, max_gap = rounds_per_chunk or _rounds_in(_PACE.get(pace_key)), 0, None, t1, 0.0
-  previous_done = t1
-  round_seconds, calibration_seconds = None, 0.0
+  with Compiles() as inside:  # (a compilation in there is timed as decoding: reported)
+    t1 = time.perf_counter()
+    chunks = [first[:, None]]
+    pace_key = (decoding, len(prompts), model.config)
+    rounds = rounds_per_chunk or _rounds_in(_PACE.get(pace_key))
+    dispatched, pending, ready_at, max_gap = 0, None, t1, 0.0
+    previous_done = t1
+    round_seconds, calibration_seconds = None, 0.0
 
-  def emit(tokens: np.ndarray) -> None:
-    chunks.append(tokens)
-    if on_tokens:
-      on_tokens(tokens)
+    def emit(tokens: np.ndarray) -> None:
+      chunks.append(tokens)
+      if on_tokens:
+        on_tokens(tokens)
 
-  if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
-    # Set in every generation, the first too: the program that sets it compiles in the
-    # first (a warm-up), not inside the decode time of the first that starts from gains
-    # learnt (~0.4 s on an H100: that generation ran at 13% of prompt lookup's speed).
-    learnt_key = (decoding, model.config)
-    learnt = _LEARNT.get(learnt_key) or decoding.proposer.nothing_learnt()
-    state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
-    key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
-                               state.history.shape[1])
-    prices = calibration.known(key)
-    if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
-      measured = calibration.calibrate(decoding.proposer, run, state, emit, prices)
-      state, prices, dispatched = measured.state, measured.prices, measured.rounds
-      if measured.finished:
-        dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
-      calibration.remember(key, prices)  # (a part too: the next generation goes on from it)
-      ready_at = previous_done = time.perf_counter()
-      calibration_seconds = ready_at - t1
-    else:
-      state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(prices.seconds)))
-    round_seconds = list(prices.seconds)
+    if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
+      # Set in every generation, the first too: the program that sets it compiles in the
+      # first (a warm-up), not inside the decode time of the first that starts from gains
+      # learnt (~0.4 s on an H100: that generation ran at 13% of prompt lookup's speed).
+      learnt_key = (decoding, model.config)
+      learnt = _LEARNT.get(learnt_key) or decoding.proposer.nothing_learnt()
+      state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
+      key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
+                                 state.history.shape[1])
+      prices = calibration.known(key)
+      if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
+        measured = calibration.calibrate(decoding.proposer, run, state, emit, prices)
+        state, prices, dispatched = measured.state, measured.prices, measured.rounds
+        if measured.finished:
+          dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
+        calibration.remember(key, prices)  # (a part too: the next generation goes on from it)
+        ready_at = previous_done = time.perf_counter()
+        calibration_seconds = ready_at - t1
+      else:
+        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(prices.seconds)))
+      round_seconds = list(prices.seconds)
 
-  def stream(chunk: _Chunk) -> bool:
-    """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
-    sequence is done."""
-    nonlocal rounds, ready_at, previous_done, max_gap
-    tokens = np.asarray(chunk.tokens)
-    now = time.perf_counter()
-    max_gap = max(max_gap, now - ready_at)
-    done_at = chunk.done_at or now
-    finished = bool(chunk.finished)
-    if not finished:  # (a chunk that finished may have run fewer rounds than it was given)
-      _PACE[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
-      rounds = rounds_per_chunk or _rounds_in(_PACE[pace_key])
-    ready_at, previous_done = now, done_at
-    emit(tokens)
-    return finished
+    def stream(chunk: _Chunk) -> bool:
+      """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
+      sequence is done."""
+      nonlocal rounds, ready_at, previous_done, max_gap
+      tokens = np.asarray(chunk.tokens)
+      now = time.perf_counter()
+      max_gap = max(max_gap, now - ready_at)
+      done_at = chunk.done_at or now
+      finished = bool(chunk.finished)
+      if not finished:  # (a chunk that finished may have run fewer rounds than it was given)
+        _PACE[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
+        rounds = rounds_per_chunk or _rounds_in(_PACE[pace_key])
+      ready_at, previous_done = now, done_at
+      emit(tokens)
+      return finished
 
-  while True:
-    if pending is not None and pending.done_at is not None:  # done when its call returned (a GPU)
-      if stream(pending):
+    while True:
+      if pending is not None and pending.done_at is not None:  # done when its call returned (a GPU)
+        if stream(pending):
+          break
+        pending = None
+      launched = None
+      if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
+        launched = _Chunk.run(run, (state, rounds), rounds)
+        state = launched.state
+        dispatched += rounds
+      if pending is not None and stream(pending):  # read while the device runs the next chunk
         break
-      pending = None
-    launched = None
-    if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
-      launched = _Chunk.run(run, (state, rounds), rounds)
-      state = launched.state
-      dispatched += rounds
-    if pending is not None and stream(pending):  # read while the device runs the next chunk
-      break
-    if launched is None:
-      break
-    pending = launched
-  rounds_by_length = np.asarray(state.rounds_by_length)
-  if bool(np.any(np.asarray(state.nonfinite))):
-    raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
-  decode_seconds = time.perf_counter() - t1
+      if launched is None:
+        break
+      pending = launched
+    rounds_by_length = np.asarray(state.rounds_by_length)
+    if bool(np.any(np.asarray(state.nonfinite))):
+      raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
+    decode_seconds = time.perf_counter() - t1
   if isinstance(decoding.proposer, Adaptive):
     _LEARNT[learnt_key] = decoding.proposer.learnt(state.proposal)
 
@@ -628,6 +632,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       prefill_seconds=started.prefill_seconds,
       decode_seconds=decode_seconds,
       compile_seconds=compile_seconds,
+      decode_compile_seconds=inside.seconds,
       kv_cache_bytes=state.cache.nbytes(),
       proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
       tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,

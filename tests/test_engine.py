@@ -369,6 +369,7 @@ def test_tokenswift_is_lossless(tiny, budget, lag):
   result = generate(tiny, prompts, 30, Decoding(proposer=proposer), params, rounds_per_chunk=4)
   assert result.token_ids == reference
   assert result.state.proposal.partial.budget == budget
+  assert result.stats.compile_seconds > 0 and result.stats.decode_compile_seconds == 0  # chunk after chunk: one program
   if lag == 0:
     assert result.stats.mean_accepted_length > 1.5
 

@@ -1,11 +1,10 @@
 """The benchmarks' timing helpers: chained on-device loops over pytrees, and the split of
 a decode round into drafting and verification."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from infer.timing import Compiles, loop_seconds, phase_seconds
+from infer.timing import loop_seconds, phase_seconds
 from longspec_jax.config import DraftConfig
 from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate
@@ -29,18 +28,3 @@ def test_phase_seconds_on_a_finished_run(tmp_path):
   result = generate(target, [np.arange(3, 20).tolist()], 6, decoding, params)
   draft_seconds, verify_seconds = phase_seconds(target, decoding, params, result.state, iters=2)
   assert draft_seconds > 0 and verify_seconds > 0
-
-
-def test_compiles_counts_only_what_compiles_inside_its_block():
-  add = jax.jit(lambda x: x + 1)
-  three, five = jnp.ones(3), jnp.ones(5)
-  add(three)  # compiled before
-  with Compiles() as compiled:
-    add(three)
-  assert compiled.count == 0 and compiled.seconds == 0
-  with Compiles() as compiled:
-    add(five)  # a new shape
-    jax.jit(lambda x: x * 2)(three)
-  assert compiled.count == 2 and compiled.seconds > 0
-  jax.jit(lambda x: x - 1)(three)  # after the block: not counted
-  assert compiled.count == 2
