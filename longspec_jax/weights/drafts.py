@@ -62,7 +62,7 @@ def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
 
 def _shipped(target_name: str, kind: DraftKind) -> Path:
   """Where the package keeps the draft of `kind` for a target (LongSpec's under the
-  target's name, GLIDE's under `<name>-glide`)."""
+  target's name, GLIDE's and TokenSwift's heads under `<name>-glide`, `<name>-tokenswift`)."""
   return SHIPPED / (target_name if kind is DraftKind.LONGSPEC else f"{target_name}-{kind.value}")
 
 
