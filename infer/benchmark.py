@@ -188,7 +188,10 @@ def main(argv=None):
       for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
         for matches in [own_matches] if own_matches else args.copy_matches or [None]:
           shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
-          label = m + shape + (f"+copy{copies}" if copies else "") + (f"x{matches}" if matches else "")
+          # (TokenSwift's continuations are its n-grams, their length 0 none of them)
+          grams = m == "tokenswift" and copies is not None
+          label = m + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
+          label += f"x{matches}" if matches else ""
           variants.append((label, m, tree_choice(spec, args), copies, matches))
   sampling = sampling_config(args)
   dtype = cli.resolve_dtype(args.dtype)

@@ -11,14 +11,16 @@ from pathlib import Path
 from longspec_jax.cli import METHODS, any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
 
-COPYING = ("pld", "longspec", "glide", "auto")  # the methods prompt lookup's continuations shape
+# The methods prompt lookup's continuations shape (TokenSwift's: its n-gram branches)
+COPYING = ("pld", "longspec", "glide", "auto", "tokenswift")
 TOKENSWIFT_PENALTY = 1.2  # theta of TokenSwift's paper (Table 11, Llama 3.1 8B), its method's default
 
 
 def method_spec(text: str) -> tuple[str, int | None, int | None]:
-  """An argparse type: a method, or for one that copies (pld, longspec, glide, auto)
-  METHOD:TOKENSxMATCHES, prompt lookup's continuations for that method's run alone (e.g.
-  pld:16x4, four of 16 tokens), over --copy-tokens and --copy-matches."""
+  """An argparse type: a method, or for one that copies (pld, longspec, glide, auto,
+  tokenswift) METHOD:TOKENSxMATCHES, prompt lookup's continuations (TokenSwift's n-grams)
+  for that method's run alone (e.g. pld:16x4, four of 16 tokens), over --copy-tokens and
+  --copy-matches."""
   method, _, copies = text.partition(":")
   if method not in METHODS or (copies and method not in COPYING):
     raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(METHODS))}, or for one of"
@@ -115,10 +117,12 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   p.add_argument("--copy-tokens", type=nonnegative_int, nargs=nargs,
                  help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
                       " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
-                      " pld, and for auto 24 on a GPU, 10 elsewhere)" + each)
+                      " pld, and for auto 24 on a GPU, 10 elsewhere); tokenswift: the length of its n-gram branches"
+                      " (default 4; 0: none)" + each)
   p.add_argument("--copy-matches", type=positive_int, nargs=nargs,
                  help="pld, longspec and auto: how many prompt-lookup continuations (the most recent distinct ones)"
-                      " a round proposes, as a trie (default 1; auto: 4 on a GPU)" + each)
+                      " a round proposes, as a trie (default 1; auto: 4 on a GPU); tokenswift: how many of its most"
+                      " frequent n-grams a round grafts (default 20, at most 32)" + each)
 
 
 def tree_choice(spec, args):
@@ -166,7 +170,8 @@ def tree_record(proposer) -> dict:
   if isinstance(proposer, PromptLookup):
     return {"copy_tokens": proposer.num_tokens, "copy_matches": proposer.matches}
   if isinstance(proposer, TokenSwift):
-    return {"tree_widths": list(proposer.tree_widths), "ngrams": proposer.ngrams, "partial_cache": proposer.budget}
+    return {"tree_widths": list(proposer.tree_widths), "ngrams": proposer.ngrams, "ngram_tokens": proposer.n,
+            "partial_cache": proposer.budget}
   return {}
 
 

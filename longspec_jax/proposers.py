@@ -251,7 +251,7 @@ class SelfDraftState:
   """TokenSwift's per-sequence state: its partial cache and its n-gram table."""
 
   partial: PartialCache
-  table: NGramTable
+  table: NGramTable | None  # (None: no n-gram branches)
   tabled: jax.Array  # [B] int32: the n-grams that begin below this position are in the table
 
 
@@ -290,16 +290,16 @@ class TokenSwift:
 
   @property
   def depth(self) -> int:
-    return max(len(self.tree_widths), self.n)
+    return max(len(self.tree_widths), self.n if self.ngrams else 0)
 
   def start(self, params, *, target, cache, history) -> SelfDraftState:
     """An empty partial cache (the first round selects its positions) and the table of the
-    prompt's n-grams that are `lag` tokens old."""
+    prompt's n-grams that are `lag` tokens old (none without n-gram branches)."""
     batch = history.shape[0]
     budget = min(self.budget, cache.max_len)
     partial = PartialCache.create(target.config, batch, budget, min(self.sink, budget - 1), cache.k.dtype)
     old = cache.lengths + 1 - self.lag  # the text so far (the root included), less the lag
-    table = NGramTable.build(history, old, target.config.vocab_size, self.ngram_slots, self.n)
+    table = NGramTable.build(history, old, target.config.vocab_size, self.ngram_slots, self.n) if self.ngrams else None
     return SelfDraftState(partial=partial, table=table, tabled=jnp.maximum(old - self.n + 1, 0))
 
   def propose(self, params, state: SelfDraftState, *, target, cache, history, root):
@@ -315,6 +315,8 @@ class TokenSwift:
     tokens = jnp.concatenate([root[:, None], top[:, depths[1:] - 1, ranks[1:]]], axis=1)
     tree = Tree(tokens=tokens.astype(jnp.int32), parents=jnp.broadcast_to(parents, tokens.shape),
                 depths=jnp.broadcast_to(depths, tokens.shape), valid=jnp.ones(tokens.shape, bool))
+    if not self.ngrams:
+      return tree, dataclasses.replace(state, partial=partial)
     stop = jnp.maximum(cache.lengths + 1 - self.lag - self.n + 1, state.tabled)  # n-grams now `lag` old
     table = state.table.add(history, state.tabled, stop, most=self.depth + 1)
     grams, real = table.top(top[:, 0, 0], self.ngrams)  # [B, k, n]: those that begin with its own top token
@@ -387,12 +389,7 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
     raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
                     f" {stored.kind.value}'s.")
   if method == "tokenswift":
-    if cape is not None or copy_tokens or copy_matches:
-      raise UserError("--method tokenswift drafts with its heads and the n-grams of its own text: CAPE's tree and"
-                      " prompt lookup's continuations do not apply to it.")
-    graphdef, params = nnx.split(draft)
-    heads = stored if tree_widths is None else dataclasses.replace(stored, tree_widths=tuple(tree_widths))  # (checked)
-    return TokenSwift(graphdef, heads.tree_widths, sampling=sampling or SamplingConfig()), params
+    return _tokenswift(draft, tree_widths, copy_tokens, cape, copy_matches, sampling)
   if method == "glide" and tree_widths is None and cape is None:
     cape = CapeConfig()
   if cape is not None and stored is not None:
@@ -413,3 +410,22 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
     widths = tuple(tree_widths or stored.tree_widths)
     return PROPOSERS[method](graphdef, widths, copies, cape, copy_matches or 1), params
   return PROPOSERS[method](), None
+
+
+def _tokenswift(heads: Heads, tree_widths, copy_tokens, cape, copy_matches, sampling) -> tuple[TokenSwift, nnx.State]:
+  """`make_proposer`'s TokenSwift: its heads' full tree (or `tree_widths`) with
+  `copy_matches` n-grams of `copy_tokens` tokens grafted (its continuations: 20 of 4 by
+  default, its paper's; `copy_tokens` 0: none)."""
+  if cape is not None:
+    raise UserError("--method tokenswift drafts with its heads' full tree: CAPE's tree does not apply to it.")
+  slots = TokenSwift.ngram_slots
+  if copy_tokens == 1 or (copy_matches is not None and not 1 <= copy_matches <= slots):
+    raise UserError(f"--method tokenswift grafts n-grams of at least 2 tokens (--copy-tokens 0: none), at most {slots}"
+                    f" of them a round (--copy-matches), got {copy_tokens} x {copy_matches}.")
+  graphdef, params = nnx.split(heads)
+  config = heads.config if tree_widths is None else dataclasses.replace(heads.config, tree_widths=tuple(tree_widths))
+  if copy_tokens == 0:
+    grams = dict(ngrams=0)
+  else:
+    grams = dict(n=copy_tokens or TokenSwift.n, ngrams=copy_matches or TokenSwift.ngrams)
+  return TokenSwift(graphdef, config.tree_widths, **grams, sampling=sampling or SamplingConfig()), params

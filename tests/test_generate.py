@@ -157,12 +157,17 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
                                       "--penalty", "1"]),  # (AR's processors: its own default penalty is 1.2)
                       ("ar-penalized", ["--method", "ar", "--penalty", "1.2"]),
                       ("tokenswift-default", ["--method", "tokenswift", "--draft", "random"]),
+                      ("tokenswift-grams", ["--method", "tokenswift", "--draft", "random", "--penalty", "1",
+                                            "--copy-tokens", "3", "--copy-matches", "2"]),
+                      ("tokenswift-no-grams", ["--method", "tokenswift", "--draft", "random", "--penalty", "1",
+                                               "--copy-tokens", "0"]),
                       ("auto", []),  # (no draft on a CPU unless one is named)
                       ("checkpoint", ["--draft", str(tmp_path / "draft")])]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in ("pld", "pld-trie", "random", "copies", "cape", "glide", "tokenswift", "auto", "checkpoint"):
+  for name in ("pld", "pld-trie", "random", "copies", "cape", "glide", "tokenswift", "tokenswift-grams",
+               "tokenswift-no-grams", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
@@ -172,6 +177,8 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   assert "tree_widths" not in results["cape"]
   assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
   assert results["tokenswift"]["tree_widths"] == [1, 2, 2, 2] and results["tokenswift"]["ngrams"] == 20
+  assert (results["tokenswift-grams"]["ngram_tokens"], results["tokenswift-grams"]["ngrams"]) == (3, 2)
+  assert results["tokenswift-no-grams"]["ngrams"] == 0
   # TokenSwift's own default penalty (its paper's theta), under which it writes what AR writes
   assert results["tokenswift-default"]["sampling"]["penalty"] == 1.2 == results["ar-penalized"]["sampling"]["penalty"]
   assert results["tokenswift-default"]["token_ids"] == results["ar-penalized"]["token_ids"]
@@ -193,7 +200,9 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
       (["--method", "longspec"], "no default longspec draft is shipped for target"),
       (["--method", "glide"], "no default glide draft is shipped for target"),
       (["--method", "tokenswift"], "no default tokenswift draft is shipped for target"),
-      (["--method", "tokenswift", "--draft", "random", "--copy-tokens", "4"], "drafts with its heads and the n-grams"),
+      (["--method", "tokenswift", "--draft", "random", "--copy-tokens", "1"], "grafts n-grams of at least 2 tokens"),
+      (["--method", "tokenswift", "--draft", "random", "--copy-matches", "33"], "at most 32 of them a round"),
+      (["--method", "tokenswift", "--draft", "random", "--tree-widths", "cape"], "CAPE's tree does not apply to it"),
       (["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,3"], "one width >= 1 per depth, 4 for"
                                                                                 " gamma 3"),
       (["--method", "glide", "--draft", str(tmp_path / "longspec")], "holds longspec's draft, where glide's is"),
