@@ -101,6 +101,18 @@ def prefix_attention_reference(
   return masked_attention_reference(q, k, v, visible)
 
 
+def sparse_prefix_attention_reference(
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, lengths: jnp.ndarray, kept: jnp.ndarray, chunk: int
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """The prefix pass over the chunks a selection kept (SpecAttn's sparse verification):
+  queries [B, T, K, G, D] over cached keys/values [B, S, K, D] at slots < lengths [B]
+  whose chunk of `chunk` slots kept [B, K, ceil(S / chunk)] marks for the query's KV
+  head. Returns (out f32, lse), as `prefix_attention_reference`."""
+  slots = jnp.arange(k.shape[1])
+  visible = (slots[None, None, :] < lengths[:, None, None]) & kept[:, :, slots // chunk]  # [B, K, S]
+  return _softmax_pass(_scores(q, k), visible[:, :, None, None, :], v)
+
+
 def masked_attention_reference(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
 ) -> tuple[jnp.ndarray, jnp.ndarray]:

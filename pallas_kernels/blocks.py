@@ -42,10 +42,11 @@ def per_row(x: jax.Array, g: int, rows: int) -> jax.Array:
 
 
 def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int, visible, scale: float,
-                  full=(0, 0), lead=()):
+                  full=(0, 0), lead=(), starts=None):
   """Online softmax of q [R, D] over key blocks begin, begin + block_k, ... (num_blocks of
-  them) of k_ref/v_ref [*lead, S, D] at the leading indices `lead` (e.g. a layer of a
-  stacked cache); `visible(slots [block_k], i)` -> [R, block_k] bool.
+  them; with `starts`, block i starts at slot starts(i) instead: a list of blocks) of
+  k_ref/v_ref [*lead, S, D] at the leading indices `lead` (e.g. a layer of a stacked
+  cache); `visible(slots [block_k], i)` -> [R, block_k] bool.
   Blocks full[0] <= i < full[1] are known to lie inside the keys and to be visible to
   every row: they skip the bounds and the mask, which cost as much as the softmax.
   Returns (out f32 [R, D] normalized, lse f32 [R]; rows that saw nothing: 0 and -inf)."""
@@ -55,8 +56,9 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
   def body(masked: bool):
     def step(i, carry):
       acc, m, denom = carry
-      keys = (*lead, pl.ds(begin + i * block_k, block_k), slice(None))
-      slots = begin + i * block_k + jnp.arange(block_k)
+      first = begin + i * block_k if starts is None else starts(i)
+      keys = (*lead, pl.ds(first, block_k), slice(None))
+      slots = first + jnp.arange(block_k)
       in_range = (slots < seq_len)[:, None]
 
       def load(ref):
