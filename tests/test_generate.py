@@ -228,9 +228,16 @@ def test_main_job_runs_without_torch(smollm2_gguf, tmp_path):
   assert any((tmp_path / "tokenizers").iterdir())
 
 
+# `python -m infer.generate` with Ctrl-C's default meaning: a test runner started with
+# Ctrl-C ignored (e.g. a background job of a non-interactive shell) passes that on, and
+# Python then leaves it ignored, as it should for a user who ignored it.
+GENERATE_WITH_CTRL_C = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+                        " runpy.run_module('infer.generate', run_name='__main__', alter_sys=True)")
+
+
 def test_ctrl_c_ends_the_run_at_once(tiny_with_tokenizer):
-  proc = subprocess.Popen([sys.executable, "-m", "infer.generate", "--target", str(tiny_with_tokenizer), "--prompt",
-                           "hello", "--method", "longspec", "--draft", "random", "--max-new-tokens", "500"],
+  proc = subprocess.Popen([sys.executable, "-c", GENERATE_WITH_CTRL_C, "--target", str(tiny_with_tokenizer),
+                           "--prompt", "hello", "--method", "longspec", "--draft", "random", "--max-new-tokens", "500"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   assert proc.stderr.readline().startswith("loading target")  # then it loads and compiles
   proc.send_signal(signal.SIGINT)
