@@ -17,6 +17,7 @@ Reference twin: `longspec_jax.attention.prefix_attention_reference`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -49,6 +50,56 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, s
   lse_ref[...] = lse
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitK:
+  """The launch both prefix kernels share (this one and `sparse_decode`'s): a grid of
+  (B * K heads, row blocks, splits) programs over rows [B, K, R, D] and a stacked cache
+  [L, B, S, K, D], each writing one normalized partial (out, lse) of its split."""
+
+  batch: int
+  kv_heads: int
+  rows: int  # R, a multiple of block_rows
+  head_dim: int
+  num_layers: int
+  seq_len: int
+  block_rows: int
+  splits: int
+
+  @property
+  def grid(self) -> tuple[int, int, int]:
+    return self.batch * self.kv_heads, self.rows // self.block_rows, self.splits
+
+  def head(self, bh):
+    """A program's (sequence, KV head)."""
+    return bh // self.kv_heads, bh % self.kv_heads
+
+  @property
+  def inputs(self) -> list:
+    """The layer index [1], the program's row block and its KV head's stacked K and V."""
+    cache = pl.BlockSpec((self.num_layers, None, self.seq_len, None, self.head_dim),
+                         lambda bh, i, s: (0, self.head(bh)[0], 0, self.head(bh)[1], 0))
+    return [pl.BlockSpec((1,), lambda bh, i, s: (0,)),
+            pl.BlockSpec((None, None, self.block_rows, self.head_dim), lambda bh, i, s: (*self.head(bh), i, 0)),
+            cache, cache]
+
+  @property
+  def per_row(self) -> pl.BlockSpec:
+    """A per-row array [B, R] (a row's visible bound), this program's row block of it."""
+    return pl.BlockSpec((None, self.block_rows), lambda bh, i, s: (self.head(bh)[0], i))
+
+  @property
+  def outputs(self) -> list:
+    return [pl.BlockSpec((None, None, None, self.block_rows, self.head_dim),
+                         lambda bh, i, s: (s, *self.head(bh), i, 0)),
+            pl.BlockSpec((None, None, None, self.block_rows), lambda bh, i, s: (s, *self.head(bh), i))]
+
+  @property
+  def out_shape(self) -> list:
+    """Per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R]."""
+    lead = (self.splits, self.batch, self.kv_heads, self.rows)
+    return [jax.ShapeDtypeStruct((*lead, self.head_dim), jnp.float32), jax.ShapeDtypeStruct(lead, jnp.float32)]
+
+
 def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, initial=None, layer=None):
   """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D], or [L, B, S, K, D]
   with `layer` (an int or int32 scalar) naming the one to read; lo, hi [B, R] int32.
@@ -64,27 +115,13 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
   splits = pl.cdiv(seq_len, split_len)
   kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
                              scale=d**-0.5)
-  head = lambda bh: (bh // kv_heads, bh % kv_heads)
-  out_specs = [
-      pl.BlockSpec((None, None, None, params.block_rows, d), lambda bh, i, s: (s, *head(bh), i, 0)),
-      pl.BlockSpec((None, None, None, params.block_rows), lambda bh, i, s: (s, *head(bh), i)),
-  ]
+  grid = SplitK(b, kv_heads, r, d, num_layers, seq_len, params.block_rows, splits)
   return pl.pallas_call(
       kernel,
-      grid=(b * kv_heads, r // params.block_rows, splits),
-      in_specs=[
-          pl.BlockSpec((1,), lambda bh, i, s: (0,)),
-          pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i, s: (*head(bh), i, 0)),
-          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
-          pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
-      ] + ([] if initial is None else out_specs),
-      out_specs=out_specs,
-      out_shape=[
-          jax.ShapeDtypeStruct((splits, b, kv_heads, r, d), jnp.float32),
-          jax.ShapeDtypeStruct((splits, b, kv_heads, r), jnp.float32),
-      ],
+      grid=grid.grid,
+      in_specs=[*grid.inputs, grid.per_row, grid.per_row] + ([] if initial is None else grid.outputs),
+      out_specs=grid.outputs,
+      out_shape=grid.out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
       input_output_aliases={} if initial is None else {6: 0, 7: 1},
       interpret=interpret,

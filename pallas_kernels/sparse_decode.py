@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
-from pallas_kernels.flash_decode import bounds
+from pallas_kernels.flash_decode import SplitK, bounds
 from pallas_kernels.topp import CHUNK
 from pallas_kernels.tuning import Pass, params_for, wave_programs
 
@@ -77,27 +77,14 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
   chunks = kept.shape[-1]
   splits = max(1, min(chunks, wave_programs() // (b * kv_heads * row_blocks)))
   per_split = pl.cdiv(chunks, splits)
-  head = lambda bh: (bh // kv_heads, bh % kv_heads)
+  grid = SplitK(b, kv_heads, rows.shape[2], d, num_layers, seq_len, params.block_rows, splits)
+  per_head = lambda size: pl.BlockSpec((None, None, size), lambda bh, i, s: (*grid.head(bh), 0))  # [B, K, size]
   out, lse = pl.pallas_call(
       functools.partial(_kernel, per_split=per_split, chunk=chunk, seq_len=seq_len, scale=d**-0.5),
-      grid=(b * kv_heads, row_blocks, splits),
-      in_specs=[
-          pl.BlockSpec((1,), lambda bh, i, s: (0,)),
-          pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i, s: (*head(bh), i, 0)),
-          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((num_layers, None, seq_len, None, d), lambda bh, i, s: (0, head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((None, params.block_rows), lambda bh, i, s: (head(bh)[0], i)),
-          pl.BlockSpec((None, None, chunks), lambda bh, i, s: (*head(bh), 0)),
-          pl.BlockSpec((None, None, 1), lambda bh, i, s: (*head(bh), 0)),
-      ],
-      out_specs=[
-          pl.BlockSpec((None, None, None, params.block_rows, d), lambda bh, i, s: (s, *head(bh), i, 0)),
-          pl.BlockSpec((None, None, None, params.block_rows), lambda bh, i, s: (s, *head(bh), i)),
-      ],
-      out_shape=[
-          jax.ShapeDtypeStruct((splits, b, kv_heads, rows.shape[2], d), jnp.float32),
-          jax.ShapeDtypeStruct((splits, b, kv_heads, rows.shape[2]), jnp.float32),
-      ],
+      grid=grid.grid,
+      in_specs=[*grid.inputs, grid.per_row, per_head(chunks), per_head(1)],
+      out_specs=grid.outputs,
+      out_shape=grid.out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
       interpret=interpret,
       name="sparse_flash_decode",
