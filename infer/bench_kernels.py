@@ -9,6 +9,11 @@
   --suite sweep   block/warp/stage candidates for the tuning table
   --suite floor   what reading the prefix's K/V costs at the same size, without attention:
                   an XLA reduction, a Pallas read on the prefix pass's grid, a same-size copy
+  --suite sparse  SpecAttn's two kernels: the top-p chunk selection and the block-sparse
+                  prefix pass checked against their references on the device, then the
+                  sparse pass timed beside the dense one at kept fractions of the chunks
+                  (scattered at random: no two kept chunks need be adjacent), chunk sizes
+                  and lengths, with the selection's own cost
   --suite matmul  the few-row weight-streaming matmul on Llama-3.1-8B's projections at
                   1-128 rows, beside XLA's dot and torch's, against the weight bytes over
                   the measured bandwidth; and whether a row's bits depend on the row count
@@ -43,6 +48,8 @@ from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
 from pallas_kernels.matmul import matmul
+from pallas_kernels.sparse_decode import sparse_flash_decode
+from pallas_kernels.topp import select_chunks, select_chunks_reference
 from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
@@ -324,6 +331,51 @@ def suite_floor(args) -> list[dict]:
   return rows
 
 
+def suite_sparse(args) -> list[dict]:
+  """SpecAttn's selection and sparse prefix pass: each checked against its reference on
+  the device, then timed beside `flash_decode` over the same cache."""
+  rows = []
+  rng = np.random.default_rng(0)
+  for (heads, kv_heads, head_dim), dtype, steps, seq_len, chunk in [
+      ((32, 8, 128), jnp.bfloat16, 1, 4099, 16), ((32, 8, 128), jnp.bfloat16, 69, 4099, 64),
+      ((9, 3, 64), jnp.float32, 5, 777, 16)]:
+    q, k, v, _, _, _, _ = inputs(2, steps, seq_len, heads, kv_heads, head_dim, dtype, seed=steps)
+    lengths = jnp.asarray([seq_len, seq_len // 3 + 1], jnp.int32)
+    kept = jnp.asarray(rng.random((2, kv_heads, -(-seq_len // chunk))) < 0.3)
+    with jax.default_matmul_precision("highest"):
+      error = _max_error(sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk)[0],
+                         attention.sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)[0])
+    mass = jnp.asarray(rng.random((16, seq_len // chunk)) ** 8, jnp.float32)  # peaked rows, as attention is
+    mismatch = int(jnp.sum(select_chunks(mass, 0.9, interpret=INTERPRET) != select_chunks_reference(mass, 0.9)))
+    tol = 2e-5 if dtype == jnp.float32 else 2e-2
+    row = {"check": True, "heads": [heads, kv_heads, head_dim], "dtype": jnp.dtype(dtype).name, "T": steps,
+           "S": seq_len, "chunk": chunk, "max_abs_error": error, "select_mismatches": mismatch,
+           "ok": error <= tol and mismatch == 0}
+    rows.append(row)
+    print(f"check sparse {row['heads']} {row['dtype']:8} T={steps:3} S={seq_len:5} chunk {chunk}: error {error:.1e},"
+          f" selection mismatches {mismatch}" + ("  ok" if row["ok"] else "  FAIL"), flush=True)
+  save(args, "sparse", rows)
+  print("heads        | S      | T   | chunk | kept  | dense us | sparse us | dense/sparse | select us", flush=True)
+  for name, _, kv_heads, _, batch, seq_len, steps in shapes(args):
+    q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, *HEADS[name], jnp.bfloat16)
+    dense_us = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
+    for chunk in args.chunks:
+      chunks = -(-seq_len // chunk)
+      mass = jax.random.uniform(jax.random.key(chunk), (batch * kv_heads, chunks)) ** 8
+      select_us = 1e6 * loop_seconds(lambda m: m + select_chunks(m, 0.9, interpret=INTERPRET), mass)
+      for fraction in args.kept:
+        kept = jnp.asarray(rng.random((batch, kv_heads, chunks)) < fraction)
+        sparse_us = 1e6 * loop_seconds(
+            lambda x, k, v, n, kept: sparse_flash_decode(x, k, v, n, kept, chunk=chunk)[0], q, k, v, lengths, kept)
+        rows.append({"heads": name, "batch": batch, "S": seq_len, "T": steps, "chunk": chunk, "kept": fraction,
+                     "dense_us": dense_us, "sparse_us": sparse_us, "dense_over_sparse": dense_us / sparse_us,
+                     "select_us": select_us})
+        save(args, "sparse", rows)
+        print(f"{name:12} | {seq_len:6} | {steps:3} | {chunk:5} | {fraction:5.2f} | {dense_us:8.1f} |"
+              f" {sparse_us:9.1f} | {dense_us / sparse_us:12.2f} | {select_us:9.1f}", flush=True)
+  return rows
+
+
 def suite_matmul(args) -> list[dict]:
   """Few-row products y [M, N] = x [M, K] @ w [K, N] of the 8B shape's projections, bf16:
   our Pallas kernel (default parameters), XLA's dot and torch's, each against the floor
@@ -387,7 +439,7 @@ def _torch_ms(fn, iters: int = 50) -> float:
 
 
 SUITES = {"check": suite_check, "grid": suite_grid, "verify": suite_verify, "sweep": suite_sweep,
-          "floor": suite_floor, "matmul": suite_matmul}
+          "floor": suite_floor, "matmul": suite_matmul, "sparse": suite_sparse}
 
 
 def main(argv=None):
@@ -398,6 +450,9 @@ def main(argv=None):
   p.add_argument("--lengths", type=positive_int, nargs="+", default=[4096, 16384, 65536, 131072])
   p.add_argument("--steps", type=positive_int, nargs="+", default=[1, 16, 64, 128], help="tree tokens T")
   p.add_argument("--verify-contexts", type=positive_int, nargs="+", default=[32768])
+  p.add_argument("--chunks", type=positive_int, nargs="+", default=[16, 64], help="sparse suite: slots per chunk")
+  p.add_argument("--kept", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5, 1.0],
+                 help="sparse suite: fractions of the chunks kept")
   p.add_argument("--matmul-rows", type=positive_int, nargs="+", default=[1, 16, 69, 128])
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)

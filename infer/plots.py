@@ -160,8 +160,10 @@ def _profile(result: dict, plt):
 
 def _kernels(result: dict, plt):
   """The kernel suites: the grid (hybrid over cudnn, prefix pass bandwidth), the floor,
-  the 8B verify step and the sweep."""
+  the 8B verify step, the sweep, the few-row matmuls and the sparse prefix pass."""
   panels = [k for k in ("grid", "floor", "verify", "sweep", "matmul") if result.get(k)]
+  if any("kept" in r for r in result.get("sparse", ())):
+    panels.append("sparse")
   count = len(panels) + ("grid" in panels)
   fig, axes = plt.subplots(1, count, figsize=(5 * count, 3.8), squeeze=False)
   axes = list(axes[0])
@@ -225,6 +227,19 @@ def _kernels(result: dict, plt):
                   color=f"C{i}", label=f"{name} {impl}")
     ax.set(xscale="log", xlabel="rows", ylabel="weight bytes / bandwidth / time", title="few-row matmuls")
     ax.legend(fontsize=5, ncol=3)
+    ax.grid(alpha=0.3)
+  if "sparse" in panels:  # the sparse pass's gain over the dense one, by the fraction of chunks kept
+    ax = axes.pop(0)
+    groups = defaultdict(list)
+    for r in result["sparse"]:
+      if "kept" in r:
+        groups[f"S{r['S'] // 1024}k T{r['T']} chunk {r['chunk']}"].append(r)
+    for label, points in sorted(groups.items()):
+      ax.plot([r["kept"] for r in points], [r["dense_over_sparse"] for r in points], marker=".", label=label)
+    ax.plot([0.05, 1], [20, 1], color="grey", lw=0.8, ls="--", label="bytes read")
+    ax.set(xscale="log", yscale="log", xlabel="fraction of chunks kept", ylabel="dense time / sparse time",
+           title="sparse prefix pass")
+    ax.legend(fontsize=5)
     ax.grid(alpha=0.3)
   fig.suptitle(_title(result, "kernels"))
   return fig
@@ -304,7 +319,8 @@ def kind(result: dict) -> str | None:
     return "profile"
   if result.get("kind") in ("tree_search", "auto_rounds", "long_generation"):
     return result["kind"]
-  if any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul")) and "suite" not in result:
+  timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
+  if (timed or any("kept" in r for r in result.get("sparse", ()))) and "suite" not in result:
     return "kernels"
   if result.get("suite") in ("smollm2", "floor", "topk", "llama8b"):  # (llama8b: the floor suite's old name)
     return {"llama8b": "floor"}.get(result["suite"], result["suite"])

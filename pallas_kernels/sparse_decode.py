@@ -6,9 +6,9 @@ chunks `topp.select_chunks` kept for it): the list is compacted from the kept ma
 without a sort (a prefix sum gives each kept chunk its place), so a program walks only
 the chunks on it and K/V bytes read fall with the chunks dropped. As in `flash_decode`,
 the cache may be the stacked [L, B, S, K, D] of every layer read in place at a layer
-index, the list is split among programs (split-K over list entries) so one sequence
-fills the GPU, and each program writes a normalized partial (out, lse) that
-`blocks.merge` combines exactly; each query row still sees only slots < its length.
+index, each list is shared evenly among programs (split-K over list entries, however
+few the chunks kept) so one sequence fills the GPU, and each program writes a normalized
+partial (out, lse) that `blocks.merge` combines exactly; each query row still sees only slots < its length.
 
 Reference twin: `longspec_jax.attention.sparse_prefix_attention_reference`.
 """
@@ -40,15 +40,20 @@ def compact(kept: jax.Array) -> tuple[jax.Array, jax.Array]:
   return lists, jnp.sum(kept, axis=-1, keepdims=True, dtype=jnp.int32)
 
 
-def _kernel(layer_ref, q_ref, k_ref, v_ref, hi_ref, list_ref, count_ref, out_ref, lse_ref, *, per_split, chunk,
+def _kernel(layer_ref, q_ref, k_ref, v_ref, hi_ref, list_ref, count_ref, out_ref, lse_ref, *, splits, chunk,
             seq_len, scale):
-  layer = layer_ref[0]  # k_ref, v_ref [L, S, D]; list_ref [C] this head's chunks; count_ref [1]
+  layer = layer_ref[0]  # k_ref, v_ref [L, S, D]; list_ref [C] this head's chunks; count_ref [2]
   hi = hi_ref[...]  # [block_rows]
+  count, inside = count_ref[0], count_ref[1]  # entries on the list; the first `inside` need no mask
+  # The head's entries are shared evenly among its splits whatever their number, so the
+  # pass's time falls with the chunks dropped (a split sized for the whole context would
+  # leave most programs idle and the rest as busy as in the dense pass).
+  per_split = pl.cdiv(count, splits)
   first = pl.program_id(2) * per_split
-  entries = jnp.clip(count_ref[0] - first, 0, per_split)
+  entries = jnp.clip(count - first, 0, per_split)
   visible = lambda slots, i: slots[None, :] < hi[:, None]
   out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, 0, entries, chunk, seq_len, visible, scale,
-                                  lead=(layer,), starts=lambda i: list_ref[first + i] * chunk)
+                                  full=(0, inside - first), lead=(layer,), starts=lambda i: list_ref[first + i] * chunk)
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -75,14 +80,16 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
   hi = blocks.per_row(hi, g, rows.shape[2])
   lists, counts = compact(kept)
   chunks = kept.shape[-1]
+  # Kept chunks wholly below every row's length (a prefix of each increasing list) skip the mask.
+  inside = jnp.arange(1, chunks + 1) * chunk <= jnp.minimum(jnp.min(hi, axis=1), seq_len)[:, None, None]  # [B, 1, C]
+  counts = jnp.concatenate([counts, jnp.sum(kept & inside, axis=-1, keepdims=True, dtype=jnp.int32)], axis=-1)
   splits = max(1, min(chunks, wave_programs() // (b * kv_heads * row_blocks)))
-  per_split = pl.cdiv(chunks, splits)
   grid = SplitK(b, kv_heads, rows.shape[2], d, num_layers, seq_len, params.block_rows, splits)
   per_head = lambda size: pl.BlockSpec((None, None, size), lambda bh, i, s: (*grid.head(bh), 0))  # [B, K, size]
   out, lse = pl.pallas_call(
-      functools.partial(_kernel, per_split=per_split, chunk=chunk, seq_len=seq_len, scale=d**-0.5),
+      functools.partial(_kernel, splits=splits, chunk=chunk, seq_len=seq_len, scale=d**-0.5),
       grid=grid.grid,
-      in_specs=[*grid.inputs, grid.per_row, per_head(chunks), per_head(1)],
+      in_specs=[*grid.inputs, grid.per_row, per_head(chunks), per_head(2)],
       out_specs=grid.outputs,
       out_shape=grid.out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
