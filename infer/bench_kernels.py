@@ -13,7 +13,7 @@
                   prefix pass checked against their references on the device, then the
                   sparse pass timed beside the dense one at kept fractions of the chunks
                   (scattered at random: no two kept chunks need be adjacent), chunk sizes
-                  and lengths, with the selection's own cost
+                  and lengths, with the selection's own cost beside a sort's
   --suite matmul  the few-row weight-streaming matmul on Llama-3.1-8B's projections at
                   1-128 rows, beside XLA's dot and torch's, against the weight bytes over
                   the measured bandwidth; and whether a row's bits depend on the row count
@@ -49,7 +49,7 @@ from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, s
 from pallas_kernels.hybrid import hybrid_attention
 from pallas_kernels.matmul import matmul
 from pallas_kernels.sparse_decode import sparse_flash_decode
-from pallas_kernels.topp import select_chunks, select_chunks_reference
+from pallas_kernels.topp import select_chunks, select_chunks_reference, select_chunks_sorted
 from pallas_kernels.tree_attention import tree_attention
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
@@ -355,7 +355,8 @@ def suite_sparse(args) -> list[dict]:
     print(f"check sparse {row['heads']} {row['dtype']:8} T={steps:3} S={seq_len:5} chunk {chunk}: error {error:.1e},"
           f" selection mismatches {mismatch}" + ("  ok" if row["ok"] else "  FAIL"), flush=True)
   save(args, "sparse", rows)
-  print("heads        | S      | T   | chunk | kept  | dense us | sparse us | dense/sparse | select us", flush=True)
+  print("heads        | S      | T   | chunk | kept  | dense us | sparse us | dense/sparse | select us | sort us",
+        flush=True)
   for name, _, kv_heads, _, batch, seq_len, steps in shapes(args):
     q, k, v, _, _, lengths, _ = inputs(batch, steps, seq_len, *HEADS[name], jnp.bfloat16)
     dense_us = 1e6 * loop_seconds(lambda x, k, v, n: flash_decode(x, k, v, n)[0], q, k, v, lengths)
@@ -363,16 +364,17 @@ def suite_sparse(args) -> list[dict]:
       chunks = -(-seq_len // chunk)
       mass = jax.random.uniform(jax.random.key(chunk), (batch * kv_heads, chunks)) ** 8
       select_us = 1e6 * loop_seconds(lambda m: m + select_chunks(m, 0.9, interpret=INTERPRET), mass)
+      sort_us = 1e6 * loop_seconds(lambda m: m + select_chunks_sorted(m, 0.9), mass)
       for fraction in args.kept:
         kept = jnp.asarray(rng.random((batch, kv_heads, chunks)) < fraction)
         sparse_us = 1e6 * loop_seconds(
             lambda x, k, v, n, kept: sparse_flash_decode(x, k, v, n, kept, chunk=chunk)[0], q, k, v, lengths, kept)
         rows.append({"heads": name, "batch": batch, "S": seq_len, "T": steps, "chunk": chunk, "kept": fraction,
                      "dense_us": dense_us, "sparse_us": sparse_us, "dense_over_sparse": dense_us / sparse_us,
-                     "select_us": select_us})
+                     "select_us": select_us, "sort_select_us": sort_us})
         save(args, "sparse", rows)
         print(f"{name:12} | {seq_len:6} | {steps:3} | {chunk:5} | {fraction:5.2f} | {dense_us:8.1f} |"
-              f" {sparse_us:9.1f} | {dense_us / sparse_us:12.2f} | {select_us:9.1f}", flush=True)
+              f" {sparse_us:9.1f} | {dense_us / sparse_us:12.2f} | {select_us:9.1f} | {sort_us:7.1f}", flush=True)
   return rows
 
 

@@ -68,6 +68,19 @@ def select_chunks_reference(mass: jax.Array, p: float, halvings: int = HALVINGS)
   return (tile >= _bracket_low(tile, p, halvings))[:, :chunks]
 
 
+def select_chunks_sorted(mass: jax.Array, p: float) -> jax.Array:
+  """The sort-based nucleus the bisection avoids (the paper's Figure 3 baseline): mass
+  [R, C] -> [R, C] bool, each row's fewest largest chunks whose mass reaches p of the
+  row's (a sort, a running sum, a scatter back to the chunks' places)."""
+  order = jnp.argsort(-mass, axis=-1, stable=True)  # [R, C]
+  ranked = jnp.take_along_axis(mass, order, axis=-1)
+  before = jnp.cumsum(ranked, axis=-1) - ranked  # mass of the larger chunks ahead of each
+  keep = before < p * jnp.sum(mass, axis=-1, keepdims=True)
+  if p >= 1:
+    keep = jnp.ones_like(keep)
+  return jnp.zeros_like(keep).at[jnp.arange(mass.shape[0])[:, None], order].set(keep)
+
+
 def _kernel(mass_ref, out_ref, *, chunks: int, width: int, p: float, halvings: int):
   row, cols = pl.program_id(0), pl.ds(0, width)
   valid = jnp.arange(width) < chunks

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.topp import chunk_mass, select_chunks, select_chunks_reference
+from pallas_kernels.topp import chunk_mass, select_chunks, select_chunks_reference, select_chunks_sorted
 
 
 def fewest_chunks(row: np.ndarray, p: float) -> set[int]:
-  """The sort-based nucleus: the fewest largest chunks whose mass reaches p of the row's."""
+  """The sort-based nucleus, one chunk at a time: the fewest largest chunks whose mass
+  reaches p of the row's."""
   order = np.argsort(-row, kind="stable")
   need = p * row.sum()
   total, kept = 0.0, set()
@@ -46,6 +47,7 @@ def test_the_chunks_kept_hold_p_of_the_mass_and_the_sorts_nucleus(p):
       assert row[keep].sum() >= p * row.sum() * (1 - 1e-6)
       nucleus = fewest_chunks(row, p)
       assert nucleus <= set(np.flatnonzero(keep).tolist())
+      assert set(np.flatnonzero(np.asarray(select_chunks_sorted(jnp.asarray(row[None]), p))[0])) == nucleus
       if tight:  # (distinct values: enough halvings find the sort's own threshold)
         assert set(np.flatnonzero(keep).tolist()) == nucleus
 
