@@ -6,7 +6,8 @@
 `infer.tree_search`, auto's rounds from `infer.bench_auto`, long outputs from
 `infer.bench_long`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
-docs/figures is made from docs/results.
+docs/figures is made from docs/results; `--join OUT.png` draws several method comparisons
+(e.g. runs at different prompt lengths) as one.
 """
 
 from __future__ import annotations
@@ -351,6 +352,19 @@ def plot(result: dict | Path, out: Path) -> Path | None:
   return out
 
 
+def joined(results: list[dict], sets=None) -> dict:
+  """Method comparisons from several runs as one: their rows (of `sets` only, if given), a
+  later run's row replacing an earlier one's for the same set, method and prompt length;
+  the first run's header."""
+  rows = {}
+  for result in results:
+    if kind(result) != "methods":
+      raise ValueError("--join draws method comparisons (infer.benchmark's JSON) only.")
+    rows.update({(r["set"], r["method"], r["prefill_tokens"]): r for r in result["rows"]
+                 if sets is None or r["set"] in sets})
+  return {**results[0], "rows": list(rows.values())}
+
+
 def main(argv=None) -> None:
   from longspec_jax.cli import ArgumentParser
   from longspec_jax.errors import UserError
@@ -358,12 +372,23 @@ def main(argv=None) -> None:
   p = ArgumentParser(prog="python -m infer.plots", description=__doc__.splitlines()[0])
   p.add_argument("results", nargs="+", type=Path, help="result JSON files")
   p.add_argument("--out-dir", type=Path, help="where the PNGs go (default: beside each JSON)")
+  p.add_argument("--join", type=Path, metavar="OUT.png", help="draw the method comparisons given as one figure")
+  p.add_argument("--sets", nargs="+", help="with --join: only these prompt sets")
   args = p.parse_args(argv)
+  results = []
   for path in args.results:
     try:
-      result = json.loads(path.read_text())
+      results.append(json.loads(path.read_text()))
     except (OSError, ValueError) as e:
       raise UserError(f"{path} is not a readable result JSON ({type(e).__name__}).") from None
+  if args.join:
+    try:
+      result = joined(results, args.sets)
+    except ValueError as e:
+      raise UserError(str(e)) from None
+    print(f"{len(results)} results -> {plot(result, args.join)}")
+    return
+  for path, result in zip(args.results, results):
     out = (args.out_dir or path.parent) / path.with_suffix(".png").name
     if args.out_dir:
       args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from infer.plots import _methods  # noqa: E402
+from infer.plots import _methods, joined  # noqa: E402
 
 
 def rows(lengths, state):
@@ -21,3 +21,12 @@ def test_methods_over_several_lengths_also_draw_the_drafts_state():
   one_length = _methods({"rows": rows((4096,), grows)}, plt)  # (bars per method: no state row)
   assert len(one_length.axes) == 2
   plt.close("all")
+
+
+def test_runs_at_other_lengths_join_into_one_comparison():
+  first = {"target": "t", "rows": rows((1024, 4096), lambda m, n: 0.0)}
+  second = {"target": "u", "rows": [dict(r, tau=3.0) for r in rows((4096, 7680), lambda m, n: 0.0)]}
+  result = joined([first, second])
+  assert result["target"] == "t" and len(result["rows"]) == 9  # 3 methods x 3 lengths
+  assert {r["tau"] for r in result["rows"] if r["prefill_tokens"] == 4096} == {3.0}  # the later run's
+  assert joined([first], sets=["docs"])["rows"] == []
