@@ -56,3 +56,24 @@ def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, caps
   # A tree for auto without a draft would label rows with a tree it never grows.
   assert run_cli(main, common + ["--methods", "auto", "--tree-widths", "2,2"], PROG) == 2
   assert "auto runs one only when --draft names it" in capsys.readouterr().err
+
+
+def test_a_generation_that_compiled_is_timed_again():
+  """The warm-up runs the first prompt; a longer second one needs programs of its own
+  (its prefill chunk and cache are larger): that generation runs twice, the second timed."""
+  import types
+
+  import jax.numpy as jnp
+
+  from infer.benchmark import run_config
+  from longspec_jax.config import TargetConfig
+  from longspec_jax.engine import Decoding
+  from longspec_jax.target import random_model
+
+  config = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                        num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+  target = types.SimpleNamespace(model=random_model(config, jnp.float32))
+  row = run_config(target, Decoding(), None, [[5] * 6, [7] * 70], 3, seed=0)
+  first, second = row["per_prompt"]
+  assert first["rerun_after_compile_seconds"] == 0 and first["compile_seconds"] == 0
+  assert second["rerun_after_compile_seconds"] > 0 and second["compile_seconds"] == 0
