@@ -143,6 +143,38 @@ def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=N
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
 
+def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, impl: Impl):
+  """The prefix pass over the chunks `kept` [B, K, ceil(S / chunk)] marks, with the chosen
+  implementation; see `sparse_prefix_attention_reference`."""
+  if impl is Impl.PALLAS:
+    from pallas_kernels.sparse_decode import sparse_flash_decode
+
+    return sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk, layer=layer)
+  k, v = _layer(k, v, layer)
+  return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
+
+
+def prefix_chunk_mass(q, k, lse, lengths, chunk: int, *, layer=None) -> jnp.ndarray:
+  """How much of a prefix pass's attention fell in each chunk of `chunk` slots, per KV
+  head: queries [B, T, K, G, D] that saw cached keys [B, S, K, D] (layer `layer` of a
+  stacked cache) at slots < lengths ([B] or [B, T]) with normalizer lse [B, T, K, G] ->
+  [B, K, ceil(S / chunk)] float32, summed over the queries and the heads of each group
+  (SpecAttn's signal for which chunks a verification reads). Recomputes the scores from
+  q and K (XLA; one read of the layer's keys, not its values)."""
+  if layer is not None:
+    k = k[layer]
+  slots = jnp.arange(k.shape[1])
+  limits = lengths[:, None] if lengths.ndim == 1 else lengths  # [B, 1] or [B, T]
+  visible = slots[None, None, :] < limits[:, :, None]  # [B, T or 1, S]
+  safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)  # queries that saw nothing weigh nothing
+  weights = jnp.exp(_scores(q, k) - safe.transpose(0, 2, 3, 1)[..., None])  # [B, K, G, T, S]
+  weights = jnp.where(visible[:, None, None], weights, 0.0)
+  per_slot = jnp.einsum("bkgts->bks", weights)  # [B, K, S]
+  chunks = -(-k.shape[1] // chunk)
+  per_slot = jnp.pad(per_slot, ((0, 0), (0, 0), (0, chunks * chunk - k.shape[1])))
+  return per_slot.reshape(*per_slot.shape[:2], chunks, chunk).sum(axis=-1)
+
+
 def _layer(k, v, layer):
   return (k, v) if layer is None else (k[layer], v[layer])
 
@@ -236,6 +268,8 @@ def hybrid_attention(
     layer=None,
     impl: Impl,
     invariance: Invariance = Invariance.NONE,
+    kept: jnp.ndarray | None = None,
+    chunk: int = 0,
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix (layer `layer` of a stacked
   cache, if given) plus the new block; returns out [B, T, K, G, D] in float32.
@@ -243,7 +277,17 @@ def hybrid_attention(
   `invariance` other than NONE runs the kernels whatever `impl` says (`Invariance`); FULL
   is for decoding rounds (`mask` then a tree's ancestor mask): each query's bits depend on
   its position, its path and the cache's contents only, so a tree node computes exactly
-  what an AR step at its position does."""
+  what an AR step at its position does.
+
+  With `kept` [B, K, ceil(S / chunk)], the prefix pass reads only the chunks of `chunk`
+  slots it marks for each KV head (SpecAttn's sparse verification: lossy; no sliding
+  window, no batch invariance)."""
+  if kept is not None:
+    if window is not None or invariance is not Invariance.NONE:
+      raise ValueError("a sparse prefix pass has no sliding window and no batch-invariant numerics.")
+    out_a, lse_a = sparse_prefix_attention(q, k_cache, v_cache, lengths, kept, chunk, layer=layer, impl=impl)
+    out_b, lse_b = masked_attention(q, k_new, v_new, mask, impl=impl)
+    return merge(out_a, lse_a, out_b, lse_b)[0]
   if invariance is Invariance.FULL:
     from pallas_kernels.hybrid import invariant_hybrid_attention
 

@@ -331,6 +331,26 @@ def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
 
 
 @dataclasses.dataclass(frozen=True)
+class SparseVerify:
+  """SpecAttn's sparse verification (specattn.md): the target's prefix pass reads, for
+  each KV head, only the chunks of `chunk` slots holding `p` of the draft's attention
+  mass over the context, in every layer from `dense_layers` on (the paper keeps its
+  first two layers dense). Lossy: outputs then differ from the target's own.
+
+  chunk: 64 slots where the paper selects 16: read as 16-key blocks the sparse pass runs
+  at 0.30-0.44x the dense pass's rate per key on an H100, as 64-key blocks at 0.69-0.84x
+  (docs/benchmarks.md, "SpecAttn's kernels")."""
+
+  p: float
+  chunk: int = 64
+  dense_layers: int = 2
+
+  def __post_init__(self):
+    if not 0 < self.p <= 1:
+      raise ValueError(f"sparse verification keeps a fraction 0 < p <= 1 of the attention mass, got {self.p}.")
+
+
+@dataclasses.dataclass(frozen=True)
 class CapeConfig:
   """CAPE's expanded proposal (GLIDE with a CAPE, section 4.2): a greedy chain of `gamma`
   draft tokens, and beside each the next-best tokens at its position, as many as the

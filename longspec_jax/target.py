@@ -33,7 +33,7 @@ from flax import nnx
 from longspec_jax import attention, topk
 from longspec_jax.attention import Impl, Invariance
 from longspec_jax.cache import KVCache, write_block
-from longspec_jax.config import TargetConfig
+from longspec_jax.config import SparseVerify, TargetConfig
 from longspec_jax.gemm import Compilation, Gemm
 from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
 from longspec_jax.rope import inverse_frequencies, rope_tables
@@ -99,15 +99,19 @@ class Transformer(nnx.Module):
       *,
       invariant: bool = False,
       unroll: bool = False,
+      kept: jax.Array | None = None,
+      sparse: SparseVerify | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """tokens, positions [B, T]; mask [B, T, T] over this step's tokens (with `invariant`,
     batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
-    docstring; with `unroll`, the layers unrolled, `unrolled_rounds`).
+    docstring; with `unroll`, the layers unrolled, `unrolled_rounds`; with `kept` and
+    `sparse`, the cache read sparsely, `hidden_and_kv`).
 
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
-    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant, unroll=unroll)
+    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant, unroll=unroll,
+                                         kept=kept, sparse=sparse)
     if cache is not None:
       # The cache is only read inside the layer scan; all layers' new K/V are written
       # after it, in place, so no layer ever copies the cache.
@@ -119,12 +123,14 @@ class Transformer(nnx.Module):
     return x, cache
 
   def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
-                    unroll: bool = False, any_slot: bool = False):
+                    unroll: bool = False, any_slot: bool = False, kept=None, sparse: SparseVerify | None = None):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
     cache the attention is the masked pass alone (not differentiable with pallas). With
     `any_slot`, every committed slot of the cache is visible to every query whatever the
-    sliding window: a cache whose slots are not positions (`PartialCache.as_cache`)."""
+    sliding window: a cache whose slots are not positions (`PartialCache.as_cache`).
+    With `kept` [B, K, ceil(S / sparse.chunk)] the cache is read sparsely, those chunks
+    only, in the layers from `sparse.dense_layers` on (`SparseVerify`: lossy)."""
     c = self.config
     window = None if any_slot else c.sliding_window
     x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
@@ -147,9 +153,10 @@ class Transformer(nnx.Module):
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.
+        sparsely = {} if kept is None else dict(kept=kept | (index < sparse.dense_layers), chunk=sparse.chunk)
         out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
                                          window=window, layer=index, impl=self.attention,
-                                         invariance=invariance)
+                                         invariance=invariance, **sparsely)
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
 
     x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)),

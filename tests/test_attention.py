@@ -141,3 +141,51 @@ def test_blockwise_cross_attention_is_glides_mask():
   expected, _ = attention.masked_attention_reference(q, k, v, mask)
   np.testing.assert_allclose(out[:, 5:], np.asarray(expected)[:, 5:], atol=1e-6)
   np.testing.assert_array_equal(out[:, :5], 0)
+
+
+@pytest.mark.parametrize("impl", [attention.Impl.REFERENCE, attention.Impl.PALLAS])
+def test_a_sparse_prefix_sees_only_the_kept_chunks(impl):
+  """Hybrid attention with kept chunks = the dense pass over the kept slots and the block
+  (GQA, odd lengths, a random tree); every chunk kept = the dense hybrid pass."""
+  rng = np.random.default_rng(11)
+  batch, steps, kv_heads, group, dim, cache_len, chunk = 2, 5, 2, 3, 16, 83, 16
+  q = rng.standard_normal((batch, steps, kv_heads, group, dim)).astype(np.float32)
+  k_cache, v_cache = (rng.standard_normal((batch, cache_len, kv_heads, dim)).astype(np.float32) for _ in "kv")
+  k_new, v_new = (rng.standard_normal((batch, steps, kv_heads, dim)).astype(np.float32) for _ in "kv")
+  lengths = np.asarray([83, 40])
+  mask = random_ancestor_mask(rng, batch, steps)
+  kept = rng.random((batch, kv_heads, 6)) < 0.5
+  args = [jnp.asarray(x) for x in (q, k_cache, v_cache, lengths, k_new, v_new, mask, lengths[:, None] + np.arange(5))]
+  out = attention.hybrid_attention(*args, impl=impl, kept=jnp.asarray(kept), chunk=chunk)
+  for head in range(kv_heads):
+    visible = (np.arange(cache_len)[None] < lengths[:, None]) & kept[:, head, np.arange(cache_len) // chunk]
+    expected = dense_attention(q[:, :, head : head + 1], np.concatenate([k_cache, k_new], 1)[:, :, head : head + 1],
+                               np.concatenate([v_cache, v_new], 1)[:, :, head : head + 1],
+                               np.concatenate([np.broadcast_to(visible[:, None], (batch, steps, cache_len)), mask], 2))
+    np.testing.assert_allclose(np.asarray(out[:, :, head : head + 1]), expected, atol=2e-5)
+  every = attention.hybrid_attention(*args, impl=impl, kept=jnp.ones((batch, kv_heads, 6), bool), chunk=chunk)
+  dense = attention.hybrid_attention(*args, impl=attention.Impl.REFERENCE)
+  np.testing.assert_allclose(np.asarray(every), np.asarray(dense), atol=2e-5)
+  with pytest.raises(ValueError, match="no sliding window"):
+    attention.hybrid_attention(*args, window=8, impl=impl, kept=jnp.asarray(kept), chunk=chunk)
+
+
+def test_the_chunk_mass_is_the_prefix_passs_attention_summed_per_chunk():
+  rng = np.random.default_rng(12)
+  q = jnp.asarray(rng.standard_normal((2, 3, 2, 2, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((4, 2, 50, 2, 8)), jnp.float32) for _ in "kv")  # a stacked cache
+  limits = jnp.asarray([[50, 49, 48], [0, 20, 21]], jnp.int32)  # per query; one saw nothing
+  _, lse = attention.prefix_attention(q, k, v, limits, layer=2, impl=attention.Impl.REFERENCE)
+  mass = attention.prefix_chunk_mass(q, k, lse, limits, 16, layer=2)  # [B, K, 4]
+  assert mass.shape == (2, 2, 4)
+  np.testing.assert_allclose(np.asarray(mass.sum(-1)), [[6, 6], [4, 4]], rtol=1e-5)  # T * G (minus empty rows)
+  for b, t in ((0, 1), (1, 2)):  # one query's weights, summed per chunk by hand
+    visible = np.zeros((2, 3, 50), bool)
+    visible[b, t, : int(limits[b, t])] = True
+    scores = np.einsum("kgd,skd->kgs", np.asarray(q[b, t], np.float64), np.asarray(k[2, b], np.float64)) / np.sqrt(8)
+    weights = np.exp(scores - scores.max(-1, keepdims=True)) * visible[b, t]
+    weights /= weights.sum(-1, keepdims=True)
+    alone = attention.prefix_chunk_mass(q[b : b + 1, t : t + 1], k[:, b : b + 1], lse[b : b + 1, t : t + 1],
+                                        limits[b : b + 1, t : t + 1], 16, layer=2)
+    expected = np.pad(weights.sum(1), ((0, 0), (0, 14))).reshape(2, 4, 16).sum(-1)
+    np.testing.assert_allclose(np.asarray(alone[0]), expected, rtol=1e-5, atol=1e-7)

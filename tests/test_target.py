@@ -125,3 +125,31 @@ def test_unrolled_layers_give_the_loops_results(tmp_path):
   np.testing.assert_allclose(np.asarray(flat_logits), np.asarray(loop_logits), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(np.asarray(flat_cache.k), np.asarray(loop_cache.k), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(flat_cache.v), np.asarray(loop_cache.v), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sparse_read_of_the_cache_keeps_its_first_layers_dense(tmp_path):
+  """Kept chunks covering the first m slots of every head read what a cache of length m
+  gives, in the layers from `dense_layers` on; every layer dense (dense_layers = L) or
+  every chunk kept is the dense pass."""
+  from longspec_jax.config import SparseVerify
+
+  model, config = load_hf_dir(save_tiny_hf_model("qwen2", tmp_path / "m"), jnp.float32)
+  rng = np.random.default_rng(6)
+  prefix = jnp.asarray(rng.integers(0, config.vocab_size, size=(1, 48)))
+  positions = jnp.arange(48)[None]
+  _, cache = model(prefix, positions, causal_block_mask(positions, jnp.ones((1, 48), bool)),
+                   KVCache.create(config, 1, 64, jnp.float32))
+  cache = KVCache(k=cache.k, v=cache.v, lengths=jnp.asarray([48], jnp.int32))
+  step, step_positions = jnp.asarray([[3, 5]]), jnp.asarray([[48, 49]])
+  mask = causal_block_mask(step_positions, jnp.ones((1, 2), bool))
+  first_half = jnp.broadcast_to(jnp.arange(4) < 2, (1, config.num_kv_heads, 4))  # chunks of 16: slots < 32
+  run = lambda cache, **sparse: model.hidden_and_kv(step, step_positions, mask, cache, **sparse)[0]
+  dense = run(cache)
+  short = run(KVCache(k=cache.k, v=cache.v, lengths=jnp.asarray([32], jnp.int32)))
+  sparse = lambda kept, layers: run(cache, kept=kept, sparse=SparseVerify(0.9, chunk=16, dense_layers=layers))
+  np.testing.assert_allclose(np.asarray(sparse(first_half, 0)), np.asarray(short), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(sparse(first_half, config.num_layers)), np.asarray(dense), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(sparse(jnp.ones_like(first_half), 0)), np.asarray(dense), rtol=1e-5,
+                             atol=1e-5)
+  assert not np.allclose(np.asarray(sparse(first_half, 1)), np.asarray(dense), atol=1e-5)
