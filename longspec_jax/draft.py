@@ -79,22 +79,26 @@ class DraftLayer(DecoderLayer):
     self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
     self.cross_o = nnx.Param(init_weight(rngs.params(), (h, d, e), dtype))
 
-  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, layer, impl: attention.Impl):
+  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, layer, impl: attention.Impl, chunk: int = 0):
     """x [B, T, E] attends to the target's cached keys/values of `layer` (an int, or an
     int32 scalar inside the layer scan) at the slots `cross` allows; queries get RoPE at
-    their own positions (cos/sin)."""
+    their own positions (cos/sin). Returns the new x and, with `chunk`, the attention's
+    mass per chunk of the cache and KV head [B, K, C] (`attention.prefix_chunk_mass`)."""
     c = self.config
     b, t = x.shape[:2]
     h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
     q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
     q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
+    mass = None
     if cross.block is not None:
       out = attention.blockwise_attention(q, cross.k[layer], cross.v[layer], cross.block, impl=impl)
     elif cross.delay is not None:
       out = attention.delayed_attention(q, cross.k[layer], cross.v[layer], cross.delay, impl=impl)
     else:
-      out, _ = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=layer, impl=impl)
-    return self.add_attention(x, out, self.cross_o[...])
+      out, lse = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=layer, impl=impl)
+      if chunk:
+        mass = attention.prefix_chunk_mass(q, cross.k, lse, cross.limits, chunk, layer=layer)
+    return self.add_attention(x, out, self.cross_o[...]), mass
 
 
 class Draft(nnx.Module):
@@ -115,6 +119,16 @@ class Draft(nnx.Module):
     """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V [L, B, N, K, D],
     this call's included). The self-attention sees what `own` names, the
     cross-attention what `cross` names."""
+    hidden, block_kv, _ = self.forward(target, tokens, positions, own, cross)
+    return hidden, block_kv
+
+  def forward(self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend,
+              cross: CrossAttend, chunk: int = 0):
+    """`__call__`, and with `chunk` also where its cross-attention looked (cross.limits
+    given): its mass per chunk of `chunk` slots of the target's cache and per KV head, [B,
+    K, ceil(S / chunk)], summed over this call's queries, the heads of each group and the
+    draft's layers (SpecAttn's signal for which chunks the target reads; a one-layer
+    draft's stands for every target layer); None without."""
     c = self.config
     x = jnp.take(target.embed[...], tokens, axis=0).astype(self.final_norm.dtype)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
@@ -144,14 +158,16 @@ class Draft(nnx.Module):
         ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
         out, _ = attention.merge(ring_out, ring_lse, out, lse)
       x = layer.add_attention(x, out)
+      mass = None
       if c.cross_attention:
-        x = layer.add_cross_attention(x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer,
-                                      self.attention)
-      return layer.add_mlp(x), (k, v)
+        x, mass = layer.add_cross_attention(x, cos, sin, cross,
+                                            cross_layers[0] if cross_layer is None else cross_layer, self.attention,
+                                            chunk)
+      return layer.add_mlp(x), (k, v, mass)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)
-    x, block_kv = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers))
-    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), block_kv
+    x, (k, v, mass) = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers))
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), (k, v), None if mass is None else mass.sum(axis=0)
 
 
 def random_draft(config: DraftConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Draft:

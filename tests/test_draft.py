@@ -116,3 +116,26 @@ def test_cross_attention_sees_only_slots_below_its_limits():
   slot_22 = run(target_k, target_v.at[:, :, 22].set(9.0))
   changed = np.any(np.abs(slot_22 - base) > 1e-6, axis=-1)
   np.testing.assert_array_equal(changed, np.asarray(limits[0] > 22))
+
+
+def test_the_draft_says_where_its_cross_attention_looked():
+  """With a chunk size the pass also returns its cross-attention's mass per chunk of the
+  target's cache and KV head: each query's mass sums to its heads' count (none beyond
+  its limit), the hidden states are the plain pass's, and a two-layer draft sums both."""
+  target = random_model(TARGET, jnp.float32, seed=1)
+  rng = np.random.default_rng(3)
+  tokens = jnp.asarray(rng.integers(0, 97, size=(2, 4)))
+  positions = 30 + jnp.arange(4)[None].repeat(2, 0)
+  shape = (TARGET.num_layers, 2, 40, 2, 8)
+  target_k, target_v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in "kv")
+  limits = jnp.asarray([[30, 30, 31, 32], [17, 17, 17, 17]])
+  own = SelfAttend(mask=causal_block_mask(positions, jnp.ones((2, 4), bool)))
+  cross = CrossAttend(k=target_k, v=target_v, limits=limits)
+  for layers in (1, 2):
+    draft = random_draft(DraftConfig.for_target(TARGET, num_layers=layers), jnp.float32, seed=2)
+    hidden, _, mass = draft.forward(target, tokens, positions, own, cross, chunk=16)
+    np.testing.assert_array_equal(np.asarray(hidden), np.asarray(draft(target, tokens, positions, own, cross)[0]))
+    group = DraftConfig.for_target(TARGET).group_size
+    assert mass.shape == (2, 2, 3)  # [B, K, ceil(40 / 16)]
+    np.testing.assert_allclose(np.asarray(mass.sum(-1)), layers * 4 * group, rtol=1e-5)
+    assert float(jnp.abs(mass[1, :, 2]).max()) == 0 and float(jnp.abs(mass[1, :, 1]).sum()) > 0  # limit 17
