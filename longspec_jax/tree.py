@@ -39,6 +39,9 @@ class Tree:
   # [B, N, N] bool, the ancestor mask when the proposer built it as it grew the tree (a
   # beam search does), so that verification need not build it again; None: computed.
   ancestors: jax.Array | None = None
+  # [B, K, C] bool: the chunks of the target's cache its verification reads for each KV
+  # head (SpecAttn's sparse verification, `config.SparseVerify`: lossy); None: all of it.
+  kept: jax.Array | None = None
 
   @property
   def size(self) -> int:
@@ -76,7 +79,7 @@ class Tree:
     pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
     return Tree(tokens=pad(self.tokens, 0), parents=pad(self.parents, -1), depths=pad(self.depths, 0),
                 valid=pad(self.valid, False),
-                ancestors=jnp.pad(self.ancestor_mask(), ((0, 0), (0, extra), (0, extra))))
+                ancestors=jnp.pad(self.ancestor_mask(), ((0, 0), (0, extra), (0, extra))), kept=self.kept)
 
 
 def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -> Tree:
@@ -140,6 +143,7 @@ def graft_chains(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
       depths=room.depths.at[:, n:].set(jnp.broadcast_to(jnp.tile(jnp.arange(1, g + 1), m), (batch, m * g))),
       valid=room.valid.at[:, n:].set(flat(placed)),
       ancestors=room.ancestors.at[:, n:].set(rows),
+      kept=tree.kept,
   )
 
 

@@ -23,19 +23,26 @@ import jax
 import jax.numpy as jnp
 
 from longspec_jax.cache import KVCache
+from longspec_jax.config import SparseVerify
 from longspec_jax.target import Transformer
 from longspec_jax.tree import Tree
 
 
-def verify(model: Transformer, tree: Tree, cache: KVCache) -> tuple[jax.Array, jax.Array, KVCache]:
+def verify(model: Transformer, tree: Tree, cache: KVCache,
+           sparse: SparseVerify | None = None) -> tuple[jax.Array, jax.Array, KVCache]:
   """Runs the target over all tree nodes (node i at slot lengths + i, position lengths +
   depth i). Returns float32 logits [B, N, V], the ancestor mask [B, N, N] and the cache
   with the nodes' K/V written after the prefix (lengths unchanged). With the model's
-  `batch_invariant`, each node's logits are the bits an AR step at its position computes."""
+  `batch_invariant`, each node's logits are the bits an AR step at its position computes.
+  A tree that carries kept chunks is verified reading only those (`sparse` says how:
+  lossy, and without batch-invariant numerics)."""
   ancestors = tree.ancestor_mask()
-  invariant = model.batch_invariant
+  invariant = model.batch_invariant and tree.kept is None
+  if tree.kept is not None and sparse is None:
+    raise ValueError("a tree with kept chunks is verified sparsely: give its SparseVerify.")
+  reads = {} if tree.kept is None else dict(kept=tree.kept, sparse=sparse)
   hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, invariant=invariant,
-                        unroll=model.unrolled_rounds)
+                        unroll=model.unrolled_rounds, **reads)
   return model.logits(hidden, invariant=invariant), ancestors, cache
 
 

@@ -1,6 +1,7 @@
 """Greedy acceptance on random trees against a slow pure-Python walk; the sampled walk's
 exact law against AR sampling; batch-invariant verification against AR steps, bit for bit."""
 
+import dataclasses
 import functools
 import itertools
 
@@ -344,3 +345,30 @@ def test_batch_invariant_verification_computes_the_ar_bits(kind, tmp_path):
       if depth < len(path):
         np.testing.assert_array_equal(np.asarray(alone[b, 0]), np.asarray(many[b, nodes[b]]))
     cache = cache.advance(1)
+
+
+def test_a_tree_with_kept_chunks_is_verified_reading_only_those(tmp_path):
+  """float32: every chunk kept = the dense verification; kept chunks = the target's
+  sparse read; padding and grafting keep them; kept without its SparseVerify is refused."""
+  from longspec_jax.config import SparseVerify
+
+  model, config = load_hf_dir(save_tiny_hf_model("qwen2", tmp_path / "m"), jnp.float32)
+  rng = np.random.default_rng(8)
+  cache, _ = prefill(model, rng.integers(3, 211, size=(2, 70)).tolist(), 96)
+  tree = random_tree(rng, 2, 6, 211)[0]
+  sparse = SparseVerify(0.9, chunk=16, dense_layers=1)
+  every = jnp.ones((2, config.num_kv_heads, 6), bool)
+  kept = jnp.asarray(rng.random((2, config.num_kv_heads, 6)) < 0.5)
+  dense_logits, ancestors, dense_cache = verify(model, tree, cache)
+  logits, _, _ = verify(model, dataclasses.replace(tree, kept=every), cache, sparse)
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(dense_logits), rtol=1e-5, atol=1e-5)
+  padded = dataclasses.replace(tree, kept=kept).padded(9)
+  assert padded.kept is not None and padded.size == 9
+  logits, _, _ = verify(model, padded, cache, sparse)
+  hidden, _ = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, kept=kept, sparse=sparse)
+  np.testing.assert_allclose(np.asarray(logits[:, :6]), np.asarray(model.logits(hidden)), rtol=1e-5, atol=1e-5)
+  assert not np.allclose(np.asarray(logits[:, :6]), np.asarray(dense_logits), atol=1e-4)
+  grafted = graft_chains(dataclasses.replace(tree, kept=kept), jnp.full((2, 1, 2), 5), jnp.ones((2, 1, 2), bool))
+  assert grafted.kept is kept
+  with pytest.raises(ValueError, match="SparseVerify"):
+    verify(model, dataclasses.replace(tree, kept=kept), cache)
