@@ -55,6 +55,10 @@ def parse_args(argv=None):
   add_tree_flags(p)
   add_copy_flags(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
+  p.add_argument("--sparse-verify", type=float, metavar="P",
+                 help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
+                      " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
+                      " outputs then differ from the target's own. Off by default")
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)
@@ -69,6 +73,8 @@ def parse_args(argv=None):
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
+  if args.sparse_verify is not None and not 0 < args.sparse_verify <= 1:
+    p.error(f"--sparse-verify keeps a fraction 0 < P <= 1 of the draft's attention, got {args.sparse_verify}")
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args
@@ -137,6 +143,7 @@ def main(argv=None) -> None:
   prompt_text = read_prompt(args.prompt, args.prompt_file)
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
+  from longspec_jax.config import SparseVerify
   from longspec_jax.engine import Decoding, check_capacity, generate
   from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
@@ -169,7 +176,9 @@ def main(argv=None) -> None:
   print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
         file=sys.stderr, flush=True)
   stream = TextStream(target.tokenizer)
-  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling)
+  sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
+  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling,
+                                         sparse)
   with PrefillBar() as on_prefill:
     decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
@@ -193,6 +202,7 @@ def main(argv=None) -> None:
         "batch_invariant": args.batch_invariant,
         "draft": spec,
         **tree_record(proposer),
+        "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),
         "sampling": dataclasses.asdict(sampling),
         "prompt_tokens": len(prompt),
         "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),

@@ -154,6 +154,17 @@ def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, i
   return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
 
 
+def select_chunks(mass, p: float, *, impl: Impl) -> jnp.ndarray:
+  """SpecAttn's top-p over chunks with the chosen implementation: mass [..., C] -> the
+  chunks [..., C] bool holding at least p of each row's mass (`pallas_kernels.topp`)."""
+  from pallas_kernels.topp import select_chunks as kernel
+  from pallas_kernels.topp import select_chunks_reference
+
+  rows = mass.reshape(-1, mass.shape[-1])
+  kept = kernel(rows, p) if impl is Impl.PALLAS else select_chunks_reference(rows, p)
+  return kept.reshape(mass.shape)
+
+
 def prefix_chunk_mass(q, k, lse, lengths, chunk: int, *, layer=None) -> jnp.ndarray:
   """How much of a prefix pass's attention fell in each chunk of `chunk` slots, per KV
   head: queries [B, T, K, G, D] that saw cached keys [B, S, K, D] (layer `layer` of a

@@ -38,6 +38,7 @@ from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import KVCache
 from longspec_jax.compiles import Compiles
+from longspec_jax.config import SparseVerify
 from longspec_jax.errors import UserError
 from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
@@ -102,6 +103,12 @@ class Decoding:
   def eos_array(self) -> jax.Array:
     """The EOS ids as int32 [E] (PAD_ID, which no token equals, when there are none)."""
     return jnp.asarray(self.eos_ids or (PAD_ID,), jnp.int32)
+
+  @property
+  def sparse(self) -> SparseVerify | None:
+    """How the proposer's trees are verified sparsely (SpecAttn, lossy:
+    `proposers.LongSpecDraft.sparse`); None: the whole cache is read."""
+    return getattr(self.proposer, "sparse", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +269,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       tree, proposal = make_tree()
       tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
     with jax.named_scope("verify"):
-      logits, ancestors, cache = verify(model, tree, state.cache)  # logits [B, N, V]
+      logits, ancestors, cache = verify(model, tree, state.cache, decoding.sparse)  # logits [B, N, V]
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy:

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from longspec_jax import gemm
+from longspec_jax import attention, gemm
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.attention import causal_block_mask
 from longspec_jax.cache import PartialCache, RingCache
-from longspec_jax.config import CapeConfig, DraftKind
+from longspec_jax.config import CapeConfig, DraftKind, SparseVerify
 from longspec_jax.draft import CrossAttend, Draft, SelfAttend
 from longspec_jax.errors import UserError
 from longspec_jax.heads import Heads
@@ -78,6 +78,11 @@ class LongSpecDraft:
   `copy_tokens` > 0: prompt lookup's continuations of that many tokens (`copy_matches`
   of them, `PromptLookup`) join the tree as branches under the root (`tree.graft_chains`),
   verified in the same pass, so a round gets whichever of copying and drafting is right.
+
+  `sparse` (SpecAttn, lossy): the tree's passes also report where their cross-attention
+  looked in the target's cache (`Draft.forward`), and the tree carries, for each KV head,
+  the chunks holding `sparse.p` of that mass summed over the passes' queries: what its
+  verification reads (`verify.verify`).
   """
 
   graphdef: nnx.GraphDef
@@ -85,6 +90,7 @@ class LongSpecDraft:
   copy_tokens: int = 0
   cape: CapeConfig | None = None
   copy_matches: int = 1
+  sparse: SparseVerify | None = None
 
   @property
   def tree_size(self) -> int:
@@ -159,14 +165,31 @@ class LongSpecDraft:
 
   def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The round's tree from the root's hidden state [B, 1, E]: CAPE's or the beam
-    search's."""
-    if self.cape is not None:
-      return self._cape_tree(draft, target, cache, ring, root, root_hidden)
-    return self._beam_tree(draft, target, cache, ring, root, root_hidden)
+    search's (with `sparse`, carrying the chunks its verification reads)."""
+    looked = []  # each pass's cross-attention mass [B, K, C], with `sparse`
 
-  def _beam_tree(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+    def run(*args):
+      if self.sparse is None:
+        return draft(target, *args)
+      hidden, block_kv, mass = draft.forward(target, *args, chunk=self.sparse.chunk)
+      looked.append(mass)
+      return hidden, block_kv
+
+    build = self._cape_tree if self.cape is not None else self._beam_tree
+    tree = build(run, target, draft.config, cache, ring, root, root_hidden)
+    if self.sparse is None:
+      return tree
+    if not looked:  # (a one-deep tree: no pass but the root's catch-up; every chunk)
+      return dataclasses.replace(tree, kept=jnp.ones(self._chunks(cache), bool))
+    return dataclasses.replace(tree, kept=attention.select_chunks(sum(looked), self.sparse.p, impl=draft.attention))
+
+  def _chunks(self, cache) -> tuple[int, int, int]:
+    b, s, k = cache.k.shape[1:4]
+    return b, k, -(-s // self.sparse.chunk)
+
+  def _beam_tree(self, run, target, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
     """Per depth, the frontier's best children by cumulative log-prob, then one draft
-    pass over them."""
+    pass over them (`run(tokens, positions, own, cross)`, the draft's)."""
     lengths = cache.lengths
     batch = root.shape[0]
     offsets = beam_offsets(self.widths)
@@ -174,7 +197,6 @@ class LongSpecDraft:
     tokens = jnp.zeros((batch, n), jnp.int32).at[:, 0].set(root)
     parents = jnp.full((batch, n), -1, jnp.int32)
     ancestors = jnp.broadcast_to(jnp.eye(n, dtype=bool), (batch, n, n))  # rows filled as nodes appear
-    cfg = draft.config
     buffer_shape = (cfg.num_layers, batch, n, cfg.num_kv_heads, cfg.head_dim)
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
     hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
@@ -191,8 +213,8 @@ class LongSpecDraft:
         break
       node_positions = jnp.broadcast_to(lengths[:, None] + depth, (batch, width))
       drafted = jnp.arange(n)[None, None, :] > 0  # the root is in the ring, not the buffer
-      hidden, buffer = draft(
-          target, new_tokens, node_positions,
+      hidden, buffer = run(
+          new_tokens, node_positions,
           SelfAttend(mask=ancestors[:, nodes] & drafted, ring=ring, ring_limit=lengths + 1,
                      buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width)))),
           CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
@@ -201,10 +223,10 @@ class LongSpecDraft:
     return Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
                 valid=jnp.ones((batch, n), bool), ancestors=ancestors)
 
-  def _cape_tree(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+  def _cape_tree(self, run, target, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The greedy chain, keeping each position's `1 + cape.most` most likely tokens and
     the chain token's probability; one draft pass per chain token (the leaves get none)."""
-    cape, lengths, cfg = self.cape, cache.lengths, draft.config
+    cape, lengths = self.cape, cache.lengths
     batch = root.shape[0]
     nodes = cape.gamma + 1  # the chain's, root first (in the ring, not the buffer)
     buffer_shape = (cfg.num_layers, batch, nodes, cfg.num_kv_heads, cfg.head_dim)
@@ -217,8 +239,8 @@ class LongSpecDraft:
       if depth == cape.gamma:
         break
       seen = (jnp.arange(nodes) >= 1) & (jnp.arange(nodes) <= depth)  # the chain so far, this node included
-      hidden, buffer = draft(
-          target, top_tokens[:, :, 0], jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
+      hidden, buffer = run(
+          top_tokens[:, :, 0], jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
           SelfAttend(mask=jnp.broadcast_to(seen, (batch, 1, nodes)), ring=ring, ring_limit=lengths + 1,
                      buffer=(*buffer, jnp.full((batch, 1), depth))),
           CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None]),
@@ -372,7 +394,7 @@ def auto_copies() -> tuple[int, int]:
 
 def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
                   copy_tokens: int | None = None, cape: CapeConfig | None = None, copy_matches: int | None = None,
-                  sampling: SamplingConfig | None = None):
+                  sampling: SamplingConfig | None = None, sparse: SparseVerify | None = None):
   """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
   draft's graphdef and tree, `tree_widths` (or with `cape`, CAPE's tree) with
   `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in
@@ -383,7 +405,11 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   draft's tree with them grafted in. GLIDE's draft takes CAPE's tree (its paper's)
   unless widths or CAPE are given. `tokenswift`'s draft is its heads (`Heads`), whose
   full tree `tree_widths` replaces; it ranks its candidates under `sampling`'s penalty.
-  The other methods have no params."""
+  `sparse`: the draft methods' trees are verified sparsely (SpecAttn, lossy). The other
+  methods have no params."""
+  if sparse is not None and PROPOSERS.get(method) is not LongSpecDraft:
+    raise UserError(f"sparse verification selects what the target reads from a draft's cross-attention: --method"
+                    f" longspec or glide, not {method}.")
   stored = draft.config if draft is not None else None
   if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
     raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
@@ -408,7 +434,7 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
     graphdef, params = nnx.split(draft)
     copies = stored.copy_tokens if copy_tokens is None else copy_tokens
     widths = tuple(tree_widths or stored.tree_widths)
-    return PROPOSERS[method](graphdef, widths, copies, cape, copy_matches or 1), params
+    return PROPOSERS[method](graphdef, widths, copies, cape, copy_matches or 1, sparse), params
   return PROPOSERS[method](), None
 
 

@@ -514,3 +514,23 @@ def test_tokenswift_ranks_its_candidates_under_the_penalty(tiny):
     runs[name] = generate(tiny, prompts, 24, Decoding(proposer=proposer, sampling=sampling), params)
     assert runs[name].token_ids == reference, name
   assert runs["penalised"].stats.mean_accepted_length > runs["raw"].stats.mean_accepted_length
+
+
+def test_sparse_verification_keeping_all_the_mass_is_lossless(tiny):
+  """SpecAttn's sparse verification with p = 1 keeps every chunk: AR's tokens (float32);
+  at p = 0.3 the trees carry fewer chunks than the cache has, and generation runs on
+  (its tokens may differ: lossy)."""
+  from longspec_jax.config import SparseVerify
+
+  rng = np.random.default_rng(9)
+  prompts = [rng.integers(3, 211, size=70).tolist(), rng.integers(3, 211, size=45).tolist()]
+  reference = generate(tiny, prompts, 12).token_ids
+  proposer, params = longspec(tiny, widths=(2, 2), window=8)
+  whole = dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16, dense_layers=1))
+  assert generate(tiny, prompts, 12, Decoding(proposer=whole), params).token_ids == reference
+  some = dataclasses.replace(proposer, sparse=SparseVerify(0.3, chunk=16, dense_layers=1))
+  result = generate(tiny, prompts, 12, Decoding(proposer=some), params)
+  assert [len(t) for t in result.token_ids] == [12, 12]
+  state = start(tiny, prompts, 12, Decoding(proposer=some), params).state
+  tree, _ = propose(tiny, some, params, state)
+  assert tree.kept is not None and 0 < int(tree.kept.sum()) < tree.kept.size

@@ -85,6 +85,7 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"],
          "--top-p: expected a number in (0, 1]"),
         (["--prompt", "x", "--penalty", "0.5"], "--penalty: expected a finite number >= 1"),
+        (["--prompt", "x", "--sparse-verify", "1.5"], "--sparse-verify keeps a fraction 0 < P <= 1"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
@@ -104,6 +105,9 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
     code, out, err = run(common + ["--method", method] + draft, capsys)
     assert code == 0, err
     assert len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 6
+  code, out, err = run(common + ["--method", "longspec", "--draft", "random", "--sparse-verify", "0.5"], capsys)
+  record = json.loads(out.strip().splitlines()[-1])  # (lossy: any 6 tokens)
+  assert code == 0 and len(record["token_ids"]) == 6 and record["sparse_verify"]["p"] == 0.5, err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -206,6 +210,7 @@ def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
       (["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,3"], "one width >= 1 per depth, 4 for"
                                                                                 " gamma 3"),
       (["--method", "glide", "--draft", str(tmp_path / "longspec")], "holds longspec's draft, where glide's is"),
+      (["--method", "pld", "--sparse-verify", "0.9"], "a draft's cross-attention: --method longspec or glide"),
       (["--draft", str(tmp_path)], "is not a draft checkpoint"),
       (["--draft", str(tmp_path / "other")], "the draft does not match the target: its vocab_size is 100"),
   ]:
