@@ -46,7 +46,7 @@ from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import Compiles, phase_seconds, warmed_up
 from longspec_jax import cli
 from longspec_jax.adaptive import Adaptive
-from longspec_jax.config import DraftKind
+from longspec_jax.config import DraftKind, SparseVerify
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
 from longspec_jax.proposers import DRAFT_METHODS, draft_kind, draft_spec, make_proposer
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
@@ -163,6 +163,9 @@ def main(argv=None):
   cli.add_attention_flag(p)
   cli.add_batch_invariant_flag(p)
   add_sampling_flags(p)
+  p.add_argument("--sparse-verify", type=float, nargs="+", metavar="P",
+                 help="longspec, glide: also run each with SpecAttn's sparse verification at each P (lossy: its"
+                      " tokens differ from AR's), labelled +sparseP")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft and its copies shape
@@ -184,15 +187,21 @@ def main(argv=None):
         p.error(f"{flag} shapes prompt lookup's continuations, but --methods {' '.join(names)} has none")
   if args.draft == "none" and "longspec" in names:
     p.error("--draft none leaves longspec without a draft")
+  if args.sparse_verify and not {"longspec", "glide"} & set(names):
+    p.error(f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
+            " neither longspec nor glide")
+  if any(not 0 < v <= 1 for v in args.sparse_verify or ()):
+    p.error(f"--sparse-verify keeps fractions 0 < P <= 1 of the draft's attention, got {args.sparse_verify}")
   if args.out:
     cli.output_path(args.out)
   methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio
-  # (label, method, (tree widths, CAPE), copy tokens, copy matches): a draft method once per
-  # tree, each copying method once per continuation length and number
+  # (label, method, (tree widths, CAPE), copy tokens, copy matches, sparse verification): a
+  # draft method once per tree (and per --sparse-verify P), each copying method once per
+  # continuation length and number
   variants = []
   for m, own_copies, own_matches in methods:
     if m not in COPYING:
-      variants.append((m, m, (None, None), 0, None))
+      variants.append((m, m, (None, None), 0, None, None))
       continue
     for spec in (args.tree_widths or [None]) if m in treed else [None]:
       for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
@@ -202,7 +211,10 @@ def main(argv=None):
           grams = m == "tokenswift" and copies is not None
           label = m + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
           label += f"x{matches}" if matches else ""
-          variants.append((label, m, tree_choice(spec, args), copies, matches))
+          variants.append((label, m, tree_choice(spec, args), copies, matches, None))
+          for fraction in (args.sparse_verify or ()) if m in ("longspec", "glide") else ():
+            variants.append((f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches,
+                             SparseVerify(fraction)))
   sampling = sampling_config(args)
   dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
@@ -214,7 +226,7 @@ def main(argv=None):
   kinds = {draft_kind(m): spec for m, spec in specs.items() if spec is not None}
   for kind, spec in kinds.items():
     resolve_draft(spec, args.target, kind)
-  for _, _, (widths, cape), copies, matches in variants:
+  for _, _, (widths, cape), copies, matches, _ in variants:
     check_tree(widths, cape, config.vocab_size, (copies or 0) * (matches or 1))
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
@@ -248,15 +260,16 @@ def main(argv=None):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, (widths, cape), copies, matches in variants:
+      for label, method, (widths, cape), copies, matches, sparse in variants:
         draft = drafts[draft_kind(method)] if specs[method] is not None else None
-        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches, sampling)
+        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches, sampling, sparse)
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
         row = {
             "set": set_name, "prefill_tokens": length, "method": label,
             **tree_record(proposer),
+            **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
             **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
             "tau": result["tau"], "acceptance_by_depth": result["acceptance_by_depth"],
             "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],

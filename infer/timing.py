@@ -101,7 +101,7 @@ def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> t
 
   def verify_pass(carry, params, tree):
     cache, total = carry
-    logits, _, cache = verify(nnx.merge(graphdef, params), tree, cache)
+    logits, _, cache = verify(nnx.merge(graphdef, params), tree, cache, decoding.sparse)
     return cache, total + logits[:, :, 0].sum()
 
   tree = jax.jit(lambda params, proposer_params, state: propose(

@@ -58,6 +58,18 @@ def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, caps
   assert "auto runs one only when --draft names it" in capsys.readouterr().err
 
 
+def test_sparse_verification_runs_beside_the_dense_one(tiny_with_tokenizer, tmp_path, capsys):
+  common = ["--target", str(tiny_with_tokenizer), "--methods", "longspec", "--draft", "random", "--sets", "code",
+            "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32", "--tree-widths", "2,2"]
+  out = tmp_path / "sparse.json"
+  assert run_cli(main, common + ["--sparse-verify", "1", "0.5", "--out", str(out)], PROG) == 0, capsys.readouterr().err
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["method"] for r in rows] == ["ar", "longspec[2,2]", "longspec[2,2]+sparse1", "longspec[2,2]+sparse0.5"]
+  assert rows[2]["same_tokens_as_ar"] and rows[3]["sparse_verify"]["p"] == 0.5  # p = 1 reads every chunk
+  assert run_cli(main, ["--methods", "pld", "--sparse-verify", "0.9"], PROG) == 2
+  assert "neither longspec nor glide" in capsys.readouterr().err
+
+
 def test_a_generation_that_compiled_is_timed_again():
   """The warm-up runs the first prompt; a longer second one needs programs of its own
   (its prefill chunk and cache are larger): that generation runs twice, the second timed."""
