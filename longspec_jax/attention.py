@@ -172,6 +172,8 @@ def prefix_chunk_mass(q, k, lse, lengths, chunk: int, *, layer=None) -> jnp.ndar
   [B, K, ceil(S / chunk)] float32, summed over the queries and the heads of each group
   (SpecAttn's signal for which chunks a verification reads). Recomputes the scores from
   q and K (XLA; one read of the layer's keys, not its values)."""
+  from pallas_kernels.topp import chunk_mass
+
   if layer is not None:
     k = k[layer]
   slots = jnp.arange(k.shape[1])
@@ -180,10 +182,7 @@ def prefix_chunk_mass(q, k, lse, lengths, chunk: int, *, layer=None) -> jnp.ndar
   safe = jnp.where(jnp.isfinite(lse), lse, jnp.inf)  # queries that saw nothing weigh nothing
   weights = jnp.exp(_scores(q, k) - safe.transpose(0, 2, 3, 1)[..., None])  # [B, K, G, T, S]
   weights = jnp.where(visible[:, None, None], weights, 0.0)
-  per_slot = jnp.einsum("bkgts->bks", weights)  # [B, K, S]
-  chunks = -(-k.shape[1] // chunk)
-  per_slot = jnp.pad(per_slot, ((0, 0), (0, 0), (0, chunks * chunk - k.shape[1])))
-  return per_slot.reshape(*per_slot.shape[:2], chunks, chunk).sum(axis=-1)
+  return chunk_mass(jnp.einsum("bkgts->bks", weights), chunk)  # [B, K, S] -> [B, K, C]
 
 
 def _layer(k, v, layer):
