@@ -102,6 +102,8 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
          if kinds else {}),
       "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
       "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
+      # (the share of the cached K/V the verifier read, over every round: 1.0 when dense)
+      "kv_fraction_read": sum(s.kv_fraction_read * s.rounds for s in stats) / sum(s.rounds for s in stats),
       "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
       # (compile_seconds: XLA compiled during the timed generation, its speed includes it;
       # rerun_after_compile_seconds: what a first try compiled, which was then run again)
@@ -272,6 +274,7 @@ def main(argv=None):
             **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
             **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
             "tau": result["tau"], "acceptance_by_depth": result["acceptance_by_depth"],
+            "kv_fraction_read": result["kv_fraction_read"],
             "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],
             "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
             **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},

@@ -188,6 +188,8 @@ def main(argv=None) -> None:
   print(
       f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
       f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
+      + (f", K/V read {100 * stats.kv_fraction_read:.0f}% (sparse verification: output differs from the target's)"
+         if sparse else "")
       + (f"; rounds {', '.join(f'{k} {n}' for k, n in stats.rounds_by_kind.items())}" if stats.rounds_by_kind else ""),
       file=sys.stderr,
   )

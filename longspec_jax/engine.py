@@ -43,7 +43,7 @@ from longspec_jax.errors import UserError
 from longspec_jax.proposers import RootOnly
 from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
 from longspec_jax.target import Transformer
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify
 
 PAD_ID = -1  # fills token slots after a sequence has finished
 # Device time per chunk of rounds: the host streams text once per chunk (a chunk costs one
@@ -73,6 +73,9 @@ class DecodeState:
   # [B, D + 2] int32: rounds in which the sequence was not yet done, by the tokens each
   # emitted (0 .. D + 1, D the proposer's depth; `acceptance_by_depth`)
   rounds_by_length: jax.Array
+  # [B] float32: the share of the cached K/V each round's verification read, summed over
+  # the rounds the sequence was not yet done (1 per dense round; `verify.fraction_read`)
+  kv_read: jax.Array
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
   proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
@@ -85,7 +88,8 @@ class DecodeState:
     batch = root.shape[0]
     return cls(
         cache=cache, history=history, root=root, done=done, emitted=jnp.ones((batch,), jnp.int32),
-        rounds=jnp.int32(0), rounds_by_length=jnp.zeros((batch, depth + 2), jnp.int32), key=key,
+        rounds=jnp.int32(0), rounds_by_length=jnp.zeros((batch, depth + 2), jnp.int32),
+        kv_read=jnp.zeros((batch,), jnp.float32), key=key,
         nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite, proposal=proposal,
     )
 
@@ -133,6 +137,9 @@ class GenerationStats:
   # (and "switch": a change of kind; None: not measured yet)
   round_seconds_by_kind: dict[str, float | None] | None = None
   calibration_seconds: float = 0.0
+  # the share of the cached K/V the verifier read, averaged over rounds (1.0: every round
+  # read all of it; below 1 only under sparse verification, `Decoding.sparse`)
+  kv_fraction_read: float = 1.0
 
   @property
   def acceptance_by_depth(self) -> list[float | None]:
@@ -270,6 +277,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
     with jax.named_scope("verify"):
       logits, ancestors, cache = verify(model, tree, state.cache, decoding.sparse)  # logits [B, N, V]
+      read = fraction_read(tree, state.cache.lengths, decoding.sparse, model.config.num_layers)  # [B]
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy:
@@ -277,11 +285,12 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
       new = emitted_tokens(tree, acceptance)  # [B, N]
-    return acceptance.path, acceptance.count, new, cache, jnp.all(jnp.isfinite(logits), axis=(1, 2)), proposal
+    finite = jnp.all(jnp.isfinite(logits), axis=(1, 2))
+    return acceptance.path, acceptance.count, new, cache, finite, proposal, read
 
   def commit(state, key, round_result, out, written):
     """The state after a round's `round_result` (one_round's), its tokens appended to `out`."""
-    path, accepted, new, cache, finite, proposal = round_result
+    path, accepted, new, cache, finite, proposal, read = round_result
     with jax.named_scope("commit"):
       # Keep tokens up to the first EOS and the token limit; finished sequences keep none.
       index = jnp.arange(new.shape[1])[None, :]
@@ -307,6 +316,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
           rounds=state.rounds + 1,
           rounds_by_length=state.rounds_by_length.at[rows[:, 0], count].add((~state.done).astype(jnp.int32),
                                                                               mode="drop"),
+          kv_read=state.kv_read + jnp.where(state.done, 0.0, read),
           key=key,
           nonfinite=state.nonfinite | (~state.done & ~finite),
           proposal=proposal,
@@ -648,6 +658,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
       **_kind_stats(decoding.proposer, state.proposal, round_seconds),
       calibration_seconds=calibration_seconds,
+      kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
 

@@ -527,10 +527,11 @@ def test_sparse_verification_keeping_all_the_mass_is_lossless(tiny):
   reference = generate(tiny, prompts, 12).token_ids
   proposer, params = longspec(tiny, widths=(2, 2), window=8)
   whole = dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16, dense_layers=1))
-  assert generate(tiny, prompts, 12, Decoding(proposer=whole), params).token_ids == reference
+  result = generate(tiny, prompts, 12, Decoding(proposer=whole), params)
+  assert result.token_ids == reference and result.stats.kv_fraction_read == pytest.approx(1.0)
   some = dataclasses.replace(proposer, sparse=SparseVerify(0.3, chunk=16, dense_layers=1))
   result = generate(tiny, prompts, 12, Decoding(proposer=some), params)
-  assert [len(t) for t in result.token_ids] == [12, 12]
+  assert [len(t) for t in result.token_ids] == [12, 12] and result.stats.kv_fraction_read < 1
   state = start(tiny, prompts, 12, Decoding(proposer=some), params).state
   tree, _ = propose(tiny, some, params, state)
   assert tree.kept is not None and 0 < int(tree.kept.sum()) < tree.kept.size

@@ -108,6 +108,7 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
   code, out, err = run(common + ["--method", "longspec", "--draft", "random", "--sparse-verify", "0.5"], capsys)
   record = json.loads(out.strip().splitlines()[-1])  # (lossy: any 6 tokens)
   assert code == 0 and len(record["token_ids"]) == 6 and record["sparse_verify"]["p"] == 0.5, err
+  assert 0 < record["kv_fraction_read"] <= 1 and "K/V read" in err
 
 
 @pytest.mark.parametrize("argv, message", [

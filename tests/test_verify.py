@@ -21,7 +21,7 @@ from longspec_jax.sampling import SamplingConfig, probs
 from longspec_jax.tree import Tree, chain, graft_chains, static_topology
 from longspec_jax.tree import cape_tree as build_cape_tree
 from longspec_jax.tree import copy_tree as build_copy_tree
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, verify, walk_outcomes
+from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify, walk_outcomes
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -370,5 +370,14 @@ def test_a_tree_with_kept_chunks_is_verified_reading_only_those(tmp_path):
   assert not np.allclose(np.asarray(logits[:, :6]), np.asarray(dense_logits), atol=1e-4)
   grafted = graft_chains(dataclasses.replace(tree, kept=kept), jnp.full((2, 1, 2), 5), jnp.ones((2, 1, 2), bool))
   assert grafted.kept is kept
+  # The share read: kept chunks' slots below each length, counted one by one; layers
+  # before dense_layers read everything.
+  lengths = jnp.asarray([70, 37])
+  layers = config.num_layers
+  share = [np.mean([sum(bool(kept[b, k, s // 16]) for s in range(int(lengths[b]))) / int(lengths[b])
+                    for k in range(config.num_kv_heads)]) for b in range(2)]
+  np.testing.assert_allclose(np.asarray(fraction_read(padded, lengths, sparse, layers)),
+                             (1 + (layers - 1) * np.asarray(share)) / layers, rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(fraction_read(tree, lengths, None, layers)), [1.0, 1.0])
   with pytest.raises(ValueError, match="SparseVerify"):
     verify(model, dataclasses.replace(tree, kept=kept), cache)
