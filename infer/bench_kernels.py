@@ -190,10 +190,16 @@ def _grid_row(name, heads, kv_heads, head_dim, batch, seq_len, steps, bandwidth)
 
 
 def suite_verify(args) -> list[dict]:
-  """One tree verification (64 nodes) of a random bf16 Llama-3.1-8B-shaped target at 32k."""
+  """One tree verification (64 nodes) of a random bf16 Llama-3.1-8B-shaped target at each
+  context: dense (the kernels; the jnp reference up to 32k), and sparse (SpecAttn) at
+  each kept fraction of the 64-slot chunks (`--kept`, scattered at random, the first 2
+  layers dense), with what sparse verification adds to a round beside it: the draft's
+  chunk mass over one target layer for the 16 nodes of a draft pass
+  (`attention.prefix_chunk_mass`) and the selection over the chunks (`select_chunks`)."""
   from flax import nnx
 
   from longspec_jax.cache import KVCache
+  from longspec_jax.config import SparseVerify
   from longspec_jax.target import random_model
   from longspec_jax.tree import Tree
   from longspec_jax.verify import verify
@@ -203,28 +209,54 @@ def suite_verify(args) -> list[dict]:
   for impl in (Impl.PALLAS, Impl.REFERENCE):  # the same weights under each attention code
     model.attention = impl
     graphdefs[impl] = nnx.graphdef(model)
+  sparse = SparseVerify(0.95)  # (its p is the draft's business: the kept chunks are given here)
+  kv_heads, head_dim = LLAMA_31_8B.num_kv_heads, LLAMA_31_8B.head_dim
+  rng = np.random.default_rng(0)
+  parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 64)]
+  depths = [0]
+  for i in range(1, 64):
+    depths.append(depths[parents[i]] + 1)
+  tree = Tree(tokens=jnp.asarray(rng.integers(0, 1000, (1, 64)), jnp.int32),
+              parents=jnp.asarray([parents], jnp.int32), depths=jnp.asarray([depths], jnp.int32),
+              valid=jnp.ones((1, 64), bool))
   rows = []
   for context in args.verify_contexts:
-    key_k, key_v = jax.random.split(jax.random.key(context))
-    shape = (LLAMA_31_8B.num_layers, 1, context + 128, LLAMA_31_8B.num_kv_heads, LLAMA_31_8B.head_dim)
+    key_k, key_v, key_q = jax.random.split(jax.random.key(context), 3)
+    shape = (LLAMA_31_8B.num_layers, 1, context + 128, kv_heads, head_dim)
     cache = KVCache(k=jax.random.normal(key_k, shape, jnp.bfloat16), v=jax.random.normal(key_v, shape, jnp.bfloat16),
                     lengths=jnp.full((1,), context, jnp.int32))
-    rng = np.random.default_rng(0)
-    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 64)]
-    depths = [0]
-    for i in range(1, 64):
-      depths.append(depths[parents[i]] + 1)
-    tree = Tree(tokens=jnp.asarray(rng.integers(0, 1000, (1, 64)), jnp.int32),
-                parents=jnp.asarray([parents], jnp.int32), depths=jnp.asarray([depths], jnp.int32),
-                valid=jnp.ones((1, 64), bool))
-    row = {"context": context, "nodes": 64}
+    chunks = -(-shape[2] // sparse.chunk)
+    row = {"context": context, "nodes": 64, "chunk": sparse.chunk, "dense_layers": sparse.dense_layers}
     for impl, graphdef in graphdefs.items():
+      if impl is Impl.REFERENCE and context > 32768:  # (its [B, H, T, S] scores: slow, and not the point)
+        continue
       step = jax.jit(lambda params, cache, graphdef=graphdef: verify(nnx.merge(graphdef, params), tree, cache)[0])
       row[f"{impl.value}_ms"] = 1e3 * median_seconds(functools.partial(step, params, cache), warmup=1, iters=10)
-    row["reference_over_pallas"] = row["reference_ms"] / row["pallas_ms"]
+    if "reference_ms" in row:
+      row["reference_over_pallas"] = row["reference_ms"] / row["pallas_ms"]
+    step = jax.jit(lambda params, cache, kept: verify(nnx.merge(graphdefs[Impl.PALLAS], params),
+                                                      dataclasses.replace(tree, kept=kept), cache, sparse)[0])
+    row["sparse"] = []
+    for fraction in args.kept:
+      kept = jnp.asarray(rng.random((1, kv_heads, chunks)) < fraction)
+      ms = 1e3 * median_seconds(functools.partial(step, params, cache, kept), warmup=1, iters=10)
+      row["sparse"].append({"kept": fraction, "ms": ms, "dense_over_sparse": row["pallas_ms"] / ms})
+    q = jax.random.normal(key_q, (1, 16, kv_heads, LLAMA_31_8B.num_heads // kv_heads, head_dim), jnp.bfloat16)
+    lse = jnp.zeros(q.shape[:-1], jnp.float32)
+    mass = jax.jit(lambda q, k, lse: attention.prefix_chunk_mass(q, k, lse, cache.lengths, sparse.chunk, layer=0))
+    row["chunk_mass_us"] = 1e6 * median_seconds(functools.partial(mass, q, cache.k, lse), warmup=1, iters=10)
+    weights = jax.random.uniform(key_q, (kv_heads, chunks)) ** 8
+    select = jax.jit(lambda m: attention.select_chunks(m, sparse.p, impl=Impl.PALLAS))
+    row["select_us"] = 1e6 * median_seconds(functools.partial(select, weights), warmup=1, iters=10)
     rows.append(row)
-    print(f"verify 8B-shape, 64 nodes at {context}: pallas {row['pallas_ms']:.2f} ms, reference"
-          f" {row['reference_ms']:.2f} ms ({row['reference_over_pallas']:.2f}x)", flush=True)
+    print(f"verify 8B-shape, 64 nodes at {context}: pallas {row['pallas_ms']:.2f} ms"
+          + (f", reference {row['reference_ms']:.2f} ms ({row['reference_over_pallas']:.2f}x)"
+             if "reference_ms" in row else "")
+          + "; sparse " + ", ".join(f"{r['kept']:.0%} kept {r['ms']:.2f} ms ({r['dense_over_sparse']:.2f}x)"
+                                    for r in row["sparse"])
+          + f"; a draft pass's chunk mass {row['chunk_mass_us']:.0f} us, selection {row['select_us']:.0f} us",
+          flush=True)
+    save(args, "verify", rows)
     del cache
   return rows
 
@@ -454,7 +486,7 @@ def main(argv=None):
   p.add_argument("--verify-contexts", type=positive_int, nargs="+", default=[32768])
   p.add_argument("--chunks", type=positive_int, nargs="+", default=[16, 64], help="sparse suite: slots per chunk")
   p.add_argument("--kept", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5, 1.0],
-                 help="sparse suite: fractions of the chunks kept")
+                 help="sparse and verify suites: fractions of the chunks kept")
   p.add_argument("--matmul-rows", type=positive_int, nargs="+", default=[1, 16, 69, 128])
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)

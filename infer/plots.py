@@ -197,10 +197,18 @@ def _kernels(result: dict, plt):
     ax = axes.pop(0)
     rows = result["verify"]
     labels = [f"{r['context']:,}/{r['nodes']}" for r in rows]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["pallas_ms"] for r in rows], 0.4, label="pallas")
-    ax.bar([x + 0.2 for x in xs], [r["reference_ms"] for r in rows], 0.4, label="reference")
-    ax.set(xticks=list(xs), xticklabels=labels, xlabel="context / tree nodes", ylabel="ms", title="8B verify step")
+    # Bars per context: the dense kernels, the reference (where run), sparse at each kept fraction.
+    bars = [("pallas", [r["pallas_ms"] for r in rows]), ("reference", [r.get("reference_ms") for r in rows])]
+    fractions = sorted({s["kept"] for r in rows for s in r.get("sparse", ())})
+    bars += [(f"sparse, {f:.0%} kept", [next((s["ms"] for s in r.get("sparse", ()) if s["kept"] == f), None)
+                                        for r in rows]) for f in fractions]
+    bars = [(name, heights) for name, heights in bars if any(h is not None for h in heights)]
+    width = 0.8 / len(bars)
+    for index, (name, heights) in enumerate(bars):
+      ax.bar([x + (index - (len(bars) - 1) / 2) * width for x in range(len(rows))],
+             [h or 0 for h in heights], width, label=name)
+    ax.set(xticks=list(range(len(rows))), xticklabels=labels, xlabel="context / tree nodes", ylabel="ms",
+           title="8B verify step")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   if "sweep" in panels:  # each shape's timings over the swept settings, the table's marked

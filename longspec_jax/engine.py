@@ -277,7 +277,7 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
     with jax.named_scope("verify"):
       logits, ancestors, cache = verify(model, tree, state.cache, decoding.sparse)  # logits [B, N, V]
-      read = fraction_read(tree, state.cache.lengths, decoding.sparse, model.config.num_layers)  # [B]
+      read = fraction_read(tree.kept, state.cache.lengths, decoding.sparse, model.config.num_layers)  # [B]
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy:

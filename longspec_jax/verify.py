@@ -46,17 +46,17 @@ def verify(model: Transformer, tree: Tree, cache: KVCache,
   return model.logits(hidden, invariant=invariant), ancestors, cache
 
 
-def fraction_read(tree: Tree, lengths: jax.Array, sparse: SparseVerify | None, layers: int) -> jax.Array:
+def fraction_read(kept: jax.Array | None, lengths: jax.Array, sparse: SparseVerify | None, layers: int) -> jax.Array:
   """The share of the cached prefix's K/V (lengths [B] slots, every layer and KV head)
-  that verifying `tree` reads: [B] float32, 1 for a dense verification. A sparse one reads
-  its kept chunks' slots below the length in the layers from `sparse.dense_layers` on,
-  and all of them in the layers before (SpecAttn's KV fraction)."""
-  if tree.kept is None:
+  that a verification keeping chunks `kept` [B, K, C] reads: [B] float32, 1 for a dense
+  one (None). A sparse one reads its kept chunks' slots below the length in the layers
+  from `sparse.dense_layers` on, and all of them in the layers before (SpecAttn's KV
+  fraction)."""
+  if kept is None:
     return jnp.ones(lengths.shape, jnp.float32)
-  chunks = tree.kept.shape[-1]
-  starts = jnp.arange(chunks) * sparse.chunk  # [C]
+  starts = jnp.arange(kept.shape[-1]) * sparse.chunk  # [C]
   filled = jnp.clip(lengths[:, None] - starts[None, :], 0, sparse.chunk)  # [B, C]: slots below the length
-  read = jnp.einsum("bkc,bc->bk", tree.kept.astype(jnp.float32), filled.astype(jnp.float32))  # [B, K]
+  read = jnp.einsum("bkc,bc->bk", kept.astype(jnp.float32), filled.astype(jnp.float32))  # [B, K]
   share = jnp.mean(read, axis=1) / jnp.maximum(lengths, 1)  # [B]
   dense = min(sparse.dense_layers, layers)
   return (dense + (layers - dense) * share) / layers

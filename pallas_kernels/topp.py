@@ -90,10 +90,12 @@ def _kernel(mass_ref, out_ref, *, chunks: int, width: int, p: float, halvings: i
 
 
 @functools.partial(jax.jit, static_argnames=("p", "halvings", "interpret"))
-def select_chunks(mass: jax.Array, p: float, halvings: int = HALVINGS, *, interpret: bool = False) -> jax.Array:
-  """`select_chunks_reference` as a Pallas kernel: mass [R, C] -> [R, C] bool."""
+def select_chunks(mass: jax.Array, p: float, halvings: int = HALVINGS, *, interpret: bool | None = None) -> jax.Array:
+  """`select_chunks_reference` as a Pallas kernel: mass [R, C] -> [R, C] bool
+  (interpreted off a GPU unless told)."""
   if not 0 < p <= 1:
     raise ValueError(f"top-p needs 0 < p <= 1, got {p}.")
+  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows, chunks = mass.shape
   kept = pl.pallas_call(
       functools.partial(_kernel, chunks=chunks, width=pl.next_power_of_2(chunks), p=p, halvings=halvings),
