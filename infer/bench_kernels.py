@@ -243,8 +243,9 @@ def suite_verify(args) -> list[dict]:
       row["sparse"].append({"kept": fraction, "ms": ms, "dense_over_sparse": row["pallas_ms"] / ms})
     q = jax.random.normal(key_q, (1, 16, kv_heads, LLAMA_31_8B.num_heads // kv_heads, head_dim), jnp.bfloat16)
     lse = jnp.zeros(q.shape[:-1], jnp.float32)
-    mass = jax.jit(lambda q, k, lse: attention.prefix_chunk_mass(q, k, lse, cache.lengths, sparse.chunk, layer=0))
-    row["chunk_mass_us"] = 1e6 * median_seconds(functools.partial(mass, q, cache.k, lse), warmup=1, iters=10)
+    mass = jax.jit(lambda q, k, lse, n: attention.prefix_chunk_mass(q, k, lse, n, sparse.chunk, layer=0))
+    row["chunk_mass_us"] = 1e6 * median_seconds(functools.partial(mass, q, cache.k, lse, cache.lengths), warmup=1,
+                                                 iters=10)
     weights = jax.random.uniform(key_q, (kv_heads, chunks)) ** 8
     select = jax.jit(lambda m: attention.select_chunks(m, sparse.p, impl=Impl.PALLAS))
     row["select_us"] = 1e6 * median_seconds(functools.partial(select, weights), warmup=1, iters=10)
