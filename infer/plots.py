@@ -4,7 +4,7 @@
 `infer.benchmark`, a target suite from `infer.bench_target`, a profile from
 `infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
 `infer.tree_search`, auto's rounds from `infer.bench_auto`, long outputs from
-`infer.bench_long`) and draws it;
+`infer.bench_long`, sparse verification's quality from `infer.sparse_quality`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results; `--join OUT.png` draws several method comparisons
 (e.g. runs at different prompt lengths) as one.
@@ -322,10 +322,37 @@ def _long_generation(result: dict, plt):
   return fig
 
 
+def _sparse_quality(result: dict, plt):
+  """`infer.sparse_quality`: the perplexity increase over dense against the share of the
+  K/V the verifier read, one panel per document set, a line per chunk size, each point
+  labelled with its p (the paper's Table 1 as a trade-off curve)."""
+  by_set = defaultdict(list)
+  for r in result["rows"]:
+    if r["chunk"] is not None:
+      by_set[r["set"]].append(r)
+  fig, axes = plt.subplots(1, len(by_set), figsize=(5 * len(by_set), 4), squeeze=False)
+  for ax, (set_name, rows) in zip(axes[0], by_set.items()):
+    for index, chunk in enumerate(sorted({r["chunk"] for r in rows})):
+      points = sorted((r for r in rows if r["chunk"] == chunk), key=lambda r: r["kv_fraction_read"])
+      xs, ys = [100 * r["kv_fraction_read"] for r in points], [100 * r["relative_increase"] for r in points]
+      ax.plot(xs, ys, marker="o", color=f"C{index}", label=f"{chunk}-slot chunks")
+      for x, y, r in zip(xs, ys, points):
+        ax.annotate(f"p={r['p']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set(title=f"{set_name} (dense perplexity {rows[0]['dense_perplexity']:.2f})", xlabel="K/V read, % of dense",
+           ylabel="perplexity increase over dense, %", xlim=(0, 100))
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  fig.suptitle(_title(result, f"sparse verification's cost, {result['length']:,}-token documents"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
+  if result.get("kind") == "sparse_quality":  # (nothing to draw before a sparse row)
+    return result["kind"] if any(r["chunk"] for r in result["rows"]) else None
   if result.get("kind") in ("tree_search", "auto_rounds", "long_generation"):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
@@ -341,7 +368,7 @@ def kind(result: dict) -> str | None:
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
          "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds,
-         "long_generation": _long_generation}
+         "long_generation": _long_generation, "sparse_quality": _sparse_quality}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:
