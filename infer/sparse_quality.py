@@ -173,8 +173,9 @@ def main(argv=None):
              "per_document_perplexity": np.exp(run["nll"].mean(axis=1)).tolist()}
       rows.append(row)
       save()
-      print(f"{set_name:10} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} | {100 * row['relative_increase']:+7.2f}%"
-            f" | {100 * row['kv_fraction_read']:7.1f}% | {100 * row['top1_differs']:12.2f}%", flush=True)
+      print(f"{set_name:10} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} |"
+            f" {100 * row['relative_increase']:+7.2f}% | {100 * row['kv_fraction_read']:7.1f}% |"
+            f" {100 * row['top1_differs']:12.2f}%", flush=True)
 
 
 if __name__ == "__main__":
