@@ -58,7 +58,8 @@ def parse_args(argv=None):
   p.add_argument("--sparse-verify", type=float, metavar="P",
                  help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
                       " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
-                      " outputs then differ from the target's own. Off by default")
+                      " outputs then differ from the target's own (SmolLM2, P = 0.95: 16-25%% of the K/V read for"
+                      " +9-43%% perplexity; docs/benchmarks.md). Off by default")
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)
