@@ -324,18 +324,22 @@ def _long_generation(result: dict, plt):
 
 def _sparse_quality(result: dict, plt):
   """`infer.sparse_quality`: the perplexity increase over dense against the share of the
-  K/V the verifier read, one panel per document set, a line per chunk size, each point
-  labelled with its p (the paper's Table 1 as a trade-off curve)."""
+  K/V the verifier read, one panel per document set, a line per chunk size and guide
+  (the draft's attention; dashed: each layer's own, the oracle), each point labelled
+  with its p (the paper's Table 1 as a trade-off curve)."""
   by_set = defaultdict(list)
   for r in result["rows"]:
     if r["chunk"] is not None:
       by_set[r["set"]].append(r)
   fig, axes = plt.subplots(1, len(by_set), figsize=(5 * len(by_set), 4), squeeze=False)
   for ax, (set_name, rows) in zip(axes[0], by_set.items()):
-    for index, chunk in enumerate(sorted({r["chunk"] for r in rows})):
-      points = sorted((r for r in rows if r["chunk"] == chunk), key=lambda r: r["kv_fraction_read"])
+    series = sorted({(r.get("guide") or "draft", r["chunk"]) for r in rows})
+    for index, (guide, chunk) in enumerate(series):
+      points = sorted((r for r in rows if (r.get("guide") or "draft", r["chunk"]) == (guide, chunk)),
+                      key=lambda r: r["kv_fraction_read"])
       xs, ys = [100 * r["kv_fraction_read"] for r in points], [100 * r["relative_increase"] for r in points]
-      ax.plot(xs, ys, marker="o", color=f"C{index}", label=f"{chunk}-slot chunks")
+      ax.plot(xs, ys, marker="o", color=f"C{index}", ls="--" if guide == "oracle" else "-",
+              label=f"{chunk}-slot chunks" + (", each layer's own attention (oracle)" if guide == "oracle" else ""))
       for x, y, r in zip(xs, ys, points):
         ax.annotate(f"p={r['p']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.axhline(0, color="grey", lw=0.8)

@@ -12,7 +12,16 @@ only those in its layers from `--dense-layers` on, writing the block's K/V into 
 from that sparse pass (errors carry forward, as in decoding). p = 1 reads everything:
 the dense run, the baseline of the same script.
 
-Reported per set, chunk size and p: perplexity of the teacher-forced tokens and its
+`--oracle` adds the per-layer oracle: each target layer keeps the chunks holding p of its
+own attention in a dense pass of the block (a measurement of the selection only: that
+pass reads everything), what the one-layer draft's single selection for all layers
+approximates (SpecAttn's layer mapping gives a one-layer draft no choice).
+
+With `--oracle` each row also gives SpecAttn's layer similarity (section 3.3) on these
+blocks: S[0, j] = -KL(target layer j's attention per chunk || the draft's), and the
+monotone mapping it gives (every layer to the one draft layer).
+
+Reported per set, guide, chunk size and p: perplexity of the teacher-forced tokens and its
 increase over dense, the share of the cached K/V the verifier read (layer-weighted,
 `verify.fraction_read`), and how often the target's greedy token differs from dense's
 (a greedy decode diverges from AR at the first such token). Writes JSON and a plot of
@@ -44,6 +53,7 @@ from longspec_jax.attention import causal_block_mask
 from longspec_jax.config import DraftKind, SparseVerify
 from longspec_jax.draft import CrossAttend, SelfAttend
 from longspec_jax.engine import prefill
+from longspec_jax.layer_map import kl_similarity, monotone_map
 from longspec_jax.proposers import LongSpecDraft
 from longspec_jax.verify import fraction_read
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
@@ -52,17 +62,23 @@ from longspec_jax.weights.drafts import load_draft, resolve_draft
 COMPLETION_SETS = ("code", "c-code", "cpp-code", "perl-code")  # raw files: their tokens are the document's
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "block"), donate_argnames=("cache", "ring"))
-def _forced_block(graphdef, params, proposer: LongSpecDraft, draft_params, cache, ring, history, block: int):
+@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "block", "oracle"),
+                   donate_argnames=("cache", "ring"))
+def _forced_block(graphdef, params, proposer: LongSpecDraft, draft_params, cache, ring, history, block: int,
+                  oracle: bool = False):
   """Teacher-forces history's next `block` tokens (the first at slot cache.lengths)
-  through the target, sparsely as `proposer.sparse` says (None: dense). Returns the cache
-  and ring advanced past them, the negative log-likelihood of each block token's next
-  token [B, T], the target's argmax after each [B, T] and the share of the K/V read [B]."""
+  through the target, sparsely as `proposer.sparse` says (None: dense), the chunks chosen
+  by the draft's attention or, with `oracle`, by each target layer's own in a dense pass
+  of the block. Returns the cache and ring advanced past them, the negative
+  log-likelihood of each block token's next token [B, T], the target's argmax after each
+  [B, T], the share of the K/V read [B], and with `oracle` the draft's mass [B, K, C] and
+  each layer's [L, B, K, C] (for their similarity; else None)."""
   target = nnx.merge(graphdef, params)
   lengths = cache.lengths
   positions = lengths[:, None] + jnp.arange(block)[None, :]  # [B, T]
   tokens = jnp.take_along_axis(history, positions, axis=1)
-  sparse, kept = proposer.sparse, None
+  mask = causal_block_mask(positions, jnp.ones(positions.shape, bool))
+  sparse, kept, mass, masses = proposer.sparse, None, None, None
   if sparse is not None:
     draft = nnx.merge(proposer.graphdef, draft_params)
     _, ring = proposer.catch_up(draft, target, cache, history, ring)  # the ring through the block's first token
@@ -72,37 +88,54 @@ def _forced_block(graphdef, params, proposer: LongSpecDraft, draft_params, cache
         SelfAttend(mask=jnp.broadcast_to(jnp.tril(jnp.ones((chain, chain), bool)), (tokens.shape[0], chain, chain)),
                    ring=ring, ring_limit=lengths + 1),
         CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (tokens.shape[0], chain))),
-        chunk=sparse.chunk)
-    kept = attention.select_chunks(mass, sparse.p, impl=draft.attention)  # [B, K, C]
-  mask = causal_block_mask(positions, jnp.ones(positions.shape, bool))
+        chunk=sparse.chunk)  # [B, K, C]
+    if oracle:
+      masses = target.prefix_masses(tokens, positions, mask, cache, sparse.chunk)  # [L, B, K, C]
+    kept = attention.select_chunks(mass if masses is None else masses, sparse.p, impl=draft.attention)
   hidden, cache = target(tokens, positions, mask, cache, kept=kept, sparse=sparse)
   log_probs = jax.nn.log_softmax(target.logits(hidden), axis=-1)  # [B, T, V]
   following = jnp.take_along_axis(history, positions + 1, axis=1)
   nll = -jnp.take_along_axis(log_probs, following[..., None], axis=-1)[..., 0]
   read = fraction_read(kept, lengths, sparse, target.config.num_layers)
-  return cache.advance(block), ring, nll, jnp.argmax(log_probs, axis=-1), read
+  return cache.advance(block), ring, nll, jnp.argmax(log_probs, axis=-1), read, (mass, masses) if oracle else None
+
+
+def _distributions(mass: np.ndarray) -> np.ndarray:
+  """mass [..., C] -> each row normalised to sum 1, the leading axes but the first one
+  flattened: [lead, rows, C] (a draft's [B, K, C] becomes [1, B * K, C])."""
+  mass = np.asarray(mass, np.float64)
+  mass = mass.reshape(1 if mass.ndim == 3 else mass.shape[0], -1, mass.shape[-1])
+  return mass / np.maximum(mass.sum(axis=-1, keepdims=True), 1e-30)
 
 
 def teacher_forced(target, proposer: LongSpecDraft, draft_params, documents: np.ndarray, eval_tokens: int,
-                   block: int) -> dict:
+                   block: int, oracle: bool = False) -> dict:
   """documents [B, L]: the first L - eval_tokens tokens prefilled, the rest teacher-forced
   in blocks (`_forced_block`). Returns nll and argmax [B, E'] (E' = the whole blocks that
-  fit) and the mean share of the K/V read."""
+  fit), the mean share of the K/V read, and with `oracle` SpecAttn's layer similarity
+  (`layer_map.kl_similarity`, [draft layers = 1, target layers], averaged over the blocks:
+  how well the draft's attention per chunk predicts each target layer's)."""
   batch, length = documents.shape
   start = length - eval_tokens
   cache, _ = prefill(target, documents[:, :start].tolist(), length + block)
   history = jnp.asarray(np.pad(documents, ((0, 0), (0, block))))
-  ring = proposer.start(draft_params, target=target, cache=cache, history=history) if proposer.sparse else None
+  drafted = proposer.sparse is not None
+  ring = proposer.start(draft_params, target=target, cache=cache, history=history) if drafted else None
   graphdef, params = nnx.split(target)
-  nll, top, read = [], [], []
+  nll, top, read, similarity = [], [], [], []
   for _ in range((eval_tokens - 1) // block):  # (the last block's last token needs a next one)
-    cache, ring, block_nll, block_top, block_read = _forced_block(graphdef, params, proposer, draft_params, cache,
-                                                                  ring, history, block)
+    cache, ring, block_nll, block_top, block_read, both = _forced_block(graphdef, params, proposer, draft_params,
+                                                                        cache, ring, history, block, oracle)
     nll.append(block_nll)
     top.append(block_top)
     read.append(block_read)
-  return {"nll": np.asarray(jnp.concatenate(nll, axis=1)), "top": np.asarray(jnp.concatenate(top, axis=1)),
-          "kv_fraction_read": float(np.mean(np.stack(read)))}
+    if both is not None:
+      similarity.append(kl_similarity(_distributions(both[1]), _distributions(both[0])))
+  result = {"nll": np.asarray(jnp.concatenate(nll, axis=1)), "top": np.asarray(jnp.concatenate(top, axis=1)),
+            "kv_fraction_read": float(np.mean(np.stack(read)))}
+  if similarity:
+    result["layer_similarity"] = np.mean(similarity, axis=0)  # [1, L]
+  return result
 
 
 def main(argv=None):
@@ -117,6 +150,9 @@ def main(argv=None):
                  default=[0.9, 0.95, 0.97], help="fractions of the draft's attention mass kept")
   p.add_argument("--chunks", type=cli.positive_int, nargs="+", default=[64, 16], help="slots per chunk")
   p.add_argument("--dense-layers", type=cli.nonnegative_int, default=2)
+  p.add_argument("--oracle", action="store_true",
+                 help="also select each target layer's chunks from its own attention (a dense pass of the block):"
+                      " the per-layer oracle the draft's one selection for every layer approximates")
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--draft", default="default", help="LongSpec's draft: 'default', 'random' or a checkpoint dir")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -141,7 +177,7 @@ def main(argv=None):
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, {args.num_docs} documents of"
         f" {args.length} tokens per set, the last {args.eval_tokens} teacher-forced in blocks of {args.block}")
-  print("set        | chunk | p     | perplexity | vs dense | K/V read | top-1 differs", flush=True)
+  print("set        | guide  | chunk | p     | perplexity | vs dense | K/V read | top-1 differs", flush=True)
   rows = []
 
   def save() -> None:  # after every row: a crash loses nothing measured
@@ -159,23 +195,34 @@ def main(argv=None):
     documents = np.asarray(PROMPT_SETS[set_name](target.tokenizer, args.length, args.num_docs), np.int32)
     dense = teacher_forced(target.model, proposer, draft_params, documents, args.eval_tokens, args.block)
     dense_ppl = math.exp(float(dense["nll"].mean()))
-    runs = [(None, None, dense)]
-    for chunk in args.chunks:
-      for p_kept in args.p:
-        sparse = SparseVerify(p_kept, chunk=chunk, dense_layers=args.dense_layers)
-        runs.append((chunk, p_kept, teacher_forced(target.model, dataclasses.replace(proposer, sparse=sparse),
-                                                   draft_params, documents, args.eval_tokens, args.block)))
-    for chunk, p_kept, run in runs:
+    runs = [(None, None, None, dense)]
+    for guide in ("draft", "oracle") if args.oracle else ("draft",):
+      for chunk in args.chunks:
+        for p_kept in args.p:
+          sparse = SparseVerify(p_kept, chunk=chunk, dense_layers=args.dense_layers)
+          runs.append((guide, chunk, p_kept,
+                       teacher_forced(target.model, dataclasses.replace(proposer, sparse=sparse), draft_params,
+                                      documents, args.eval_tokens, args.block, oracle=guide == "oracle")))
+    for guide, chunk, p_kept, run in runs:
       ppl = math.exp(float(run["nll"].mean()))
-      row = {"set": set_name, "chunk": chunk, "p": p_kept, "perplexity": ppl, "dense_perplexity": dense_ppl,
+      row = {"set": set_name, "guide": guide, "chunk": chunk, "p": p_kept, "perplexity": ppl,
+             "dense_perplexity": dense_ppl,
              "relative_increase": ppl / dense_ppl - 1, "kv_fraction_read": run["kv_fraction_read"],
              "top1_differs": float(np.mean(run["top"] != dense["top"])), "tokens": int(run["nll"].size),
              "per_document_perplexity": np.exp(run["nll"].mean(axis=1)).tolist()}
+      if "layer_similarity" in run:  # S[i, j] = -KL(target layer j || draft layer i), and the mapping it gives
+        row["layer_similarity"] = run["layer_similarity"].tolist()
+        row["layer_map"] = list(monotone_map(run["layer_similarity"]))
       rows.append(row)
       save()
-      print(f"{set_name:10} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} |"
+      print(f"{set_name:10} | {guide or 'dense':6} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} |"
             f" {100 * row['relative_increase']:+7.2f}% | {100 * row['kv_fraction_read']:7.1f}% |"
             f" {100 * row['top1_differs']:12.2f}%", flush=True)
+      if "layer_similarity" in row:
+        kl = -np.asarray(row["layer_similarity"][0])
+        order = np.argsort(kl)
+        print(f"  KL(target layer || draft) per chunk: {kl.min():.2f} (layer {order[0]}) .. {kl.max():.2f}"
+              f" (layer {order[-1]}), median {np.median(kl):.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -129,8 +129,25 @@ class Transformer(nnx.Module):
     cache the attention is the masked pass alone (not differentiable with pallas). With
     `any_slot`, every committed slot of the cache is visible to every query whatever the
     sliding window: a cache whose slots are not positions (`PartialCache.as_cache`).
-    With `kept` [B, K, ceil(S / sparse.chunk)] the cache is read sparsely, those chunks
-    only, in the layers from `sparse.dense_layers` on (`SparseVerify`: lossy)."""
+    With `kept` [B, K, ceil(S / sparse.chunk)] (or one per layer, [L, B, K, C]) the cache
+    is read sparsely, those chunks only, in the layers from `sparse.dense_layers` on
+    (`SparseVerify`: lossy)."""
+    x, k_new, v_new, _ = self._layers(tokens, positions, mask, cache, invariant=invariant, unroll=unroll,
+                                      any_slot=any_slot, kept=kept, sparse=sparse)
+    return x, k_new, v_new
+
+  def prefix_masses(self, tokens, positions, mask, cache: KVCache, chunk: int) -> jax.Array:
+    """Where each layer's attention over the cache fell in a dense pass of these tokens:
+    [L, B, K, ceil(S / chunk)] float32, summed over the tokens and each KV head's group
+    (`attention.prefix_chunk_mass`). SpecAttn's per-layer oracle: the selection each
+    layer would make from its own attention, which a draft's only approximates."""
+    return self._layers(tokens, positions, mask, cache, mass_chunk=chunk)[3]
+
+  def _layers(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
+              unroll: bool = False, any_slot: bool = False, kept=None, sparse: SparseVerify | None = None,
+              mass_chunk: int = 0):
+    """`hidden_and_kv`, and with `mass_chunk` each layer's prefix mass per chunk
+    (`prefix_masses`; else None)."""
     c = self.config
     window = None if any_slot else c.sliding_window
     x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
@@ -138,9 +155,10 @@ class Transformer(nnx.Module):
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)
     invariance = Invariance.FULL if invariant else Invariance.CACHE if self.batch_invariant else Invariance.NONE
+    per_layer = kept if kept is not None and kept.ndim == 4 else None  # [L, B, K, C]: scanned with the layers
 
     def block(x, xs):
-      state, index = xs  # this layer's params (the scan's slice of the stack) and its index
+      state, index, layer_kept = xs  # this layer's params (the scan's slice of the stack), index, kept chunks
       if invariant:
         # The Pallas matmul reads each layer's weights from the stack by index, in place (a
         # slice handed to it would be copied first).
@@ -149,19 +167,24 @@ class Transformer(nnx.Module):
         # XLA's cuBLAS calls read the scan's own slices in place (offsets at the loop's counter).
         layer, weights = nnx.merge(layer_def, state), {}
       q, k, v = layer.project_qkv(x, cos, sin, **weights)
+      mass = None
       if cache is None:
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.
-        sparsely = {} if kept is None else dict(kept=kept | (index < sparse.dense_layers), chunk=sparse.chunk)
+        layer_kept = kept if layer_kept is None else layer_kept
+        sparsely = {} if kept is None else dict(kept=layer_kept | (index < sparse.dense_layers), chunk=sparse.chunk)
         out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
                                          window=window, layer=index, impl=self.attention,
                                          invariance=invariance, **sparsely)
-      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v)
+        if mass_chunk:
+          _, lse = attention.prefix_attention(q, cache.k, cache.v, cache.lengths, layer=index, impl=self.attention)
+          mass = attention.prefix_chunk_mass(q, cache.k, lse, cache.lengths, mass_chunk, layer=index)
+      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v, mass)
 
-    x, (k_new, v_new) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers)),
-                                     unroll=unroll)  # k_new [L, B, T, K, D]
-    return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new
+    x, (k_new, v_new, mass) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers), per_layer),
+                                           unroll=unroll)  # k_new [L, B, T, K, D]
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new, mass
 
   def _head(self) -> tuple[jax.Array, bool]:
     """The LM head's weights and whether they are stored [V, E] (the tied embedding)

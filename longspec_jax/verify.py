@@ -48,18 +48,19 @@ def verify(model: Transformer, tree: Tree, cache: KVCache,
 
 def fraction_read(kept: jax.Array | None, lengths: jax.Array, sparse: SparseVerify | None, layers: int) -> jax.Array:
   """The share of the cached prefix's K/V (lengths [B] slots, every layer and KV head)
-  that a verification keeping chunks `kept` [B, K, C] reads: [B] float32, 1 for a dense
-  one (None). A sparse one reads its kept chunks' slots below the length in the layers
-  from `sparse.dense_layers` on, and all of them in the layers before (SpecAttn's KV
-  fraction)."""
+  that a verification keeping chunks `kept` [B, K, C] (or one per layer, [L, B, K, C])
+  reads: [B] float32, 1 for a dense one (None). A sparse one reads its kept chunks' slots
+  below the length in the layers from `sparse.dense_layers` on, and all of them in the
+  layers before (SpecAttn's KV fraction)."""
   if kept is None:
     return jnp.ones(lengths.shape, jnp.float32)
+  kept = jnp.broadcast_to(kept, (layers, *kept.shape[-3:]))  # [L, B, K, C]
   starts = jnp.arange(kept.shape[-1]) * sparse.chunk  # [C]
   filled = jnp.clip(lengths[:, None] - starts[None, :], 0, sparse.chunk)  # [B, C]: slots below the length
-  read = jnp.einsum("bkc,bc->bk", kept.astype(jnp.float32), filled.astype(jnp.float32))  # [B, K]
-  share = jnp.mean(read, axis=1) / jnp.maximum(lengths, 1)  # [B]
-  dense = min(sparse.dense_layers, layers)
-  return (dense + (layers - dense) * share) / layers
+  read = jnp.einsum("lbkc,bc->lbk", kept.astype(jnp.float32), filled.astype(jnp.float32))  # [L, B, K]
+  share = jnp.mean(read, axis=2) / jnp.maximum(lengths, 1)  # [L, B]
+  dense = jnp.arange(layers)[:, None] < sparse.dense_layers
+  return jnp.mean(jnp.where(dense, 1.0, share), axis=0)
 
 
 @jax.tree_util.register_dataclass

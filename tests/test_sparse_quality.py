@@ -48,17 +48,27 @@ def test_teacher_forcing_matches_one_pass_and_every_chunk_kept_is_dense(tmp_path
   some = teacher_forced(model, dataclasses.replace(proposer, sparse=SparseVerify(0.3, chunk=16, dense_layers=1)),
                         params, documents, 30, 4)
   assert some["kv_fraction_read"] < 1 and some["nll"].shape == dense["nll"].shape
+  # The oracle: each layer's own attention; keeping all of it is dense too.
+  whole_oracle = teacher_forced(model, dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16)), params,
+                                documents, 30, 4, oracle=True)
+  np.testing.assert_allclose(whole_oracle["nll"], dense["nll"], rtol=1e-4, atol=1e-4)
+  oracle = teacher_forced(model, dataclasses.replace(proposer, sparse=SparseVerify(0.3, chunk=16, dense_layers=1)),
+                          params, documents, 30, 4, oracle=True)
+  assert oracle["kv_fraction_read"] < 1
+  assert oracle["layer_similarity"].shape == (1, config.num_layers) and np.all(oracle["layer_similarity"] <= 1e-9)
 
 
 def test_quality_rows_and_plot(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "quality.json"
   assert run_cli(main, ["--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code", "--length", "80",
                         "--eval-tokens", "25", "--num-docs", "2", "--block", "4", "--p", "0.5", "--chunks", "16",
-                        "--dtype", "float32", "--out", str(out)], PROG) == 0, capsys.readouterr().err
+                        "--oracle", "--dtype", "float32", "--out", str(out)], PROG) == 0, capsys.readouterr().err
   rows = json.loads(out.read_text())["rows"]
-  assert [(r["chunk"], r["p"]) for r in rows] == [(None, None), (16, 0.5)]
+  assert [(r["guide"], r["chunk"], r["p"]) for r in rows] == [(None, None, None), ("draft", 16, 0.5),
+                                                               ("oracle", 16, 0.5)]
   assert rows[0]["relative_increase"] == 0 and rows[0]["top1_differs"] == 0 and rows[0]["kv_fraction_read"] == 1
   assert rows[1]["kv_fraction_read"] < 1 and rows[1]["tokens"] == 2 * 24
+  assert "layer_similarity" not in rows[1] and rows[2]["layer_map"] == [0] * len(rows[2]["layer_similarity"][0])
   assert out.with_suffix(".png").stat().st_size > 0
   assert run_cli(main, ["--block", "1"], PROG) == 2
   assert "--block must be at least 2" in capsys.readouterr().err

@@ -153,3 +153,14 @@ def test_a_sparse_read_of_the_cache_keeps_its_first_layers_dense(tmp_path):
   np.testing.assert_allclose(np.asarray(sparse(jnp.ones_like(first_half), 0)), np.asarray(dense), rtol=1e-5,
                              atol=1e-5)
   assert not np.allclose(np.asarray(sparse(first_half, 1)), np.asarray(dense), atol=1e-5)
+  # One kept set per layer: every layer's own = the shared one; layer 0's whole = dense_layers 1.
+  per_layer = jnp.broadcast_to(first_half, (config.num_layers, *first_half.shape))
+  np.testing.assert_allclose(np.asarray(sparse(per_layer, 0)), np.asarray(short), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(sparse(per_layer.at[0].set(True), 0)), np.asarray(sparse(first_half, 1)),
+                             rtol=1e-5, atol=1e-5)
+  # A dense pass's attention per layer and chunk: each query's and head's weights over the
+  # prefix sum to 1, nothing falls past its length.
+  masses = model.prefix_masses(step, step_positions, mask, cache, 16)  # [L, B, K, C]
+  assert masses.shape == (config.num_layers, 1, config.num_kv_heads, 4)
+  np.testing.assert_allclose(np.asarray(masses.sum(-1)), 2 * config.num_heads // config.num_kv_heads, rtol=1e-5)
+  assert float(jnp.abs(masses[..., 3]).max()) == 0.0
