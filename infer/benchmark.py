@@ -38,6 +38,7 @@ from infer.cli import (
   check_tree,
   method_spec,
   sampling_config,
+  sparse_fraction,
   tree_choice,
   tree_record,
 )
@@ -165,7 +166,7 @@ def main(argv=None):
   cli.add_attention_flag(p)
   cli.add_batch_invariant_flag(p)
   add_sampling_flags(p)
-  p.add_argument("--sparse-verify", type=float, nargs="+", metavar="P",
+  p.add_argument("--sparse-verify", type=sparse_fraction, nargs="+", metavar="P",
                  help="longspec, glide: also run each with SpecAttn's sparse verification at each P (lossy: its"
                       " tokens differ from AR's), labelled +sparseP")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
@@ -192,8 +193,8 @@ def main(argv=None):
   if args.sparse_verify and not {"longspec", "glide"} & set(names):
     p.error(f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
             " neither longspec nor glide")
-  if any(not 0 < v <= 1 for v in args.sparse_verify or ()):
-    p.error(f"--sparse-verify keeps fractions 0 < P <= 1 of the draft's attention, got {args.sparse_verify}")
+  if args.sparse_verify and args.batch_invariant:
+    p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
   if args.out:
     cli.output_path(args.out)
   methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio

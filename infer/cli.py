@@ -33,6 +33,10 @@ def method_spec(text: str) -> tuple[str, int | None, int | None]:
   return method, int(tokens), int(matches)
 
 
+# --sparse-verify's P: the share of the draft's attention whose chunks the verifier reads.
+sparse_fraction = number_type(float, lambda x: 0 < x <= 1, "a fraction 0 < P <= 1 of the draft's attention")
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
   """The logit processors' flags (`longspec_jax.sampling.SamplingConfig`)."""
   p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 (default): greedy")

@@ -19,6 +19,7 @@ from infer.cli import (
   encode_prompt,
   read_prompt,
   sampling_config,
+  sparse_fraction,
   tree_choice,
   tree_record,
 )
@@ -55,7 +56,7 @@ def parse_args(argv=None):
   add_tree_flags(p)
   add_copy_flags(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
-  p.add_argument("--sparse-verify", type=float, metavar="P",
+  p.add_argument("--sparse-verify", type=sparse_fraction, metavar="P",
                  help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
                       " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
                       " outputs then differ from the target's own (SmolLM2, P = 0.95: 16-25%% of the K/V read for"
@@ -74,8 +75,8 @@ def parse_args(argv=None):
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
-  if args.sparse_verify is not None and not 0 < args.sparse_verify <= 1:
-    p.error(f"--sparse-verify keeps a fraction 0 < P <= 1 of the draft's attention, got {args.sparse_verify}")
+  if args.sparse_verify is not None and args.batch_invariant:
+    p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args

@@ -85,7 +85,8 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--method", "pld", "--temperature", "0.7", "--top-p", "0"],
          "--top-p: expected a number in (0, 1]"),
         (["--prompt", "x", "--penalty", "0.5"], "--penalty: expected a finite number >= 1"),
-        (["--prompt", "x", "--sparse-verify", "1.5"], "--sparse-verify keeps a fraction 0 < P <= 1"),
+        (["--prompt", "x", "--sparse-verify", "1.5"], "--sparse-verify: expected a fraction 0 < P <= 1"),
+        (["--prompt", "x", "--sparse-verify", "0.9", "--batch-invariant"], "which --sparse-verify gives up"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
