@@ -70,11 +70,14 @@ class DecoderLayer(nnx.Module):
 
   def __init__(self, config: BlockConfig, dtype, rngs: nnx.Rngs):
     e, d, f = config.hidden_size, config.head_dim, config.intermediate_size
-    n_qkv = config.num_heads + 2 * config.num_kv_heads
+    # q, k and v heads grouped by KV head: each KV head's G query heads, then its key, then
+    # its value, so that splitting the KV-head axis gives each device whole groups (tensor
+    # parallelism by heads, `sharding.py`).
+    qkv = (config.num_kv_heads, config.group_size + 2)
     self.config = config
     self.attn_norm = nnx.Param(jnp.ones((e,), dtype))
-    self.qkv = nnx.Param(init_weight(rngs.params(), (e, n_qkv, d), dtype))
-    self.qkv_bias = nnx.Param(jnp.zeros((n_qkv, d), dtype)) if config.qkv_bias else None
+    self.qkv = nnx.Param(init_weight(rngs.params(), (e, *qkv, d), dtype))
+    self.qkv_bias = nnx.Param(jnp.zeros((*qkv, d), dtype)) if config.qkv_bias else None
     self.o = nnx.Param(init_weight(rngs.params(), (config.num_heads, d, e), dtype))
     self.mlp_norm = nnx.Param(jnp.ones((e,), dtype))
     self.gate_up = nnx.Param(init_weight(rngs.params(), (e, 2, f), dtype))
@@ -85,14 +88,14 @@ class DecoderLayer(nnx.Module):
     (`layer`, `invariant`: see the module docstring and `linear`.)"""
     c = self.config
     h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps, layer=layer, invariant=invariant)
-    qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, H + 2K, D]
+    qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, K, G + 2, D]
     if self.qkv_bias is not None:
       qkv = qkv + _at(self.qkv_bias, layer)
-    q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
     b, t = x.shape[:2]
-    return q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim), k, v
+    g = c.group_size
+    q = apply_rope(qkv[:, :, :, :g].reshape(b, t, c.num_heads, c.head_dim), cos, sin)
+    k = apply_rope(qkv[:, :, :, g], cos, sin)
+    return q.reshape(b, t, c.num_kv_heads, g, c.head_dim), k, qkv[:, :, :, g + 1]
 
   def add_attention(self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None, *, layer=None,
                     invariant: bool = False) -> jax.Array:

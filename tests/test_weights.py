@@ -166,6 +166,23 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(nnx.state(loaded)))  # on the device, not host arrays
   for a, b in zip(jax.tree.leaves(nnx.state(draft)), jax.tree.leaves(nnx.state(loaded))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # A draft saved before q/k/v were grouped by KV head ([L, E, H + 2K, D]: all q heads,
+  # all k, all v) loads regrouped.
+  import orbax.checkpoint as ocp
+
+  def fused(path, x):
+    if "qkv" not in jax.tree_util.keystr(path):
+      return x
+    *lead, k, g2, d = x.shape
+    return jnp.concatenate([x[..., : g2 - 2, :].reshape(*lead, k * (g2 - 2), d), x[..., g2 - 2, :],
+                            x[..., g2 - 1, :]], axis=-2)
+
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(tmp_path / "old" / "params", jax.tree_util.tree_map_with_path(fused, nnx.state(draft)))
+  shutil.copy(tmp_path / "d" / "draft_config.json", tmp_path / "old")
+  old = load_draft(str(tmp_path / "old"), target, jnp.float32)
+  for a, b in zip(jax.tree.leaves(nnx.state(draft)), jax.tree.leaves(nnx.state(old))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   shutil.rmtree(tmp_path / "d" / "params")
   with pytest.raises(UserError, match="could not read the draft parameters"):
     load_draft(str(tmp_path / "d"), target, jnp.float32)

@@ -227,10 +227,10 @@ def prepare(args, sources, eval_sources) -> Run:
   from longspec_jax.attention import Impl
   from longspec_jax.draft import random_draft
   from longspec_jax.heads import random_heads
+  from longspec_jax.sharding import batch_sharding, make_mesh, param_shardings
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft
   from train.data import has_chat_records, load_records, pack
-  from train.mesh import batch_sharding, make_mesh, param_shardings
   from train.step import TrainConfig, make_optimizer, make_train_step, tree_delays
 
   stage = STAGES[args.stage]

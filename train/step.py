@@ -198,7 +198,7 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
   """The jitted step `(draft_params, opt_state, key, tokens, loss_mask, target_params) ->
   (draft_params, opt_state, metrics)`, params and optimizer state donated. `shardings`:
-  (draft params, optimizer state, batch, target params) shardings from `train.mesh`."""
+  (draft params, optimizer state, batch, target params) shardings from `longspec_jax.sharding`."""
   step = functools.partial(train_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
                            optimizer=optimizer, config=config)
   if shardings is None:

@@ -35,24 +35,27 @@ def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> 
   c = config
   e, d = c.hidden_size, c.head_dim
 
-  def heads(w: np.ndarray, n: int) -> np.ndarray:  # [n * D, E] -> [E, n, D]
-    return w.reshape(n, d, e).transpose(2, 0, 1)
+  def grouped(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """q [H * D, ...], k and v [K * D, ...] (HF's rows: head-major) -> [K, G + 2, D, ...]:
+    each KV head's query heads, then its key and value (`layers.DecoderLayer.qkv`)."""
+    rest = q.shape[1:]
+    q = q.reshape(c.num_kv_heads, c.group_size, d, *rest)
+    return np.concatenate([q, k.reshape(c.num_kv_heads, 1, d, *rest), v.reshape(c.num_kv_heads, 1, d, *rest)],
+                          axis=1)
 
   def layer(i: int) -> dict[str, np.ndarray]:
     p = f"model.layers.{i}."
-    qkv = [heads(need(p + f"self_attn.{x}_proj.weight"), n) for x, n in
-           (("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads))]
+    qkv = grouped(*(need(p + f"self_attn.{x}_proj.weight") for x in "qkv"))  # [K, G + 2, D, E]
     params = {
         "attn_norm": need(p + "input_layernorm.weight"),
-        "qkv": np.concatenate(qkv, axis=1),
+        "qkv": np.moveaxis(qkv, -1, 0),
         "o": need(p + "self_attn.o_proj.weight").reshape(e, c.num_heads, d).transpose(1, 2, 0),
         "mlp_norm": need(p + "post_attention_layernorm.weight"),
         "gate_up": np.stack([need(p + "mlp.gate_proj.weight").T, need(p + "mlp.up_proj.weight").T], axis=1),
         "down": need(p + "mlp.down_proj.weight").T,
     }
     if c.qkv_bias:
-      biases = [need(p + f"self_attn.{x}_proj.bias").reshape(-1, d) for x in "qkv"]
-      params["qkv_bias"] = np.concatenate(biases, axis=0)
+      params["qkv_bias"] = grouped(*(need(p + f"self_attn.{x}_proj.bias") for x in "qkv"))
     return params
 
   np_dtype = jnp.dtype(dtype)

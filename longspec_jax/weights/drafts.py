@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from longspec_jax.attention import Impl
@@ -123,7 +124,55 @@ def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft | Heads:
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      state = checkpointer.restore(path / PARAMS_DIR, abstract)
+      fused = _saved_fused(checkpointer.metadata(path / PARAMS_DIR))
+      state = checkpointer.restore(path / PARAMS_DIR, _on_qkv(abstract, _fused_shape) if fused else abstract)
   except Exception as e:  # orbax raises many types for missing or damaged files
     raise UserError(f"could not read the draft parameters in {path / PARAMS_DIR} ({type(e).__name__}: {e}).") from None
+  if fused:
+    state = _on_qkv(state, lambda x: _grouped(x, config.num_kv_heads))
   return nnx.merge(graphdef, state)
+
+
+# Drafts saved before q, k and v were grouped by KV head (`layers.DecoderLayer.qkv`) hold
+# them side by side, [..., H + 2K, D]: read as they are, then regrouped.
+QKV_NAMES = ("qkv", "qkv_bias")
+
+
+def _on_qkv(tree, fn):
+  """`tree` with `fn` applied to its q/k/v weights and biases (leaves under those names)."""
+  def apply(path, leaf):
+    names = {getattr(key, "key", getattr(key, "name", None)) for key in path}
+    return fn(leaf) if names & set(QKV_NAMES) else leaf
+
+  return jax.tree_util.tree_map_with_path(apply, tree)
+
+
+def _saved_fused(metadata) -> bool:
+  """Whether a checkpoint's q/k/v weights are in the fused layout [L, E, H + 2K, D] (one
+  axis fewer than the grouped [L, E, K, G + 2, D])."""
+  tree = getattr(metadata, "item_metadata", metadata)
+  shapes = {}
+
+  def note(path, leaf):
+    names = [getattr(key, "key", getattr(key, "name", None)) for key in path]
+    if "qkv" in names and hasattr(leaf, "shape"):
+      shapes["qkv"] = tuple(leaf.shape)
+
+  jax.tree_util.tree_map_with_path(note, tree, is_leaf=lambda x: hasattr(x, "shape"))
+  return len(shapes.get("qkv", ())) == 4
+
+
+def _fused_shape(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+  """The fused layout's shape of a grouped q/k/v leaf [..., K, G + 2, D]."""
+  *lead, k, g2, d = x.shape
+  return jax.ShapeDtypeStruct((*lead, k * g2, d), x.dtype, sharding=x.sharding)
+
+
+def _grouped(x: jax.Array, kv_heads: int) -> jax.Array:
+  """[..., H + 2K, D] (all q heads, all k, all v) -> [..., K, G + 2, D] (per KV head its
+  G query heads, its key, its value)."""
+  *lead, n, d = x.shape
+  heads = n - 2 * kv_heads
+  q = x[..., :heads, :].reshape(*lead, kv_heads, heads // kv_heads, d)
+  k, v = x[..., heads : heads + kv_heads, None, :], x[..., heads + kv_heads :, None, :]
+  return jnp.concatenate([q, k, v], axis=-2)

@@ -1,5 +1,6 @@
-"""The sharded train step equals the single-device step (8 CPU devices, in a subprocess so
-that the device count can be set before JAX starts)."""
+"""Sharding by logical axis (`longspec_jax.sharding`): each weight split as its meaning
+says, and the sharded train step equal to the single-device step (8 CPU devices, in a
+subprocess so that the device count can be set before JAX starts)."""
 
 import subprocess
 import sys
@@ -14,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     from longspec_jax.config import DraftConfig, TargetConfig
     from longspec_jax.draft import random_draft
     from longspec_jax.target import random_model
-    from train.mesh import batch_sharding, make_mesh, param_shardings
+    from longspec_jax.sharding import batch_sharding, make_mesh, param_shardings
     from train.step import TrainConfig, make_optimizer, make_train_step
 
     assert len(jax.devices()) == 8
@@ -45,6 +46,24 @@ SCRIPT = textwrap.dedent('''
                                           place(opt_state, shardings[1]), place(target_params, shardings[3]))
     assert any(len(leaf.sharding.device_set) == 8 and not leaf.sharding.is_fully_replicated
                for leaf in jax.tree.leaves(sharded_params))
+    # Megatron's pairs by meaning: q/k/v by KV head [L, E, K, G + 2, D], o by query head,
+    # gate/up by the intermediate dimension, down by its input; vocabulary-split embedding;
+    # norms whole; the optimizer's moments as their parameters.
+    M = "model"
+    specs = {jax.tree_util.keystr(path): tuple(s.spec) for path, s in
+             jax.tree_util.tree_leaves_with_path(shardings[3])}
+    assert specs["['layers']['qkv'].value"] == (None, None, M, None, None), specs
+    assert specs["['layers']['o'].value"] == (None, M, None, None)
+    assert specs["['layers']['gate_up'].value"] == (None, None, None, M)
+    assert specs["['layers']['down'].value"] == (None, M, None)
+    assert specs["['layers']['attn_norm'].value"] == (None, None) and specs["['embed'].value"] == (M, None)
+    draft_specs = {tuple(s.spec) for s in jax.tree.leaves(shardings[1])}
+    assert (None, None, None, M) in draft_specs  # the moments of the draft's gate/up
+    odd = make_mesh(model=8)  # 2 KV heads on 8 devices: q/k/v and o whole, the MLP (96) split
+    odd_specs = {jax.tree_util.keystr(path): tuple(s.spec) for path, s in
+                 jax.tree_util.tree_leaves_with_path(param_shardings(odd, target_params))}
+    assert odd_specs["['layers']['qkv'].value"] == (None,) * 5 and odd_specs["['layers']['o'].value"] == (None,) * 4
+    assert odd_specs["['layers']['gate_up'].value"] == (None, None, None, M)
     for a, b in zip(jax.tree.leaves(single_params), jax.tree.leaves(sharded_params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)  # Adam amplifies summation order
     np.testing.assert_allclose(float(single_metrics["loss"]), float(sharded_metrics["loss"]), rtol=1e-5)
