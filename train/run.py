@@ -13,9 +13,10 @@ loss and top-1 agreement by position, and the step the draft reached.
       --eval '/usr/lib/python3.12/*.py' --steps 2000 --out runs/pretrain
   python -m train.run --stage sft --data sft.jsonl --init-draft runs/pretrain/draft --out runs/sft
 
-Multi-host: run the same command on every host with JAX's distributed environment set
-(e.g. under SLURM, or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) and
---distributed; the mesh spans every host's devices and each host reads its share of the data.
+Multi-host: run the same command on every host with --distributed, under a cluster JAX
+detects (SLURM, Open MPI, Kubernetes, mpi4py: `jax.distributed.initialize()` reads the
+process count and index from it); the mesh spans every host's devices and each host reads
+its share of the data.
 """
 
 from __future__ import annotations
