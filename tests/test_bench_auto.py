@@ -21,7 +21,7 @@ PROG = "python -m infer.bench_auto"
 def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "auto.json"
   args = ["--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code", "--length", "64",
-          "--num-prompts", "2", "--new-tokens", "5", "--repeats", "1", "--dtype", "float32", "--copy-tokens", "3",
+          "--num-prompts", "1", "--new-tokens", "5", "--repeats", "1", "--dtype", "float32", "--copy-tokens", "3",
           "--copy-matches", "2", "--out", str(out)]
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
@@ -30,7 +30,7 @@ def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, 
   assert list(rows) == ["pld", "auto", "auto, copy only", "auto, draft only", "auto, no draft",
                         "auto, no draft, copy only"]
   assert rows["pld"]["ms_per_round_vs_pld"] == 1.0 and rows["pld"]["rounds_by_kind"] is None
-  assert all(len(g) == 2 for g in result["sets"]["code"]["generations"].values())  # 2 prompts x 1 repeat
+  assert all(len(g) == 1 for g in result["sets"]["code"]["generations"].values())  # 1 prompt x 1 repeat
   assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "chain", "copy"}  # (two continuations)
   assert out.with_suffix(".png").stat().st_size > 0 and "auto, copy only" in capsys.readouterr().out
 

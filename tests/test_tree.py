@@ -78,7 +78,7 @@ def paths_of(tree: Tree, b: int) -> set[tuple[int, ...]]:
   return set(paths.values())
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 16), chains=st.integers(1, 4),
        gamma=st.integers(1, 6))
 def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
