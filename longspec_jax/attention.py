@@ -154,6 +154,14 @@ def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, i
   return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
 
 
+def layer_chunks(kept, layers: int, dense_layers: int) -> jnp.ndarray:
+  """The chunks each layer of a sparse pass reads: kept [B, K, C] (one set for every
+  layer) or [L, B, K, C] (one per layer) -> [L, B, K, C], every chunk in the first
+  `dense_layers` layers (SpecAttn keeps them dense)."""
+  dense = jnp.arange(layers) < dense_layers  # [L]
+  return jnp.broadcast_to(kept, (layers, *kept.shape[-3:])) | dense[:, None, None, None]
+
+
 def select_chunks(mass, p: float, *, impl: Impl) -> jnp.ndarray:
   """SpecAttn's top-p over chunks with the chosen implementation: mass [..., C] -> the
   chunks [..., C] bool holding at least p of each row's mass (`pallas_kernels.topp`)."""

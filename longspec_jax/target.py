@@ -155,7 +155,8 @@ class Transformer(nnx.Module):
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)
     invariance = Invariance.FULL if invariant else Invariance.CACHE if self.batch_invariant else Invariance.NONE
-    per_layer = kept if kept is not None and kept.ndim == 4 else None  # [L, B, K, C]: scanned with the layers
+    if kept is not None:  # [L, B, K, C]: scanned with the layers
+      kept = attention.layer_chunks(kept, c.num_layers, sparse.dense_layers)
 
     def block(x, xs):
       state, index, layer_kept = xs  # this layer's params (the scan's slice of the stack), index, kept chunks
@@ -172,8 +173,7 @@ class Transformer(nnx.Module):
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.
-        layer_kept = kept if layer_kept is None else layer_kept
-        sparsely = {} if kept is None else dict(kept=layer_kept | (index < sparse.dense_layers), chunk=sparse.chunk)
+        sparsely = {} if layer_kept is None else dict(kept=layer_kept, chunk=sparse.chunk)
         out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
                                          window=window, layer=index, impl=self.attention,
                                          invariance=invariance, **sparsely)
@@ -182,7 +182,7 @@ class Transformer(nnx.Module):
           mass = attention.prefix_chunk_mass(q, cache.k, lse, cache.lengths, mass_chunk, layer=index)
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v, mass)
 
-    x, (k_new, v_new, mass) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers), per_layer),
+    x, (k_new, v_new, mass) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers), kept),
                                            unroll=unroll)  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new, mass
 

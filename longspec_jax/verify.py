@@ -22,6 +22,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from longspec_jax.attention import layer_chunks
 from longspec_jax.cache import KVCache
 from longspec_jax.config import SparseVerify
 from longspec_jax.target import Transformer
@@ -54,13 +55,11 @@ def fraction_read(kept: jax.Array | None, lengths: jax.Array, sparse: SparseVeri
   layers before (SpecAttn's KV fraction)."""
   if kept is None:
     return jnp.ones(lengths.shape, jnp.float32)
-  kept = jnp.broadcast_to(kept, (layers, *kept.shape[-3:]))  # [L, B, K, C]
+  kept = layer_chunks(kept, layers, sparse.dense_layers)  # [L, B, K, C]
   starts = jnp.arange(kept.shape[-1]) * sparse.chunk  # [C]
   filled = jnp.clip(lengths[:, None] - starts[None, :], 0, sparse.chunk)  # [B, C]: slots below the length
-  read = jnp.einsum("lbkc,bc->lbk", kept.astype(jnp.float32), filled.astype(jnp.float32))  # [L, B, K]
-  share = jnp.mean(read, axis=2) / jnp.maximum(lengths, 1)  # [L, B]
-  dense = jnp.arange(layers)[:, None] < sparse.dense_layers
-  return jnp.mean(jnp.where(dense, 1.0, share), axis=0)
+  read = jnp.einsum("lbkc,bc->b", kept.astype(jnp.float32), filled.astype(jnp.float32))  # [B]
+  return read / (layers * kept.shape[2] * jnp.maximum(lengths, 1))
 
 
 @jax.tree_util.register_dataclass

@@ -135,31 +135,25 @@ def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft | Heads:
 
 # Drafts saved before q, k and v were grouped by KV head (`layers.DecoderLayer.qkv`) hold
 # them side by side, [..., H + 2K, D]: read as they are, then regrouped.
-QKV_NAMES = ("qkv", "qkv_bias")
+QKV_NAMES = frozenset({"qkv", "qkv_bias"})
+
+
+def _names(path) -> set:
+  """The dict keys and attribute names along a pytree path."""
+  return {getattr(key, "key", getattr(key, "name", None)) for key in path}
 
 
 def _on_qkv(tree, fn):
   """`tree` with `fn` applied to its q/k/v weights and biases (leaves under those names)."""
-  def apply(path, leaf):
-    names = {getattr(key, "key", getattr(key, "name", None)) for key in path}
-    return fn(leaf) if names & set(QKV_NAMES) else leaf
-
-  return jax.tree_util.tree_map_with_path(apply, tree)
+  return jax.tree_util.tree_map_with_path(lambda path, leaf: fn(leaf) if _names(path) & QKV_NAMES else leaf, tree)
 
 
 def _saved_fused(metadata) -> bool:
   """Whether a checkpoint's q/k/v weights are in the fused layout [L, E, H + 2K, D] (one
   axis fewer than the grouped [L, E, K, G + 2, D])."""
   tree = getattr(metadata, "item_metadata", metadata)
-  shapes = {}
-
-  def note(path, leaf):
-    names = [getattr(key, "key", getattr(key, "name", None)) for key in path]
-    if "qkv" in names and hasattr(leaf, "shape"):
-      shapes["qkv"] = tuple(leaf.shape)
-
-  jax.tree_util.tree_map_with_path(note, tree, is_leaf=lambda x: hasattr(x, "shape"))
-  return len(shapes.get("qkv", ())) == 4
+  leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
+  return any("qkv" in _names(path) and len(leaf.shape) == 4 for path, leaf in leaves if hasattr(leaf, "shape"))
 
 
 def _fused_shape(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
