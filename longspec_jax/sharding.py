@@ -109,4 +109,4 @@ def param_shardings(mesh: Mesh, tree):
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Token batches [B, T]: sequences split over `data`."""
-  return NamedSharding(mesh, P(DATA, None))
+  return NamedSharding(mesh, P(RULES["batch"], None))
