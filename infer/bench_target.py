@@ -8,6 +8,7 @@ Prints tables and writes JSON (`--out`).
 
   python -m infer.bench_target --suite smollm2 --prompt-lengths 512 2048 7900 --out smollm2.json
   python -m infer.bench_target --suite floor --shape llama-3.1-8b --contexts 4096 32768 --out llama8b.json
+  python -m infer.bench_target --suite floor --shape llama-3.1-70b --devices 2 --contexts 32768 --out tp.json
   python -m infer.bench_target --suite topk --out topk.json
 """
 
@@ -145,7 +146,10 @@ def suite_floor(args) -> dict:
   heads, its drafting pass also timed alone over its partial cache, steady and when it
   selects its positions again), against the bytes an AR step must read over the measured
   memory bandwidth; prefill speed; and transformers' static-cache decoding of the same
-  shape, compiled, as a peer (run first, before JAX takes the GPU)."""
+  shape, compiled, as a peer (run first, before JAX takes the GPU). With `--devices N` the
+  model is split over N devices (tensor parallelism, `longspec_jax.sharding`) and the floor
+  is each device's share of the bytes over one device's bandwidth; transformers is then
+  not run (it would need the whole model on one device)."""
   from longspec_jax.config import DraftKind
   from longspec_jax.engine import prefill, start
   from longspec_jax.proposers import make_proposer
@@ -156,16 +160,16 @@ def suite_floor(args) -> dict:
   dtype = cli.resolve_dtype(args.dtype)
   steps, warmup, iters = 32, 2, 5
   peers = {}
-  if args.transformers:
+  if args.transformers and args.devices == 1:
     for batch in args.batches:
       for context in args.contexts:
         peers[batch, context] = transformers_decode(config, jnp.dtype(dtype).name, batch, context, 2 * steps)
         step_ms = peers[batch, context]["step_ms"]
         print(f"transformers static cache, batch {batch}, context {context}: "
               + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]), flush=True)
-  bandwidth = measure_bandwidth()
+  bandwidth = measure_bandwidth()  # (one device's)
   impl = cli.attention_impl(args.attention)
-  model = random_model(config, dtype, attention=impl)
+  model = random_model(config, dtype, attention=impl)  # (under --devices' mesh: each device makes its share)
   cli.set_gemm(model, args.gemm)
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -186,7 +190,7 @@ def suite_floor(args) -> dict:
     for context in args.contexts:
       prompts = rng.integers(0, config.vocab_size, (batch, context)).tolist()
       kv_bytes = batch * 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
-      floor = (weight_bytes + kv_bytes) / bandwidth
+      floor = (weight_bytes + kv_bytes) / args.devices / bandwidth  # (each device reads its share)
       prefill_rate = None
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
@@ -221,7 +225,8 @@ def suite_floor(args) -> dict:
       r["fast_ar_steps_per_round"] = r["round_ms"] / fast
     if r["transformers_step_ms"]:
       r["speedup_vs_transformers"] = r["transformers_step_ms"] / r["round_ms"]
-  return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "bandwidth_bytes_per_second": bandwidth,
+  return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "devices": args.devices,
+          "bandwidth_bytes_per_second": bandwidth,
           "attention": args.attention, "gemm": model.gemm.value, "steps_per_measure": steps,
           "transformers": list(peers.values()), "rows": rows}
 
@@ -356,12 +361,16 @@ def main(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   cli.add_attention_flag(p)
   cli.add_gemm_flag(p)
+  cli.add_devices_flag(p)
   p.add_argument("--no-transformers", dest="transformers", action="store_false")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   if unknown := {m for m, _, _ in args.methods} - {"ar", "pld", "longspec", "tokenswift"}:
     p.error(f"--methods: --suite floor times ar, pld, longspec and tokenswift rounds, not"
             f" {', '.join(sorted(unknown))}")
+  if args.devices > 1 and (args.suite != "floor" or "invariant" in args.numerics):
+    p.error("--devices splits the model of --suite floor's fast rounds (batch-invariant rounds run on one device)")
+  parallel = cli.tensor_parallel(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   args.attention = cli.attention_impl(args.attention).value
   if args.out:
     cli.output_path(args.out)
@@ -378,11 +387,13 @@ def main(argv=None):
                " | prefill tok/s",
       "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
-  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
+        + (f", {args.devices} devices" if args.devices > 1 else ""))
   print(header, flush=True)
   result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
-  result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
+  with parallel:
+    result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))

@@ -28,10 +28,12 @@ from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
   add_batch_invariant_flag,
+  add_devices_flag,
   attention_impl,
   positive_int,
   resolve_dtype,
   run_main,
+  tensor_parallel,
 )
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
@@ -65,6 +67,7 @@ def parse_args(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)
   add_batch_invariant_flag(p)
+  add_devices_flag(p)
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
   if args.method in ("ar", "pld"):
@@ -77,6 +80,9 @@ def parse_args(argv=None):
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
   if args.sparse_verify is not None and args.batch_invariant:
     p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
+  if args.devices > 1 and args.batch_invariant:
+    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
+            " order depends on the call's size")
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args
@@ -143,8 +149,10 @@ class PrefillBar:
 def main(argv=None) -> None:
   args = parse_args(argv)
   prompt_text = read_prompt(args.prompt, args.prompt_file)
+  parallel = tensor_parallel(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
+  from longspec_jax import sharding
   from longspec_jax.config import SparseVerify
   from longspec_jax.engine import Decoding, check_capacity, generate
   from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
@@ -169,22 +177,24 @@ def main(argv=None) -> None:
   widths, cape = tree_choice(args.tree_widths, args)
   check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
   t0 = time.perf_counter()
-  print(f"loading target {args.target} ({jnp.dtype(dtype).name}) ...", file=sys.stderr, flush=True)
+  devices = f", over {args.devices} devices" if args.devices > 1 else ""
+  print(f"loading target {args.target} ({jnp.dtype(dtype).name}{devices}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
-  target = load_target(path, dtype, tokenizer, attention=impl)
-  target.model.batch_invariant = args.batch_invariant
-  draft = (load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method))
-           if uses_draft else None)
-  print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
-        file=sys.stderr, flush=True)
-  stream = TextStream(target.tokenizer)
-  sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
-  proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling,
-                                         sparse)
-  with PrefillBar() as on_prefill:
-    decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
-    result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
-                      on_tokens=stream, on_prefill=on_prefill)
+  with parallel:  # (a mesh with --devices: weights placed split, programs traced for it)
+    target = load_target(path, dtype, tokenizer, attention=impl)
+    target.model.batch_invariant = args.batch_invariant
+    draft = (sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl,
+                                        kind=draft_kind(method))) if uses_draft else None)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
+          file=sys.stderr, flush=True)
+    stream = TextStream(target.tokenizer)
+    sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
+    proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches,
+                                           sampling, sparse)
+    with PrefillBar() as on_prefill:
+      decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
+      result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
+                        on_tokens=stream, on_prefill=on_prefill)
   stats = result.stats
   print(file=sys.stdout)
   print(
@@ -204,6 +214,7 @@ def main(argv=None) -> None:
         "dtype": jnp.dtype(dtype).name,
         "attention": impl.value,
         "batch_invariant": args.batch_invariant,
+        "devices": args.devices,
         "draft": spec,
         **tree_record(proposer),
         "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),

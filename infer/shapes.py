@@ -17,5 +17,11 @@ LLAMA_31_8B = TargetConfig(
                     high_freq_factor=4.0, original_max_position_embeddings=8192),
 )
 
+LLAMA_31_70B = TargetConfig(
+    vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+    num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
+    rope=LLAMA_31_8B.rope,
+)
 
-SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "smollm2-135m": SMOLLM2_135M}
+
+SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "llama-3.1-70b": LLAMA_31_70B, "smollm2-135m": SMOLLM2_135M}

@@ -11,16 +11,31 @@ kv head), keys/values are [B, S, K, D]. `lse` is the natural-log normalizer [B, 
 A cached prefix may also come as every layer's stacked [L, B, S, K, D] with `layer`
 naming one (a traced index inside a layer scan): the Pallas kernels then read that layer
 where it lies, where a slice would be a copy of the whole layer's cache per call.
+
+Under a mesh that splits KV heads (tensor-parallel inference, `sharding.py`) each kernel
+runs per device on its own heads (`sharding.per_device`); the jnp references are split by
+XLA's partitioner as they are.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 
 import jax
 import jax.numpy as jnp
 
+from longspec_jax import sharding
+
 _NEG_INF = -jnp.inf
+
+# The kernels' operands by their trailing logical axes (`sharding.per_device`): queries
+# [..., K, G, D], keys and values [..., K, D] (a cache, stacked or one layer's, or a step's
+# own), a normalizer [..., K, G] and kept chunks [..., K, C] split by KV head; lengths,
+# positions, masks and a layer index whole.
+_QUERIES = ("kv_heads", None, None)
+_KEYS = _LSE = _CHUNKS = ("kv_heads", None)
+_WHOLE = None
 
 
 class Impl(enum.Enum):
@@ -138,7 +153,10 @@ def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=N
   if impl is Impl.PALLAS:
     from pallas_kernels.flash_decode import flash_decode
 
-    return flash_decode(q, k, v, lengths, q_positions, window, layer=layer)
+    kernel = lambda q, k, v, lengths, q_positions, layer: flash_decode(q, k, v, lengths, q_positions, window,
+                                                                         layer=layer)
+    return sharding.per_device(kernel, (q, k, v, lengths, q_positions, layer),
+                               (_QUERIES, _KEYS, _KEYS, _WHOLE, _WHOLE, _WHOLE), (_QUERIES, _LSE))
   k, v = _layer(k, v, layer)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
@@ -149,7 +167,10 @@ def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, i
   if impl is Impl.PALLAS:
     from pallas_kernels.sparse_decode import sparse_flash_decode
 
-    return sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk, layer=layer)
+    kernel = lambda q, k, v, lengths, kept, layer: sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk,
+                                                                       layer=layer)
+    return sharding.per_device(kernel, (q, k, v, lengths, kept, layer),
+                               (_QUERIES, _KEYS, _KEYS, _WHOLE, _CHUNKS, _WHOLE), (_QUERIES, _LSE))
   k, v = _layer(k, v, layer)
   return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
 
@@ -168,9 +189,13 @@ def select_chunks(mass, p: float, *, impl: Impl) -> jnp.ndarray:
   from pallas_kernels.topp import select_chunks as kernel
   from pallas_kernels.topp import select_chunks_reference
 
-  rows = mass.reshape(-1, mass.shape[-1])
-  kept = kernel(rows, p) if impl is Impl.PALLAS else select_chunks_reference(rows, p)
-  return kept.reshape(mass.shape)
+  def select(mass):
+    rows = mass.reshape(-1, mass.shape[-1])
+    kept = kernel(rows, p) if impl is Impl.PALLAS else select_chunks_reference(rows, p)
+    return kept.reshape(mass.shape)
+
+  # (each row a KV head's: per device on its own heads where mass is [..., K, C])
+  return sharding.per_device(select, (mass,), (_CHUNKS,), _CHUNKS) if impl is Impl.PALLAS else select(mass)
 
 
 def prefix_chunk_mass(q, k, lse, lengths, chunk: int, *, layer=None) -> jnp.ndarray:
@@ -203,7 +228,7 @@ def masked_attention(q, k, v, mask, *, impl: Impl):
   if impl is Impl.PALLAS:
     from pallas_kernels.tree_attention import tree_attention
 
-    return tree_attention(q, k, v, mask)
+    return sharding.per_device(tree_attention, (q, k, v, mask), (_QUERIES, _KEYS, _KEYS, _WHOLE), (_QUERIES, _LSE))
   return masked_attention_reference(q, k, v, mask)
 
 
@@ -306,18 +331,19 @@ def hybrid_attention(
     out_a, lse_a = sparse_prefix_attention(q, k_cache, v_cache, lengths, kept, chunk, layer=layer, impl=impl)
     out_b, lse_b = masked_attention(q, k_new, v_new, mask, impl=impl)
     return merge(out_a, lse_a, out_b, lse_b)[0]
-  if invariance is Invariance.FULL:
-    from pallas_kernels.hybrid import invariant_hybrid_attention
-
-    return invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window,
-                                      layer=layer)
-  if impl is Impl.PALLAS or invariance is Invariance.CACHE:
+  if invariance is Invariance.FULL or impl is Impl.PALLAS or invariance is Invariance.CACHE:
     from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
+    from pallas_kernels.hybrid import invariant_hybrid_attention
     from pallas_kernels.tuning import INVARIANT_SPLIT_KEYS
 
-    split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
-    return pallas_hybrid(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window, layer=layer,
-                         split_keys=split_keys)
+    if invariance is Invariance.FULL:
+      kernel = functools.partial(invariant_hybrid_attention, window=window)
+    else:
+      split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
+      kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys)
+    operands = (q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, layer)
+    axes = (_QUERIES, _KEYS, _KEYS, _WHOLE, _KEYS, _KEYS, _WHOLE, _WHOLE, _WHOLE)
+    return sharding.per_device(lambda *args: kernel(*args[:-1], layer=args[-1]), operands, axes, _QUERIES)
   k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)

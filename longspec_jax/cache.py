@@ -7,6 +7,10 @@ writes its new tokens at slots `lengths .. lengths + T` without moving `lengths`
 caller commits what it keeps with `advance` (all of it for prefill and AR decode, the
 accepted path for tree verification). Slots at or past `lengths` are dead and simply
 overwritten later.
+
+Under a mesh (tensor-parallel inference) every cache is split by KV head
+(`sharding.CACHE_AXES`): each device holds its heads' K/V, which its share of the
+attention reads.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from longspec_jax import sharding
 from longspec_jax.config import DraftConfig, TargetConfig
+
+
+def _empty(shape: tuple[int, ...], dtype) -> jax.Array:
+  """Zeroed K or V slots [L, B, S, K, D], split by KV head under a mesh."""
+  return sharding.constrain(jnp.zeros(shape, dtype), sharding.CACHE_AXES)
 
 
 @jax.tree_util.register_dataclass
@@ -29,9 +39,7 @@ class KVCache:
   @classmethod
   def create(cls, config: TargetConfig, batch: int, max_len: int, dtype) -> KVCache:
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    return cls(
-        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32)
-    )
+    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
 
   @property
   def max_len(self) -> int:
@@ -87,7 +95,7 @@ class RingCache:
   def create(cls, config: DraftConfig, batch: int, dtype, window: int) -> RingCache:
     shape = (config.num_layers, batch, window, config.num_kv_heads, config.head_dim)
     return cls(
-        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+        k=_empty(shape, dtype), v=_empty(shape, dtype),
         positions=jnp.full((batch, window), -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
     )
 
@@ -148,7 +156,7 @@ class PartialCache:
       raise ValueError(f"a partial cache needs 0 <= sink < budget, got sink {sink} and budget {budget}.")
     shape = (config.num_layers, batch, budget, config.num_kv_heads, config.head_dim)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), kept=zeros, selected=zeros, copied=zeros,
+    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), kept=zeros, selected=zeros, copied=zeros,
                sink=sink)
 
   @property

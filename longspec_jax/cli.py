@@ -1,8 +1,8 @@
 """Command-line plumbing every CLI of the project uses (`infer` and `train` alike): argparse
 that reports a bad flag as one sentence, checked number types, one-line errors with exit
 code 2 (a `UserError`, or a missing optional package named with the extra that installs
-it), Ctrl-C that ends a command at once, and the dtype, attention-code, GEMM-code and
-batch-invariance flags.
+it), Ctrl-C that ends a command at once, and the dtype, attention-code, GEMM-code,
+batch-invariance and device-count flags.
 """
 
 from __future__ import annotations
@@ -157,6 +157,36 @@ def add_batch_invariant_flag(p: argparse.ArgumentParser) -> None:
                  help="decoding rounds compute each token's logits the same bits whatever else the call holds"
                       " (verification = AR steps, bit for bit), so bf16 speculative output equals bf16 AR output;"
                       " costs speed (docs/benchmarks.md)")
+
+
+def add_devices_flag(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--devices", type=positive_int, default=1,
+                 help="split the models over this many devices (tensor parallelism: weights by attention head, MLP"
+                      " column and vocabulary, K/V caches by KV head); on a CPU, that many host devices")
+
+
+def tensor_parallel(count: int):
+  """The context in which a command loads and runs its models split over `count` devices
+  (`longspec_jax.sharding`): a mesh of the first `count` devices, set with `jax.set_mesh`.
+  On a CPU `count` host devices are made for it, so call this before JAX runs anything.
+  One device: no mesh."""
+  import contextlib
+
+  import jax
+
+  if count == 1:
+    return contextlib.nullcontext()
+  try:
+    jax.config.update("jax_num_cpu_devices", count)  # (only the CPU backend reads it)
+  except RuntimeError:  # JAX has run already (a test calling main): its devices are what they are
+    pass
+  devices = jax.devices()
+  if len(devices) < count:
+    raise UserError(f"--devices {count} asks for more devices than this machine's {len(devices)}"
+                    f" {devices[0].platform.upper()} device{'s' if len(devices) > 1 else ''}.")
+  from longspec_jax.sharding import make_mesh
+
+  return jax.set_mesh(make_mesh(model=count, devices=devices[:count]))
 
 
 def resolve_dtype(name: str | None):

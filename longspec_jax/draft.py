@@ -27,7 +27,7 @@ from longspec_jax import attention
 from longspec_jax.attention import Impl
 from longspec_jax.cache import RingCache
 from longspec_jax.config import DraftConfig
-from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.layers import DecoderLayer, build_random, embed_tokens, init_weight, rms_norm, stacked_layers
 from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 from longspec_jax.target import Transformer
 
@@ -130,7 +130,7 @@ class Draft(nnx.Module):
     draft's layers (SpecAttn's signal for which chunks the target reads; a one-layer
     draft's stands for every target layer); None without."""
     c = self.config
-    x = jnp.take(target.embed[...], tokens, axis=0).astype(self.final_norm.dtype)  # [B, T, E]
+    x = embed_tokens(target.embed[...], tokens).astype(self.final_norm.dtype)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     ring = own.ring

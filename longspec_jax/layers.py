@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from longspec_jax import sharding
 from longspec_jax.config import BlockConfig
 from longspec_jax.rope import apply_rope
 
@@ -58,6 +59,26 @@ def linear(x: jax.Array, w: jax.Array, contract: int = 1, *, layer=None, invaria
   flat = w.reshape(*stack, math.prod(c_shape), math.prod(o_shape))
   y = matmul(x.reshape(*lead, -1), flat, layer, interpret=jax.default_backend() != "gpu")
   return y.reshape(*lead, *o_shape)
+
+
+def embed_tokens(table: jax.Array, tokens: jax.Array) -> jax.Array:
+  """The rows of the embedding table [V, E] for tokens [...] -> [..., E]. With the
+  vocabulary split over devices (`sharding`), each device looks up the tokens its rows
+  hold, zeros for the others, and one sum across devices puts them together (Megatron's
+  vocabulary-parallel embedding: exact, the table never gathered)."""
+  devices = sharding.splits("vocab", table.shape[0])
+  if devices == 1:
+    return jnp.take(table, tokens, axis=0)
+  axis = sharding.RULES["vocab"]
+
+  def local(table, tokens):  # this device's rows [V / devices, E]
+    rows = table.shape[0]
+    index = tokens - jax.lax.axis_index(axis) * rows
+    mine = (index >= 0) & (index < rows)
+    found = jnp.take(table, jnp.clip(index, 0, rows - 1), axis=0)
+    return jax.lax.psum(jnp.where(mine[..., None], found, jnp.zeros_like(found)), axis)
+
+  return sharding.per_device(local, (table, tokens), (("vocab", "embed"), None), None)
 
 
 def _at(param: nnx.Param, layer) -> jax.Array:
@@ -129,6 +150,8 @@ def stacked_layers(layer_class, config, dtype, rngs: nnx.Rngs) -> nnx.Module:
 
 
 def build_random(make, seed: int = 0) -> nnx.Module:
-  """The module `make(rngs)` builds, its arrays initialised on the default device in one jit."""
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(seed))))
-  return nnx.merge(graphdef, jax.jit(lambda: nnx.state(make(nnx.Rngs(seed))))())
+  """The module `make(rngs)` builds, its arrays initialised in one jit: on the default
+  device, or under a mesh each device making its own share (`sharding`)."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: make(nnx.Rngs(seed))))
+  shardings = None if sharding.current_mesh() is None else sharding.param_shardings(jax.sharding.get_mesh(), abstract)
+  return nnx.merge(graphdef, jax.jit(lambda: nnx.state(make(nnx.Rngs(seed))), out_shardings=shardings)())

@@ -20,6 +20,7 @@ from flax import nnx
 
 from longspec_jax import attention
 from longspec_jax.cache import KVCache, PartialCache, select_layer
+from longspec_jax.layers import embed_tokens
 from longspec_jax.rope import inverse_frequencies, rope_tables
 from longspec_jax.target import Transformer
 
@@ -50,7 +51,7 @@ def _select(target: Transformer, partial: PartialCache, full: KVCache, root: jax
   at that layer, which attends to the slots it kept before the next layer ranks."""
   c = target.config
   positions = full.lengths[:, None]  # [B, 1]
-  x = jnp.take(target.embed[...], root[:, None], axis=0)  # [B, 1, E]
+  x = embed_tokens(target.embed[...], root[:, None])  # [B, 1, E]
   inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
   cos, sin = rope_tables(positions, inv_freq, scale)
   layer_def, layer_state = nnx.split(target.layers)

@@ -17,6 +17,14 @@ that a split of the K axis gives each device its query heads with their keys and
 `o [H, D, E]` split by H then gives each device the same heads (H = K x G, head h in
 group h // G).
 
+Inference runs under a mesh set with `jax.set_mesh` (`infer.generate --devices N`): the
+weights placed by `param_shardings`, the caches split by KV head (`CACHE_AXES`,
+`constrain`), XLA's partitioner (GSPMD) splitting the products and adding the reductions,
+and what it cannot split itself run per device by `per_device` (`shard_map`): the Pallas
+kernels, each device on its own KV heads; the vocabulary-split embedding lookup and top-k
+(`layers.embed_tokens`, `topk.top_k`). Without a mesh every function here is the identity
+or a plain call, so one device runs the code as it always did.
+
 Multi-host: call `jax.distributed.initialize()` first (on each host, e.g. under SLURM it
 reads the environment); `jax.devices()` then lists every host's devices and the same mesh
 spans them all.
@@ -24,7 +32,10 @@ spans them all.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -55,6 +66,9 @@ PARAM_AXES = {
     "output_norm": ("ahead", "embed"),
 }
 
+# K/V caches [L, B, S, K, D]: the target's, a draft's ring, TokenSwift's partial cache.
+CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+
 
 def make_mesh(model: int = 1, devices=None) -> Mesh:
   """A (data, model) mesh over all devices: `model` devices share each parameter."""
@@ -64,6 +78,66 @@ def make_mesh(model: int = 1, devices=None) -> Mesh:
   # Auto axes: shardings of intermediates are left to the compiler (GSPMD propagation).
   return jax.make_mesh((len(devices) // model, model), (DATA, MODEL), devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def current_mesh():
+  """The mesh set by `jax.set_mesh` (tensor-parallel inference runs under one), as seen
+  while tracing; None without one, with one device, or inside `per_device`'s function
+  (whose code runs per device already)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty or mesh.size == 1 or mesh.manual_axes else mesh
+
+
+def splits(axis: str, size: int) -> int:
+  """How many devices of the current mesh split a dimension of logical `axis` and `size`
+  (1: none, or no mesh)."""
+  mesh, mesh_axis = current_mesh(), RULES.get(axis)
+  if mesh is None or mesh_axis is None or size % mesh.shape[mesh_axis]:
+    return 1
+  return mesh.shape[mesh_axis]
+
+
+def _padded(axes: Sequence[str | None] | None, ndim: int) -> tuple[str | None, ...]:
+  """Logical axes naming the trailing dimensions of an `ndim`-dimensional array, as one
+  name per dimension (None for the leading ones; `axes` None: all None)."""
+  axes = () if axes is None else tuple(axes)[max(len(axes) - ndim, 0):]
+  return (None,) * (ndim - len(axes)) + axes
+
+
+def trailing(axes: Sequence[str | None] | None, shape: tuple[int, ...], mesh) -> P:
+  """The partition of an array of `shape` whose trailing dimensions are the logical `axes`
+  (the leading ones whole; None: all whole)."""
+  return partition(_padded(axes, len(shape)), shape, mesh)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """x laid out over the current mesh as its trailing logical `axes` say; x itself
+  without a mesh. Pins what XLA's partitioner would otherwise choose, e.g. a cache made
+  inside a program split by KV head."""
+  mesh = current_mesh()
+  return x if mesh is None else jax.lax.with_sharding_constraint(x, trailing(axes, x.shape, mesh))
+
+
+def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
+  """fn(*args) with each device running fn on its share of the arguments (`shard_map`),
+  each argument split by its trailing logical axes (`in_axes`: a tuple of names per
+  argument, None for one every device reads whole), the outputs put together by
+  `out_axes` (a tuple of names per output). For code XLA's partitioner cannot split (a Pallas kernel is one
+  opaque call): with the KV-head axis split, each device attends with its own heads over
+  its own share of the cache, no communication. Without a mesh: fn(*args)."""
+  mesh = current_mesh()
+  if mesh is None:
+    return fn(*args)
+  in_specs = tuple(trailing(axes, getattr(arg, "shape", ()), mesh) for arg, axes in zip(args, in_axes))
+  # An output's logical axis is split as the arguments' axis of that name was.
+  split = {name: mesh_axis for axes, spec in zip(in_axes, in_specs) if axes is not None
+           for name, mesh_axis in zip(tuple(axes)[::-1], tuple(spec)[::-1]) if mesh_axis is not None}
+  # (check_vma off: a Pallas call's outputs carry no record of how they vary over devices)
+  run = lambda out_specs: jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+  local = jax.eval_shape(run(P()), *args)  # (each output's rank)
+  out_specs = jax.tree.map(lambda s, axes: P(*(split.get(name) for name in _padded(axes, s.ndim))), local,
+                           out_axes, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+  return run(out_specs)(*args)
 
 
 def partition(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
@@ -105,6 +179,24 @@ def param_shardings(mesh: Mesh, tree):
     return NamedSharding(mesh, partition(param_axes(name, len(shape)), shape, mesh))
 
   return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def put(tree):
+  """A parameter tree (or a model's `nnx.State`), numpy or JAX arrays, on the current
+  mesh by the rules, each device sent its share only (a 70B target's weights are never
+  whole on one device); on the default device without a mesh."""
+  if current_mesh() is None:
+    return jax.tree.map(jnp.asarray, tree)
+  return jax.device_put(tree, param_shardings(jax.sharding.get_mesh(), tree))
+
+
+def placed(module):
+  """A model (`nnx.Module`: a target, a draft) with its parameters moved by `put`, in
+  place; returned for chaining."""
+  from flax import nnx
+
+  nnx.update(module, put(nnx.state(module)))
+  return module
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

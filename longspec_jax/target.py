@@ -35,7 +35,7 @@ from longspec_jax.attention import Impl, Invariance
 from longspec_jax.cache import KVCache, write_block
 from longspec_jax.config import SparseVerify, TargetConfig
 from longspec_jax.gemm import Compilation, Gemm
-from longspec_jax.layers import DecoderLayer, build_random, init_weight, rms_norm, stacked_layers
+from longspec_jax.layers import DecoderLayer, build_random, embed_tokens, init_weight, rms_norm, stacked_layers
 from longspec_jax.rope import inverse_frequencies, rope_tables
 
 
@@ -150,7 +150,7 @@ class Transformer(nnx.Module):
     (`prefix_masses`; else None)."""
     c = self.config
     window = None if any_slot else c.sliding_window
-    x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, E]
+    x = embed_tokens(self.embed[...], tokens)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)

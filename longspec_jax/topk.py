@@ -5,7 +5,10 @@ XLA's GPU top-k of a few rows of 49k logits (the beam search's frontier) takes ~
 an H100, for one row as for sixteen (`python -m infer.profile`). Taking the top k of each
 chunk first, then of the chunks' winners, spreads a row over many small problems. The
 result is `jax.lax.top_k`'s, order and ties included: the global top k lie among the
-chunks' top k, and the candidates stay in index order among equals. On the CPU, and for
+chunks' top k, and the candidates stay in index order among equals. A vocabulary split
+over devices (tensor-parallel inference, `sharding.py`) is the same two stages with a
+device's share as the chunk: each device its own top k, the devices' k gathered, their
+top k; the logits are never gathered. On the CPU, and for
 many rows on the GPU, XLA's one pass is the faster (`python -m infer.bench_target --suite
 topk`), so the chunks are for a GPU and a few rows.
 """
@@ -16,6 +19,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from longspec_jax import sharding
 
 # H100, top-16 of 49k-128k entries (`--suite topk`, docs/results/h100_topk.json): chunks of
 # 512 took 60-170 us against lax.top_k's 165-285 us for up to 16 rows, and lost at 64.
@@ -28,6 +33,10 @@ def top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, ja
   first, lower index first among equals: `jax.lax.top_k`'s result. `chunk`: entries per
   first-stage chunk (default: CHUNK for up to MAX_ROWS rows on a GPU, else one pass)."""
   n = x.shape[-1]
+  devices = sharding.splits("vocab", n)
+  if devices > 1 and k <= n // devices:
+    local = lambda x: _gathered(*_offset(top_k(x, k, chunk), x.shape[-1]))
+    return _best(*sharding.per_device(local, (x,), (("vocab",),), (None, None)), k)
   few_rows = math.prod(x.shape[:-1]) <= MAX_ROWS
   chunk = chunk or (CHUNK if jax.default_backend() == "gpu" and few_rows else n)
   if n <= 2 * chunk or k > chunk:
@@ -38,8 +47,27 @@ def top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, ja
   padded = jnp.pad(x, [(0, 0)] * len(lead) + [(0, chunks * chunk - n)], constant_values=-jnp.inf)
   values, index = jax.lax.top_k(padded.reshape(*lead, chunks, chunk), k)  # [..., chunks, k]
   index = index + (jnp.arange(chunks) * chunk)[:, None]
-  best, pick = jax.lax.top_k(values.reshape(*lead, chunks * k), k)  # [..., k]
-  return best, jnp.take_along_axis(index.reshape(*lead, chunks * k), pick, axis=-1)
+  return _best(values.reshape(*lead, chunks * k), index.reshape(*lead, chunks * k), k)
+
+
+def _best(values: jax.Array, index: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The top k of candidates values [..., M] (index order among equals) with their indices."""
+  best, pick = jax.lax.top_k(values, k)  # [..., k]
+  return best, jnp.take_along_axis(index, pick, axis=-1)
+
+
+def _offset(candidates, size: int) -> tuple[jax.Array, jax.Array]:
+  """Inside `sharding.per_device` over the vocabulary: a device's (values, indices) of its
+  share of `size` entries, the indices made global."""
+  values, index = candidates
+  return values, index + jax.lax.axis_index(sharding.RULES["vocab"]) * size
+
+
+def _gathered(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+  """Inside `sharding.per_device` over the vocabulary: each array [..., M] of every device
+  side by side, [..., devices * M], in device order (so in vocabulary order)."""
+  axis = sharding.RULES["vocab"]
+  return tuple(jax.lax.all_gather(a, axis, axis=a.ndim - 1, tiled=True) for a in arrays)
 
 
 def fused_head_pays(rows: int) -> bool:
@@ -57,8 +85,21 @@ def head_top_log_probs(hidden: jax.Array, head: jax.Array, k: int, *, transposed
   from pallas_kernels.head_topk import head_candidates
 
   lead, e = hidden.shape[:-1], hidden.shape[-1]
-  values, tokens, lse = head_candidates(hidden.reshape(-1, e), head, k, transposed=transposed,
-                                       interpret=jax.default_backend() != "gpu")
-  best, pick = top_k(values, k)
-  tokens = jnp.take_along_axis(tokens, pick, axis=-1)
+  vocab = head.shape[0] if transposed else head.shape[1]
+  candidates = lambda rows, head: head_candidates(rows, head, k, transposed=transposed,
+                                                  interpret=jax.default_backend() != "gpu")
+  rows = hidden.reshape(-1, e)
+  if sharding.splits("vocab", vocab) > 1:  # each device's candidates and normalizer, gathered
+
+    def local(rows, head):
+      values, tokens, lse = candidates(rows, head)
+      share = head.shape[0] if transposed else head.shape[1]  # this device's entries
+      values, tokens, lse = _gathered(*_offset((values, tokens), share), lse[:, None])
+      return values, tokens, jax.nn.logsumexp(lse, axis=-1)
+
+    head_axes = ("vocab", "embed") if transposed else ("embed", "vocab")
+    values, tokens, lse = sharding.per_device(local, (rows, head), (None, head_axes), (None, None, None))
+  else:
+    values, tokens, lse = candidates(rows, head)
+  best, tokens = _best(values, tokens, k)
   return (best - lse[:, None]).reshape(*lead, k), tokens.reshape(*lead, k)

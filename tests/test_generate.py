@@ -87,6 +87,10 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
         (["--prompt", "x", "--penalty", "0.5"], "--penalty: expected a finite number >= 1"),
         (["--prompt", "x", "--sparse-verify", "1.5"], "--sparse-verify: expected a fraction 0 < P <= 1"),
         (["--prompt", "x", "--sparse-verify", "0.9", "--batch-invariant"], "which --sparse-verify gives up"),
+        (["--prompt", "x", "--devices", "0"], "--devices: expected an integer >= 1"),
+        (["--prompt", "x", "--devices", "2", "--batch-invariant"], "--batch-invariant runs on one device"),
+        # (this test process has one CPU device: JAX has started, so none can be added)
+        (["--prompt", "x", "--devices", "2"], "--devices 2 asks for more devices than this machine's 1 CPU device."),
     ],
 )
 def test_errors_are_one_line_with_exit_2(argv, message, capsys):
@@ -233,6 +237,22 @@ def test_main_job_runs_without_torch(smollm2_gguf, tmp_path):
   assert record["num_new_tokens"] == 5 and record["prompt_tokens"] > 20  # the chat template's system turn
   assert "Traceback" not in proc.stderr and "PyTorch" not in proc.stderr
   assert any((tmp_path / "tokenizers").iterdir())
+
+
+def test_devices_split_the_models_and_decode_the_same_tokens(tiny_with_tokenizer, capsys):
+  """`--devices 2` on a CPU: two host devices made for it, the target and draft split over
+  them (tensor parallel), the tokens those of one device (float32)."""
+  argv = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "8",
+          "--method", "longspec", "--draft", "random", "--json"]
+  code, out, err = run(argv, capsys)
+  assert code == 0, err
+  one = json.loads(out.strip().splitlines()[-1])
+  proc = subprocess.run([sys.executable, "-m", "infer.generate", *argv, "--devices", "2"], capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  split = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert split["devices"] == 2 and one["devices"] == 1 and "over 2 devices" in proc.stderr
+  assert split["token_ids"] == one["token_ids"]
 
 
 # `python -m infer.generate` with Ctrl-C's default meaning: a test runner started with

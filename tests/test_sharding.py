@@ -1,6 +1,7 @@
 """Sharding by logical axis (`longspec_jax.sharding`): each weight split as its meaning
-says, and the sharded train step equal to the single-device step (8 CPU devices, in a
-subprocess so that the device count can be set before JAX starts)."""
+says, the sharded train step equal to the single-device step, and tensor-parallel
+decoding token for token what one device decodes (CPU devices, in subprocesses so that
+the device count can be set before JAX starts)."""
 
 import subprocess
 import sys
@@ -73,4 +74,88 @@ SCRIPT = textwrap.dedent('''
 
 def test_sharded_step_equals_single_device():
   proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+DECODING = textwrap.dedent('''
+    import jax
+    jax.config.update("jax_num_cpu_devices", 4)
+    jax.config.update("jax_default_matmul_precision", "highest")
+    import jax.numpy as jnp, numpy as np
+    from longspec_jax import sharding, topk
+    from longspec_jax.attention import Impl, with_impl
+    from longspec_jax.config import DraftConfig, HeadsConfig, TargetConfig
+    from longspec_jax.draft import random_draft
+    from longspec_jax.engine import Decoding, generate
+    from longspec_jax.heads import random_heads
+    from longspec_jax.layers import embed_tokens
+    from longspec_jax.proposers import make_proposer
+    from longspec_jax.sampling import SamplingConfig
+    from longspec_jax.target import random_model
+
+    # 2 KV heads: split over 2 devices, whole over 4 (the MLP's 96 columns and the 128-token
+    # vocabulary split either way); a tied head, so the embedding is the LM head too.
+    config = TargetConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True,
+                          qkv_bias=True)
+    target = random_model(config, jnp.float32)
+    draft = random_draft(DraftConfig.for_target(config, window=16), jnp.float32, seed=1)
+    heads = random_heads(HeadsConfig.for_target(config, gamma=2, tree_widths=(1, 2, 2)), jnp.float32)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 128, 30).tolist() * 2  # (repeats: prompt lookup has matches)
+    methods = {
+        "ar": lambda: (None, None),
+        "pld": lambda: make_proposer("pld", copy_tokens=4, copy_matches=2),
+        "longspec": lambda: make_proposer("longspec", draft, (2, 2), copy_tokens=3),
+        "tokenswift": lambda: make_proposer("tokenswift", heads, (1, 2, 2)),
+        "auto": lambda: make_proposer("auto", draft, (2, 2)),
+    }
+
+    sampled = SamplingConfig(temperature=0.8, top_k=20)
+
+    def run(model, method, sampling=SamplingConfig()):
+        proposer, params = methods[method]()
+        decoding = Decoding(sampling=sampling) if proposer is None else Decoding(proposer, sampling)
+        return generate(model, [prompt], 12, decoding, params, seed=3)
+
+    one = {m: run(target, m).token_ids for m in methods}
+    one["sampled"] = run(target, "longspec", sampled).token_ids
+    pallas = with_impl(target, Impl.PALLAS)
+    one["pallas"] = run(pallas, "longspec").token_ids
+    assert one["pallas"] == one["longspec"] == one["ar"]
+    ties = jnp.asarray(rng.normal(size=(3, 128)).round(1), jnp.float32)
+    hidden = jnp.asarray(rng.normal(size=(3, 64)), jnp.float32)
+    for devices in (4, 2):  # (2 last: the weights stay placed for the runs after)
+        with jax.set_mesh(sharding.make_mesh(model=devices, devices=jax.devices()[:devices])):
+            for model in (target, draft, heads):
+                sharding.placed(model)
+            split = (None, None, "model", None, None) if devices == 2 else (None,) * 5
+            assert tuple(target.layers.qkv[...].sharding.spec) == split
+            assert tuple(target.embed[...].sharding.spec) == ("model", None)
+            tokens = jnp.asarray([[0, 127, 64, 63, 31]])
+            assert jnp.array_equal(jax.jit(embed_tokens)(target.embed[...], tokens), target.embed[...][tokens])
+            assert all(jnp.array_equal(a, b) for a, b in zip(jax.jit(topk.top_k, static_argnums=1)(ties, 5),
+                                                             jax.lax.top_k(ties, 5)))  # ties: lower index first
+            fused = jax.jit(lambda h: topk.head_top_log_probs(h, target.embed[...], 4, transposed=True))(hidden)
+            plain = topk.top_k(jax.nn.log_softmax(hidden @ target.embed[...].T), 4)
+            np.testing.assert_allclose(fused[0], plain[0], rtol=1e-5, atol=1e-5)
+            assert jnp.array_equal(fused[1], plain[1])
+            for method in methods if devices == 2 else ("ar", "longspec"):
+                result = run(target, method)
+                assert result.token_ids == one[method], (devices, method)
+            cache_heads = (tuple(result.state.cache.k.sharding.spec) + (None,) * 5)[3]
+            assert cache_heads == ("model" if devices == 2 else None), devices
+    with jax.set_mesh(sharding.make_mesh(model=2, devices=jax.devices()[:2])):
+        assert run(target, "longspec", sampled).token_ids == one["sampled"]  # (the same draws)
+        assert run(pallas, "longspec").token_ids == one["pallas"]  # the kernels per device, on its KV heads
+    print("ok")
+''')
+
+
+def test_tensor_parallel_decoding_is_token_identical():
+  """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift, auto) and
+  the Pallas kernels decode over 2 and 4 devices exactly the tokens of one (float32):
+  weights by head, MLP column and vocabulary, caches by KV head, the embedding lookup and
+  top-k vocabulary-parallel."""
+  proc = subprocess.run([sys.executable, "-c", DECODING], capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from longspec_jax import sharding
 from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
 from longspec_jax.target import Transformer, abstract_model
@@ -86,10 +87,10 @@ def _fill(config: TargetConfig, params: dict, dtype, source: str) -> Transformer
       raise UserError(f"{source} is missing {name}.")
     if tuple(got.shape) != tuple(want.shape):
       raise UserError(f"{source}: {name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.")
-    return jnp.asarray(got, dtype=want.dtype)
+    return np.asarray(got, dtype=want.dtype)
 
   filled = jax.tree_util.tree_map_with_path(
       place, expected, params, is_leaf=lambda x: x is None or isinstance(x, np.ndarray)
   )
-  nnx.replace_by_pure_dict(state, filled)
+  nnx.replace_by_pure_dict(state, sharding.put(filled))  # (under a mesh, each device its share)
   return nnx.merge(graphdef, state)
