@@ -1,6 +1,9 @@
 """`python -m train.run` end to end on a tiny target with the real tokenizer and real files."""
 
 import json
+import socket
+import subprocess
+import sys
 import sysconfig
 
 from train.run import main
@@ -146,3 +149,42 @@ def test_overwrite_replaces_a_run_and_resume_keeps_each_step_once(tiny_with_toke
   assert run(common + ["--steps", "2", "--overwrite"]) == 0
   steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert steps == [1, 2] and sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+
+
+def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
+  """A real two-process `jax.distributed` run on the CPU (one device each, gradients summed
+  through gloo; each process reads its half of every batch) takes the steps one process
+  takes: the same losses, the same exported draft."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from longspec_jax.config import TargetConfig
+  from longspec_jax.weights.drafts import load_draft
+
+  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--length", "40", "--batch", "4",
+            "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--steps", "3",
+            "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000"]
+  with socket.socket() as s:  # a free port for the coordinator
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  two = tmp_path / "two"
+  procs = [subprocess.Popen([sys.executable, "-m", "train.run", *common, "--out", str(two), "--coordinator",
+                             f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  assert run(common + ["--out", str(tmp_path / "one")]) == 0, capsys.readouterr().err
+  for proc in procs:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+  losses = lambda out: [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert len(losses(two)) == 3  # (process 0 alone writes them)
+  np.testing.assert_allclose(losses(two), losses(tmp_path / "one"), rtol=1e-5)
+  config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
+  drafts = [nnx.state(load_draft(str(out / "draft"), config, jnp.float32)) for out in (two, tmp_path / "one")]
+  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(d)]) for d in drafts)
+  # Adam's first steps move each weight by about the learning rate whatever its gradient's
+  # size, so a gradient within rounding of zero (summed in another order) may move it the
+  # other way: a few such weights, each off by at most the steps' learning rates.
+  off = np.abs(a - b) > 2e-5
+  assert off.mean() < 0.01 and np.abs(a - b).max() <= 3 * 2 * 5e-4, (off.sum(), np.abs(a - b).max())  # (pretrain lr)

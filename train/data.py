@@ -188,16 +188,18 @@ def pack(records, tokenizer, length: int, eos_id: int, max_tokens: int | None = 
 def batches(data: Packed, batch: int, seed: int, start: int = 0, host: int = 0, hosts: int = 1,
             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """This host's batches [batch, length] from batch index `start` on, epoch after epoch:
-  rows in a seeded order per epoch, host h taking every `hosts`-th row. The same seed and
-  start always give the same batches, so a resumed run sees the data an uninterrupted one
-  would."""
-  per_epoch = len(data.tokens) // hosts // batch
+  rows in a seeded order per epoch, each global batch of `hosts` x `batch` rows the next
+  ones in that order and host h its h-th block of them (the block its devices hold). The
+  same seed and start always give the same batches, so a resumed run sees the data an
+  uninterrupted one would, and a run of several hosts the batches of one."""
+  whole = batch * hosts
+  per_epoch = len(data.tokens) // whole
   if per_epoch == 0:
     raise UserError(f"{len(data.tokens)} rows cannot fill a batch of {batch} on each of {hosts} hosts.")
   index = start
   while True:
     epoch, position = divmod(index, per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(len(data.tokens))[host::hosts]
-    rows = order[position * batch : (position + 1) * batch]
+    order = np.random.default_rng([seed, epoch]).permutation(len(data.tokens))
+    rows = order[position * whole + host * batch : position * whole + (host + 1) * batch]
     yield data.tokens[rows], data.loss_mask[rows]
     index += 1

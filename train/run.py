@@ -13,10 +13,16 @@ loss and top-1 agreement by position, and the step the draft reached.
       --eval '/usr/lib/python3.12/*.py' --steps 2000 --out runs/pretrain
   python -m train.run --stage sft --data sft.jsonl --init-draft runs/pretrain/draft --out runs/sft
 
-Multi-host: run the same command on every host with --distributed, under a cluster JAX
-detects (SLURM, Open MPI, Kubernetes, mpi4py: `jax.distributed.initialize()` reads the
-process count and index from it); the mesh spans every host's devices and each host reads
-its share of the data.
+Multi-host (or several processes on one host): run the same command in every process,
+either with --distributed under a cluster JAX detects (SLURM, Open MPI, Kubernetes,
+mpi4py: `jax.distributed.initialize()` reads the process count and index from it), or
+naming them: --coordinator HOST:PORT --num-processes N --process-id I (I = 0 .. N - 1;
+process 0 serves the coordinator at that address). The mesh spans every process's
+devices, each process reads its share of the data, and process 0 writes the metrics,
+plots and the exported draft (checkpoints are written by all, to the same --out).
+
+  python -m train.run ... --coordinator 10.0.0.1:7777 --num-processes 2 --process-id 0  # host A
+  python -m train.run ... --coordinator 10.0.0.1:7777 --num-processes 2 --process-id 1  # host B
 """
 
 from __future__ import annotations
@@ -132,8 +138,20 @@ def parse_args(argv=None):
   p.add_argument("--time-limit", type=positive_float,
                  help="seconds: stop after the first optimizer step past this (then save, export, evaluate)")
   p.add_argument("--seed", type=any_int, default=0)
-  p.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first")
+  p.add_argument("--distributed", action="store_true",
+                 help="one process of a multi-process run: jax.distributed.initialize() first, which finds the"
+                      " others from the cluster (SLURM, Open MPI, Kubernetes), or from the next three flags")
+  p.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (--distributed)")
+  p.add_argument("--num-processes", type=positive_int, help="multi-process run: how many (--distributed)")
+  p.add_argument("--process-id", type=nonnegative_int, help="multi-process run: this one's, 0 .. N - 1 (--distributed)")
   args = p.parse_args(argv)
+  named = [args.coordinator, args.num_processes, args.process_id]
+  if any(x is not None for x in named):
+    if any(x is None for x in named):
+      p.error("a multi-process run named by hand needs all of --coordinator, --num-processes and --process-id")
+    if args.process_id >= args.num_processes:
+      p.error(f"--process-id {args.process_id} is not below --num-processes {args.num_processes}")
+    args.distributed = True
   if args.resume and args.overwrite:
     p.error("--resume continues the run in --out and --overwrite replaces it; give one")
   if args.eval_every and not args.eval:
@@ -328,7 +346,7 @@ def train(args, run: Run) -> int:
   hosts, host = jax.process_count(), jax.process_index()
   stream = batches(run.data, run.batch // hosts, args.seed, start=micro, host=host, hosts=hosts)
   peak = PEAK_FLOPS.get(jax.devices()[0].device_kind)
-  metrics_file = (args.out / "metrics.jsonl").open("a")
+  metrics_file = (args.out / "metrics.jsonl").open("a") if host == 0 else None
   total_micro = args.steps * args.accumulate
   bar = tqdm(total=args.steps, initial=micro // args.accumulate, desc=args.stage, file=sys.stderr)
   window_tokens, window_start = 0.0, time.perf_counter()
@@ -349,8 +367,9 @@ def train(args, run: Run) -> int:
         record["tokens_per_second"] = window_tokens / (time.perf_counter() - window_start)
         if peak:
           record["mfu"] = record["tokens_per_second"] * run.flops_per_token / (peak * jax.device_count())
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
+        if metrics_file:
+          metrics_file.write(json.dumps(record) + "\n")
+          metrics_file.flush()
         bar.set_postfix(loss=f"{record['loss']:.3f}", hit=f"{record['hit_rate']:.2f}",
                         tok_s=f"{record['tokens_per_second']:.0f}", **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
         bar.update(1)
@@ -372,7 +391,8 @@ def train(args, run: Run) -> int:
         break
   finally:
     bar.close()
-    metrics_file.close()
+    if metrics_file:
+      metrics_file.close()
     checkpoints.close()
   return micro // args.accumulate
 
@@ -415,7 +435,9 @@ def main(argv=None) -> None:
   if args.distributed:
     import jax
 
-    jax.distributed.initialize()
+    # (CPU devices of several processes sum their gradients through gloo; a GPU's use NCCL)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
   run = prepare(args, sources, eval_sources)
   finish(args, run, train(args, run))
 

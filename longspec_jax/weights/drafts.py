@@ -36,13 +36,15 @@ SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
 def save_draft(path: Path, draft: Draft | Heads) -> None:
   """Writes the draft to the directory `path`, replacing what is there: everything is
   written to a temporary directory beside it and renamed into place, so `path` always
-  holds a whole draft."""
+  holds a whole draft. One process writes it alone, also in a multi-process run (orbax
+  would otherwise wait for the other processes)."""
   import orbax.checkpoint as ocp
 
   path = Path(path).resolve()
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-  with ocp.StandardCheckpointer() as checkpointer:
+  alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes={jax.process_index()})
+  with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
     checkpointer.save(tmp / PARAMS_DIR, nnx.state(draft))
   (tmp / CONFIG_NAME).write_text(json.dumps(draft.config.to_dict(), indent=1))
   if path.exists():
