@@ -37,6 +37,8 @@ from infer.timing import loop_seconds, measure_bandwidth, median_seconds
 from longspec_jax import cli
 from longspec_jax.engine import Decoding, decode_chunk, generate
 
+STEPS = 32  # --suite floor: rounds per timed call
+
 
 def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict:
   runs = []
@@ -150,26 +152,32 @@ def suite_floor(args) -> dict:
   model is split over N devices (tensor parallelism, `longspec_jax.sharding`) and the floor
   is each device's share of the bytes over one device's bandwidth; transformers is then
   not run (it would need the whole model on one device)."""
+  config = SHAPES[args.shape]
+  dtype = cli.resolve_dtype(args.dtype)
+  peers = {}
+  if args.transformers and args.devices == 1:
+    for batch in args.batches:
+      for context in args.contexts:
+        peers[batch, context] = transformers_decode(config, jnp.dtype(dtype).name, batch, context, 2 * STEPS)
+        step_ms = peers[batch, context]["step_ms"]
+        print(f"transformers static cache, batch {batch}, context {context}: "
+              + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]), flush=True)
+  bandwidth = measure_bandwidth()  # (one device's)
+  impl = cli.attention_impl(args.attention)
+  with jax.set_mesh(args.mesh):  # (--devices: each device makes its share of the weights; programs split)
+    return _floor_rows(args, config, dtype, impl, bandwidth, peers)
+
+
+def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dict:
+  """`suite_floor`'s rounds, under its mesh."""
   from longspec_jax.config import DraftKind
   from longspec_jax.engine import prefill, start
   from longspec_jax.proposers import make_proposer
   from longspec_jax.target import random_model
   from longspec_jax.weights.drafts import load_draft
 
-  config = SHAPES[args.shape]
-  dtype = cli.resolve_dtype(args.dtype)
-  steps, warmup, iters = 32, 2, 5
-  peers = {}
-  if args.transformers and args.devices == 1:
-    for batch in args.batches:
-      for context in args.contexts:
-        peers[batch, context] = transformers_decode(config, jnp.dtype(dtype).name, batch, context, 2 * steps)
-        step_ms = peers[batch, context]["step_ms"]
-        print(f"transformers static cache, batch {batch}, context {context}: "
-              + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]), flush=True)
-  bandwidth = measure_bandwidth()  # (one device's)
-  impl = cli.attention_impl(args.attention)
-  model = random_model(config, dtype, attention=impl)  # (under --devices' mesh: each device makes its share)
+  steps, warmup, iters = STEPS, 2, 5
+  model = random_model(config, dtype, attention=impl)
   cli.set_gemm(model, args.gemm)
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -370,7 +378,7 @@ def main(argv=None):
             f" {', '.join(sorted(unknown))}")
   if args.devices > 1 and (args.suite != "floor" or "invariant" in args.numerics):
     p.error("--devices splits the model of --suite floor's fast rounds (batch-invariant rounds run on one device)")
-  parallel = cli.tensor_parallel(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
+  args.mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   args.attention = cli.attention_impl(args.attention).value
   if args.out:
     cli.output_path(args.out)
@@ -392,8 +400,7 @@ def main(argv=None):
   print(header, flush=True)
   result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
-  with parallel:
-    result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
+  result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))

@@ -30,10 +30,10 @@ from longspec_jax.cli import (
   add_batch_invariant_flag,
   add_devices_flag,
   attention_impl,
+  device_mesh,
   positive_int,
   resolve_dtype,
   run_main,
-  tensor_parallel,
 )
 from longspec_jax.errors import UserError
 from longspec_jax.weights import default
@@ -149,7 +149,8 @@ class PrefillBar:
 def main(argv=None) -> None:
   args = parse_args(argv)
   prompt_text = read_prompt(args.prompt, args.prompt_file)
-  parallel = tensor_parallel(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
+  mesh = device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
+  import jax
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
   from longspec_jax import sharding
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
   devices = f", over {args.devices} devices" if args.devices > 1 else ""
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}{devices}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
-  with parallel:  # (a mesh with --devices: weights placed split, programs traced for it)
+  with jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
     target = load_target(path, dtype, tokenizer, attention=impl)
     target.model.batch_invariant = args.batch_invariant
     draft = (sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl,

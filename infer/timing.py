@@ -46,13 +46,14 @@ def warmed_up(generate_once):
 
 
 def measure_bandwidth() -> float:
-  """Device memory bandwidth in bytes/s (read + written), the best of elementwise passes
-  over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured against."""
+  """One device's memory bandwidth in bytes/s (read + written), the best of elementwise
+  passes over 1 and 4 GiB in float32 and bfloat16: the ceiling our floors are measured
+  against. (On the first device, also under a mesh, where arrays would be replicated.)"""
   step = jax.jit(lambda x: x * 2 + 1)
   best = 0.0
   for nbytes in (1 << 30, 1 << 32):
     for dtype in (jnp.float32, jnp.bfloat16):
-      data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype)
+      data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype, device=jax.devices()[0])
       best = max(best, 2 * nbytes / median_seconds(functools.partial(step, data), iters=20))
   return best
 

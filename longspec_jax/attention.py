@@ -29,13 +29,23 @@ from longspec_jax import sharding
 
 _NEG_INF = -jnp.inf
 
-# The kernels' operands by their trailing logical axes (`sharding.per_device`): queries
-# [..., K, G, D], keys and values [..., K, D] (a cache, stacked or one layer's, or a step's
-# own), a normalizer [..., K, G] and kept chunks [..., K, C] split by KV head; lengths,
-# positions, masks and a layer index whole.
-_QUERIES = ("kv_heads", None, None)
-_KEYS = _LSE = _CHUNKS = ("kv_heads", None)
+# The kernels' operands by logical axis (`sharding.per_device`): split by sequence (a
+# data-parallel batch) and by KV head (tensor parallelism); a layer index whole.
+_QUERIES = ("batch", None, "kv_heads", None, None)  # queries and outputs [B, T, K, G, D]
+_LSE = ("batch", None, "kv_heads", None)  # [B, T, K, G]
+_CHUNKS = ("batch", "kv_heads", None)  # kept chunks or their mass [B, K, C]
 _WHOLE = None
+
+
+def _keys(x: jax.Array) -> tuple[str, ...]:
+  """Keys or values: one layer's [B, S, K, D] (a cache's or a step's own) or a stacked
+  cache's [L, B, S, K, D]."""
+  return sharding.CACHE_AXES[-x.ndim:]
+
+
+def _rows(x: jax.Array | None) -> tuple[str | None, ...] | None:
+  """Lengths [B] or [B, T], positions [B, T], masks [B, T, S]: per sequence."""
+  return None if x is None else ("batch",) + (None,) * (x.ndim - 1)
 
 
 class Impl(enum.Enum):
@@ -156,7 +166,8 @@ def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=N
     kernel = lambda q, k, v, lengths, q_positions, layer: flash_decode(q, k, v, lengths, q_positions, window,
                                                                          layer=layer)
     return sharding.per_device(kernel, (q, k, v, lengths, q_positions, layer),
-                               (_QUERIES, _KEYS, _KEYS, _WHOLE, _WHOLE, _WHOLE), (_QUERIES, _LSE))
+                               (_QUERIES, _keys(k), _keys(v), _rows(lengths), _rows(q_positions), _WHOLE),
+                               (_QUERIES, _LSE))
   k, v = _layer(k, v, layer)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
@@ -170,7 +181,7 @@ def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, i
     kernel = lambda q, k, v, lengths, kept, layer: sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk,
                                                                        layer=layer)
     return sharding.per_device(kernel, (q, k, v, lengths, kept, layer),
-                               (_QUERIES, _KEYS, _KEYS, _WHOLE, _CHUNKS, _WHOLE), (_QUERIES, _LSE))
+                               (_QUERIES, _keys(k), _keys(v), _rows(lengths), _CHUNKS, _WHOLE), (_QUERIES, _LSE))
   k, v = _layer(k, v, layer)
   return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
 
@@ -228,7 +239,8 @@ def masked_attention(q, k, v, mask, *, impl: Impl):
   if impl is Impl.PALLAS:
     from pallas_kernels.tree_attention import tree_attention
 
-    return sharding.per_device(tree_attention, (q, k, v, mask), (_QUERIES, _KEYS, _KEYS, _WHOLE), (_QUERIES, _LSE))
+    return sharding.per_device(tree_attention, (q, k, v, mask), (_QUERIES, _keys(k), _keys(v), _rows(mask)),
+                               (_QUERIES, _LSE))
   return masked_attention_reference(q, k, v, mask)
 
 
@@ -342,7 +354,8 @@ def hybrid_attention(
       split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
       kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys)
     operands = (q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, layer)
-    axes = (_QUERIES, _KEYS, _KEYS, _WHOLE, _KEYS, _KEYS, _WHOLE, _WHOLE, _WHOLE)
+    axes = (_QUERIES, *map(_keys, (k_cache, v_cache)), _rows(lengths), *map(_keys, (k_new, v_new)), _rows(mask),
+            _rows(q_positions), _WHOLE)
     return sharding.per_device(lambda *args: kernel(*args[:-1], layer=args[-1]), operands, axes, _QUERIES)
   k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)

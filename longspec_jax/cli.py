@@ -165,17 +165,15 @@ def add_devices_flag(p: argparse.ArgumentParser) -> None:
                       " column and vocabulary, K/V caches by KV head); on a CPU, that many host devices")
 
 
-def tensor_parallel(count: int):
-  """The context in which a command loads and runs its models split over `count` devices
-  (`longspec_jax.sharding`): a mesh of the first `count` devices, set with `jax.set_mesh`.
-  On a CPU `count` host devices are made for it, so call this before JAX runs anything.
-  One device: no mesh."""
-  import contextlib
-
+def device_mesh(count: int):
+  """The mesh a command loads and runs its models on, split over `count` devices
+  (`longspec_jax.sharding`; enter it with `jax.set_mesh`): the first `count` devices, or
+  None for one. On a CPU `count` host devices are made for it, so call this before JAX
+  runs anything."""
   import jax
 
   if count == 1:
-    return contextlib.nullcontext()
+    return None
   try:
     jax.config.update("jax_num_cpu_devices", count)  # (only the CPU backend reads it)
   except RuntimeError:  # JAX has run already (a test calling main): its devices are what they are
@@ -186,7 +184,7 @@ def tensor_parallel(count: int):
                     f" {devices[0].platform.upper()} device{'s' if len(devices) > 1 else ''}.")
   from longspec_jax.sharding import make_mesh
 
-  return jax.set_mesh(make_mesh(model=count, devices=devices[:count]))
+  return make_mesh(model=count, devices=devices[:count])
 
 
 def resolve_dtype(name: str | None):

@@ -32,6 +32,7 @@ spans them all.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -120,11 +121,13 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
 
 def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
   """fn(*args) with each device running fn on its share of the arguments (`shard_map`),
-  each argument split by its trailing logical axes (`in_axes`: a tuple of names per
-  argument, None for one every device reads whole), the outputs put together by
-  `out_axes` (a tuple of names per output). For code XLA's partitioner cannot split (a Pallas kernel is one
-  opaque call): with the KV-head axis split, each device attends with its own heads over
-  its own share of the cache, no communication. Without a mesh: fn(*args)."""
+  each argument split by its logical axes (`in_axes`: a tuple of names per argument, for
+  its trailing dimensions; None for one every device reads whole), the outputs put
+  together by `out_axes` (a tuple of names per output). For code XLA's partitioner cannot
+  split, a Pallas kernel being one opaque call: left to it, every device would gather the
+  whole inputs and compute all of it. Split by sequence and KV head, each device attends
+  with its own heads over its own sequences' cache, no communication. Without a mesh:
+  fn(*args)."""
   mesh = current_mesh()
   if mesh is None:
     return fn(*args)
@@ -179,6 +182,19 @@ def param_shardings(mesh: Mesh, tree):
     return NamedSharding(mesh, partition(param_axes(name, len(shape)), shape, mesh))
 
   return jax.tree_util.tree_map_with_path(sharding, tree)
+
+
+def traced_under(mesh: Mesh, fn: Callable) -> Callable:
+  """fn traced with `mesh` as the current mesh, so that `per_device` splits over it: for
+  a program jitted with shardings and called outside `jax.set_mesh` (training's step,
+  whose frozen target runs the Pallas kernels on each device's sequences)."""
+
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+
+  return traced
 
 
 def put(tree):

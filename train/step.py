@@ -30,6 +30,7 @@ from longspec_jax.config import DraftKind
 from longspec_jax.draft import CrossAttend, SelfAttend
 from longspec_jax.heads import Heads
 from longspec_jax.rope import anchor_offset_positions
+from longspec_jax.sharding import traced_under
 from train import Labels, Positions
 from train.loss import chunked_token_losses
 
@@ -204,5 +205,7 @@ def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainCon
   if shardings is None:
     return jax.jit(step, donate_argnums=(0, 1))
   params, opt_state, batch, target = shardings
-  return jax.jit(step, donate_argnums=(0, 1), in_shardings=(params, opt_state, None, batch, batch, target),
-                 out_shardings=(params, opt_state, None))
+  # (traced under the mesh: the frozen target's kernels run on each device's sequences,
+  # where left to XLA every device would gather the whole batch and run all of it)
+  return jax.jit(traced_under(batch.mesh, step), donate_argnums=(0, 1),
+                 in_shardings=(params, opt_state, None, batch, batch, target), out_shardings=(params, opt_state, None))
