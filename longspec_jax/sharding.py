@@ -21,9 +21,9 @@ Inference runs under a mesh set with `jax.set_mesh` (`infer.generate --devices N
 weights placed by `param_shardings`, the caches split by KV head (`CACHE_AXES`,
 `constrain`), XLA's partitioner (GSPMD) splitting the products and adding the reductions,
 and what it cannot split itself run per device by `per_device` (`shard_map`): the Pallas
-kernels, each device on its own KV heads; the vocabulary-split embedding lookup and top-k
-(`layers.embed_tokens`, `topk.top_k`). Without a mesh every function here is the identity
-or a plain call, so one device runs the code as it always did.
+kernels, each device on its own sequences and KV heads; the vocabulary-split embedding
+lookup and top-k (`layers.embed_tokens`, `topk.top_k`). Without a mesh every function
+here is the identity or a plain call, so one device runs the code as it always did.
 
 Multi-host: call `jax.distributed.initialize()` first (on each host, e.g. under SLURM it
 reads the environment); `jax.devices()` then lists every host's devices and the same mesh

@@ -108,7 +108,6 @@ DECODING = textwrap.dedent('''
         "pld": lambda: make_proposer("pld", copy_tokens=4, copy_matches=2),
         "longspec": lambda: make_proposer("longspec", draft, (2, 2), copy_tokens=3),
         "tokenswift": lambda: make_proposer("tokenswift", heads, (1, 2, 2)),
-        "auto": lambda: make_proposer("auto", draft, (2, 2)),
     }
 
     sampled = SamplingConfig(temperature=0.8, top_k=20)
@@ -140,7 +139,7 @@ DECODING = textwrap.dedent('''
             plain = topk.top_k(jax.nn.log_softmax(hidden @ target.embed[...].T), 4)
             np.testing.assert_allclose(fused[0], plain[0], rtol=1e-5, atol=1e-5)
             assert jnp.array_equal(fused[1], plain[1])
-            for method in methods if devices == 2 else ("ar", "longspec"):
+            for method in methods if devices == 2 else ("longspec",):
                 result = run(target, method)
                 assert result.token_ids == one[method], (devices, method)
             cache_heads = (tuple(result.state.cache.k.sharding.spec) + (None,) * 5)[3]
@@ -153,8 +152,9 @@ DECODING = textwrap.dedent('''
 
 
 def test_tensor_parallel_decoding_is_token_identical():
-  """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift, auto) and
-  the Pallas kernels decode over 2 and 4 devices exactly the tokens of one (float32):
+  """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift; `auto`
+  in test_generate's `--devices` run) and the Pallas kernels decode over 2 devices (and
+  LongSpec over 4, where the 2 KV heads stay whole) exactly the tokens of one (float32):
   weights by head, MLP column and vocabulary, caches by KV head, the embedding lookup and
   top-k vocabulary-parallel."""
   proc = subprocess.run([sys.executable, "-c", DECODING], capture_output=True, text=True, timeout=900)
