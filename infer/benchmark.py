@@ -45,7 +45,7 @@ from infer.cli import (
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import Compiles, phase_seconds, warmed_up
-from longspec_jax import cli
+from longspec_jax import cli, sharding
 from longspec_jax.adaptive import Adaptive
 from longspec_jax.config import DraftKind, SparseVerify
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
@@ -169,6 +169,7 @@ def main(argv=None):
   p.add_argument("--sparse-verify", type=sparse_fraction, nargs="+", metavar="P",
                  help="longspec, glide: also run each with SpecAttn's sparse verification at each P (lossy: its"
                       " tokens differ from AR's), labelled +sparseP")
+  cli.add_devices_flag(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft and its copies shape
@@ -195,6 +196,9 @@ def main(argv=None):
             " neither longspec nor glide")
   if args.sparse_verify and args.batch_invariant:
     p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
+  if args.devices > 1 and args.batch_invariant:
+    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
+            " order depends on the call's size")
   if args.out:
     cli.output_path(args.out)
   methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio
@@ -219,6 +223,7 @@ def main(argv=None):
             variants.append((f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches,
                              SparseVerify(fraction)))
   sampling = sampling_config(args)
+  mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   dtype = cli.resolve_dtype(args.dtype)
   path = resolve_target(args.target)  # every input is checked before the weights load
   config = read_target_config(path)
@@ -231,15 +236,23 @@ def main(argv=None):
     resolve_draft(spec, args.target, kind)
   for _, _, (widths, cape), copies, matches, _ in variants:
     check_tree(widths, cape, config.vocab_size, (copies or 0) * (matches or 1))
+  with jax.set_mesh(mesh):  # (with --devices: the models placed split, the programs traced for it)
+    measure(args, path, dtype, sampling, specs, kinds, variants)
+
+
+def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
+  """Loads the target and drafts, then runs every variant on every set and length,
+  printing a row and saving the JSON after each."""
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  drafts = {kind: load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind)
+  drafts = {kind: sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind))
             for kind, spec in kinds.items()}
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
-        f"{', batch-invariant rounds' if args.batch_invariant else ''}")
+        f"{', batch-invariant rounds' if args.batch_invariant else ''}"
+        f"{f', over {args.devices} devices' if args.devices > 1 else ''}")
   print("set  | prefill | method         | tau  | tokens/s | speedup vs AR | draft/verify/other"
         " | cache MiB target+draft | stream gap s | same tokens as AR", flush=True)
   rows = []
@@ -251,7 +264,7 @@ def main(argv=None):
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
         "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
         "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "batch_invariant": args.batch_invariant, "draft": kinds.get(DraftKind.LONGSPEC),
+        "batch_invariant": args.batch_invariant, "devices": args.devices, "draft": kinds.get(DraftKind.LONGSPEC),
         "glide_draft": kinds.get(DraftKind.GLIDE), "heads": kinds.get(DraftKind.TOKENSWIFT),
         "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
         "seed": args.seed, "rows": rows,

@@ -11,6 +11,10 @@ import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# The backend starts now, with one CPU device, whatever a test runs first: a CLI run
+# in-process with `--devices N` then finds it started and cannot add devices (one that
+# started it would give the rest of the worker's tests N devices).
+jax.devices()
 
 # Mapped memory regions past which `release_compiled_programs` frees compiled programs:
 # under half the kernel's default limit, as one module was seen to add 23,000.

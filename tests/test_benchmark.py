@@ -70,6 +70,16 @@ def test_sparse_verification_runs_beside_the_dense_one(tiny_with_tokenizer, tmp_
   assert "neither longspec nor glide" in capsys.readouterr().err
 
 
+def test_devices_are_checked_before_the_weights_load(tiny_with_tokenizer, capsys):
+  """(A run over two CPU devices needs them made before JAX starts: test_generate's
+  `--devices` subprocess; here, the one-line errors.)"""
+  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "--sets", "code", "--lengths", "64"]
+  assert run_cli(main, common + ["--devices", "2", "--batch-invariant"], PROG) == 2
+  assert "--batch-invariant runs on one device" in capsys.readouterr().err
+  assert run_cli(main, common + ["--devices", "2"], PROG) == 2  # (this process has one CPU device)
+  assert "--devices 2 asks for more devices than this machine's 1 CPU device." in capsys.readouterr().err
+
+
 def test_a_generation_that_compiled_is_timed_again():
   """The warm-up runs the first prompt; a longer second one needs programs of its own
   (its prefill chunk and cache are larger): that generation runs twice, the second timed."""
