@@ -12,9 +12,9 @@ A cached prefix may also come as every layer's stacked [L, B, S, K, D] with `lay
 naming one (a traced index inside a layer scan): the Pallas kernels then read that layer
 where it lies, where a slice would be a copy of the whole layer's cache per call.
 
-Under a mesh that splits KV heads (tensor-parallel inference, `sharding.py`) each kernel
-runs per device on its own heads (`sharding.per_device`); the jnp references are split by
-XLA's partitioner as they are.
+Under a mesh (tensor-parallel inference, a data-parallel training step: `sharding.py`)
+each kernel runs per device on its own sequences and KV heads (`sharding.per_device`); the
+jnp references are split by XLA's partitioner as they are.
 """
 
 from __future__ import annotations
