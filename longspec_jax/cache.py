@@ -26,7 +26,7 @@ from longspec_jax.config import DraftConfig, TargetConfig
 
 def _empty(shape: tuple[int, ...], dtype) -> jax.Array:
   """Zeroed K or V slots [L, B, S, K, D], split by KV head under a mesh."""
-  return sharding.constrain(jnp.zeros(shape, dtype), sharding.CACHE_AXES)
+  return sharding.zeros(shape, dtype, sharding.CACHE_AXES)
 
 
 @jax.tree_util.register_dataclass

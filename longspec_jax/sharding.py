@@ -18,8 +18,8 @@ that a split of the K axis gives each device its query heads with their keys and
 group h // G).
 
 Inference runs under a mesh set with `jax.set_mesh` (`infer.generate --devices N`): the
-weights placed by `param_shardings`, the caches split by KV head (`CACHE_AXES`,
-`constrain`), XLA's partitioner (GSPMD) splitting the products and adding the reductions,
+weights placed by `param_shardings`, the caches made split by KV head (`CACHE_AXES`,
+`zeros`), XLA's partitioner (GSPMD) splitting the products and adding the reductions,
 and what it cannot split itself run per device by `per_device` (`shard_map`): the Pallas
 kernels, each device on its own sequences and KV heads; the vocabulary-split embedding
 lookup and top-k (`layers.embed_tokens`, `topk.top_k`). Without a mesh every function
@@ -111,12 +111,16 @@ def trailing(axes: Sequence[str | None] | None, shape: tuple[int, ...], mesh) ->
   return partition(_padded(axes, len(shape)), shape, mesh)
 
 
-def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
-  """x laid out over the current mesh as its trailing logical `axes` say; x itself
-  without a mesh. Pins what XLA's partitioner would otherwise choose, e.g. a cache made
-  inside a program split by KV head."""
+def zeros(shape: tuple[int, ...], dtype, axes: Sequence[str | None]) -> jax.Array:
+  """Zeros laid out over the current mesh as their trailing logical `axes` say, each
+  device making only its share (a long context's K/V cache is never whole on one
+  device); plain zeros without a mesh."""
   mesh = current_mesh()
-  return x if mesh is None else jax.lax.with_sharding_constraint(x, trailing(axes, x.shape, mesh))
+  if mesh is None:
+    return jnp.zeros(shape, dtype)
+  # (a program whose output is laid out so: eagerly, each device fills its share; inside
+  # another program, a layout for the zeros there)
+  return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=trailing(axes, shape, mesh))()
 
 
 def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
