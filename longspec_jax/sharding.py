@@ -118,9 +118,15 @@ def zeros(shape: tuple[int, ...], dtype, axes: Sequence[str | None]) -> jax.Arra
   mesh = current_mesh()
   if mesh is None:
     return jnp.zeros(shape, dtype)
-  # (a program whose output is laid out so: eagerly, each device fills its share; inside
-  # another program, a layout for the zeros there)
-  return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=trailing(axes, shape, mesh))()
+  return _zeros_program(tuple(shape), jnp.dtype(dtype), trailing(axes, shape, mesh))()
+
+
+@functools.cache
+def _zeros_program(shape: tuple[int, ...], dtype, partition: P):
+  """A program making zeros laid out by `partition` over the mesh it runs under: called
+  eagerly, each device fills its share; inside another program, a layout for the zeros
+  there. One per shape (a generation's cache compiles once, not once per generation)."""
+  return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=partition)
 
 
 def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
