@@ -241,10 +241,10 @@ def test_main_job_runs_without_torch(smollm2_gguf, tmp_path):
 
 def test_devices_split_the_models_and_decode_the_same_tokens(tiny_with_tokenizer, capsys):
   """`--devices 2` on a CPU: two host devices made for it, the target and draft split over
-  them (tensor parallel), the tokens those of one device (float32; `auto`, the default,
-  with a draft: its AR, copy and draft rounds)."""
+  them (tensor parallel), the tokens those of one device (float32; `auto`, the default:
+  its AR and copy rounds; the draft methods under a mesh: test_sharding)."""
   argv = ["--target", str(tiny_with_tokenizer), "--prompt", "a b c a b c a b c a b", "--max-new-tokens", "8",
-          "--draft", "random", "--json"]
+          "--json"]
   code, out, err = run(argv, capsys)
   assert code == 0, err
   one = json.loads(out.strip().splitlines()[-1])

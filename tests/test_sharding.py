@@ -152,8 +152,8 @@ DECODING = textwrap.dedent('''
 
 
 def test_tensor_parallel_decoding_is_token_identical():
-  """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift; `auto`
-  in test_generate's `--devices` run) and the Pallas kernels decode over 2 devices (and
+  """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift; `auto`'s
+  AR and copy rounds in test_generate's `--devices` run) and the Pallas kernels decode over 2 devices (and
   LongSpec over 4, where the 2 KV heads stay whole) exactly the tokens of one (float32):
   weights by head, MLP column and vocabulary, caches by KV head, the embedding lookup and
   top-k vocabulary-parallel."""
