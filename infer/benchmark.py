@@ -194,11 +194,7 @@ def main(argv=None):
   if args.sparse_verify and not {"longspec", "glide"} & set(names):
     p.error(f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
             " neither longspec nor glide")
-  if args.sparse_verify and args.batch_invariant:
-    p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
-  if args.devices > 1 and args.batch_invariant:
-    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
-            " order depends on the call's size")
+  cli.check_batch_invariant(p, args)
   if args.out:
     cli.output_path(args.out)
   methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio

@@ -30,6 +30,7 @@ from longspec_jax.cli import (
   add_batch_invariant_flag,
   add_devices_flag,
   attention_impl,
+  check_batch_invariant,
   device_mesh,
   positive_int,
   resolve_dtype,
@@ -78,11 +79,7 @@ def parse_args(argv=None):
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
-  if args.sparse_verify is not None and args.batch_invariant:
-    p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
-  if args.devices > 1 and args.batch_invariant:
-    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
-            " order depends on the call's size")
+  check_batch_invariant(p, args)
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args

@@ -187,6 +187,18 @@ def device_mesh(count: int):
   return make_mesh(model=count, devices=devices[:count])
 
 
+def check_batch_invariant(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """The flags `--batch-invariant` cannot run with (`--sparse-verify`, `--devices` > 1),
+  each a one-line error."""
+  if not args.batch_invariant:
+    return
+  if args.sparse_verify:
+    p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
+  if args.devices > 1:
+    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
+            " order depends on the call's size")
+
+
 def resolve_dtype(name: str | None):
   """`None` means bfloat16 on GPU, float32 elsewhere. float32 also makes matrix products
   float32 (GPUs otherwise round their inputs to TF32), so that float32 runs are exact."""
