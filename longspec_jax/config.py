@@ -194,10 +194,11 @@ class DraftConfig(BlockConfig):
 
   @classmethod
   def for_target(cls, target: TargetConfig, **overrides) -> DraftConfig:
-    """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...)."""
+    """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...;
+    also a shape the target does not fix, such as a wider MLP's `intermediate_size`)."""
     shared = ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rope",
               "rms_norm_eps")
-    return cls(**{name: getattr(target, name) for name in shared}, **overrides)
+    return cls(**{**{name: getattr(target, name) for name in shared}, **overrides})
 
   @property
   def self_window(self) -> int | None:

@@ -24,6 +24,9 @@ def test_config_follows_the_target_and_round_trips():
   assert (config.vocab_size, config.num_kv_heads, config.head_dim, config.rope) == (97, 2, 8, TARGET.rope)
   assert DraftConfig.from_dict(config.to_dict()) == config
   config.check_matches(TARGET)
+  wider = DraftConfig.for_target(TARGET, intermediate_size=96)  # (the MLP's width is the draft's own)
+  assert wider.intermediate_size == 96 and DraftConfig.from_dict(wider.to_dict()) == wider
+  wider.check_matches(TARGET)
 
 
 @pytest.mark.parametrize("change, message", [

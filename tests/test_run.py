@@ -22,8 +22,9 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "64",
             "--batch", "2",
             "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--save-every", "2",
-            "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000"]
+            "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000", "--draft-intermediate-size", "80"]
   assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
+  assert json.loads((out / "draft" / "draft_config.json").read_text())["intermediate_size"] == 80  # (a wider MLP)
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] > 0 for r in records)
   assert (out / "loss.png").stat().st_size > 0
