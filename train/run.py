@@ -133,8 +133,7 @@ def parse_args(argv=None):
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1)
   p.add_argument("--draft-intermediate-size", type=positive_int,
-                 help="a new draft's MLP width (default: the target's); a wider MLP adds capacity at almost no"
-                      " cost a round, where the draft's passes are launch-bound")
+                 help="a new draft's MLP width (default: the target's)")
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
   p.add_argument("--save-every", type=positive_int, default=200)
@@ -281,10 +280,10 @@ def prepare(args, sources, eval_sources) -> Run:
   elif kind is DraftKind.TOKENSWIFT:
     draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:
-    wider = {"intermediate_size": args.draft_intermediate_size} if args.draft_intermediate_size else {}
+    width = args.draft_intermediate_size or target.config.intermediate_size
     draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
                                                 kind=kind, cross_layer=args.cross_layer,
-                                                cross_attention=not args.no_cross_attention, **wider),
+                                                cross_attention=not args.no_cross_attention, intermediate_size=width),
                          jnp.float32, seed=args.seed, attention=Impl.FLASH)
     draft.config.check_matches(target.config)  # (e.g. a --cross-layer past the target's layers)
   heads = kind is DraftKind.TOKENSWIFT
