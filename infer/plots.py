@@ -4,7 +4,8 @@
 `infer.benchmark`, a target suite from `infer.bench_target`, a profile from
 `infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
 `infer.tree_search`, auto's rounds from `infer.bench_auto`, long outputs from
-`infer.bench_long`, sparse verification's quality from `infer.sparse_quality`) and draws it;
+`infer.bench_long`, sparse verification's quality from `infer.sparse_quality`, the draft's
+training step from `train.bench_step`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results; `--join OUT.png` draws several method comparisons
 (e.g. runs at different prompt lengths) as one.
@@ -351,13 +352,32 @@ def _sparse_quality(result: dict, plt):
   return fig
 
 
+def _train_step(result: dict, plt):
+  """`train.bench_step`: tokens/s of the draft's training step, of its floor (a draft
+  that costs nothing) and of the frozen target's forward alone, per batch x length."""
+  rows = result["rows"]
+  labels = [f"{r['batch']} x {r['length']:,}" for r in rows]
+  fig, ax = plt.subplots(figsize=(1.8 * len(rows) + 3, 4))
+  parts = (("step", "the step"), ("floor", "its floor: target forward + shared head"), ("target", "target forward"))
+  for index, (key, label) in enumerate(parts):
+    xs = [i + (index - 1) * 0.27 for i in range(len(rows))]
+    bars = ax.bar(xs, [r[f"{key}_tokens_per_second"] / 1e3 for r in rows], width=0.27, color=f"C{index}", label=label)
+    ax.bar_label(bars, fmt=lambda v: f"{v:.3g}k", fontsize=7)
+  ax.set_xticks(range(len(rows)), labels)
+  ax.set(xlabel="sequences x tokens", ylabel="thousand tokens/s")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3, axis="y")
+  fig.suptitle(_title(result, f"draft training step, {result['shape']} target"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
     return "profile"
   if result.get("kind") == "sparse_quality":  # (nothing to draw before a sparse row)
     return result["kind"] if any(r["chunk"] for r in result["rows"]) else None
-  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation"):
+  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation", "train_step"):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
   if (timed or any("kept" in r for r in result.get("sparse", ()))) and "suite" not in result:
@@ -372,7 +392,7 @@ def kind(result: dict) -> str | None:
 
 PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
          "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds,
-         "long_generation": _long_generation, "sparse_quality": _sparse_quality}
+         "long_generation": _long_generation, "sparse_quality": _sparse_quality, "train_step": _train_step}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:
