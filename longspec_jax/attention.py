@@ -55,10 +55,11 @@ class Impl(enum.Enum):
 
   REFERENCE: the pure-jnp functions of this module; any backend, differentiable, the
   ground truth in tests. PALLAS: the kernels of `pallas_kernels/` (GPU; interpreted
-  elsewhere, slowly); not differentiable. FLASH: a draft in training, over a whole
-  sequence: `jax.nn.dot_product_attention` (cuDNN's fused forward and backward on a GPU
-  in bf16, never a [T, T] score matrix; XLA elsewhere), for the two structured masks
-  training has (`causal_attention`, `delayed_attention`)."""
+  elsewhere, slowly); not differentiable. FLASH: training, over whole sequences (the
+  draft, and the frozen target's forward it reads): `jax.nn.dot_product_attention`
+  (cuDNN's fused forward and backward on a GPU in bf16, never a [T, T] score matrix; XLA
+  elsewhere), for the two structured masks training has (`causal_attention`,
+  `delayed_attention`)."""
 
   REFERENCE = "reference"
   PALLAS = "pallas"

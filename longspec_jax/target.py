@@ -136,6 +136,14 @@ class Transformer(nnx.Module):
                                       any_slot=any_slot, kept=kept, sparse=sparse)
     return x, k_new, v_new
 
+  def causal_hidden_and_kv(self, tokens, positions):
+    """`hidden_and_kv` of whole sequences tokens [B, T] without a cache, each token
+    attending to those before it in sequence order (positions may jump: anchor-offset)
+    within the sliding window: the frozen target's forward in draft training. With
+    `Impl.FLASH`, a fused causal pass (cuDNN on a GPU), no [B, T, T] mask."""
+    x, k, v, _ = self._layers(tokens, positions, None)
+    return x, k, v
+
   def prefix_masses(self, tokens, positions, mask, cache: KVCache, chunk: int) -> jax.Array:
     """Where each layer's attention over the cache fell in a dense pass of these tokens:
     [L, B, K, ceil(S / chunk)] float32, summed over the tokens and each KV head's group
@@ -169,7 +177,9 @@ class Transformer(nnx.Module):
         layer, weights = nnx.merge(layer_def, state), {}
       q, k, v = layer.project_qkv(x, cos, sin, **weights)
       mass = None
-      if cache is None:
+      if cache is None and mask is None:  # (`causal_hidden_and_kv`)
+        out = attention.causal_attention(q, k, v, window, impl=self.attention)
+      elif cache is None:
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.

@@ -87,6 +87,29 @@ def test_bfloat16_close_to_float32(tmp_path):
   assert np.abs(a - b).max() / np.abs(a).max() < 3e-2
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_the_whole_sequence_forward_is_the_causal_masked_pass(window):
+  """`causal_hidden_and_kv` (draft training's frozen target) equals the masked pass over
+  a causal mask in sequence order, with jumping (anchor-offset) positions, GQA and a
+  sliding window, on the reference and on the fused flash pass training uses."""
+  from longspec_jax.attention import Impl
+  from longspec_jax.config import TargetConfig
+  from longspec_jax.rope import anchor_offset_positions
+  from longspec_jax.target import random_model
+
+  config = TargetConfig(vocab_size=101, hidden_size=48, intermediate_size=80, num_layers=2, num_heads=6,
+                        num_kv_heads=2, head_dim=8, max_position_embeddings=512, sliding_window=window)
+  model = random_model(config, jnp.float32, seed=4, attention=Impl.REFERENCE)
+  tokens = jnp.asarray(np.random.default_rng(6).integers(0, 101, (3, 29)), jnp.int32)
+  positions = anchor_offset_positions(jax.random.key(2), 3, 29, 512)
+  index = jnp.broadcast_to(jnp.arange(29), (3, 29))
+  expected = model.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((3, 29), bool), window))
+  for impl in (Impl.REFERENCE, Impl.FLASH):
+    model.attention = impl
+    for got, want in zip(model.causal_hidden_and_kv(tokens, positions), expected):
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
 def test_batch_invariant_prefill_does_not_depend_on_the_cache_length(tmp_path):
   """With `batch_invariant`, the prompt's cached K/V are the same bits in a cache of any
   allocated length (AR and a method with trees allocate differently), bf16."""

@@ -70,15 +70,12 @@ def floor_loss(delta, tokens, positions, target_params, *, target_graphdef, conf
   is the head's input gradient, which every draft pays."""
   import jax
   import jax.numpy as jnp
-  from flax import nnx
 
-  from longspec_jax.attention import causal_block_mask
   from train.loss import chunked_token_losses
+  from train.step import frozen_target
 
-  target = nnx.merge(target_graphdef, target_params)
-  batch, length = tokens.shape
-  index = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  hidden, _, _ = target.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((batch, length), bool)))
+  target = frozen_target(target_graphdef, target_params)
+  hidden, _, _ = target.causal_hidden_and_kv(tokens, positions)
   hidden = jax.lax.stop_gradient(hidden[:, :-1])
   losses, _ = chunked_token_losses(hidden + delta.astype(hidden.dtype), target.logits, tokens[:, 1:],
                                    config.loss_chunk, hidden)
@@ -86,16 +83,11 @@ def floor_loss(delta, tokens, positions, target_params, *, target_graphdef, conf
 
 
 def target_forward(tokens, positions, target_params, *, target_graphdef):
-  """The frozen target's forward alone: final states and every layer's K/V."""
-  import jax.numpy as jnp
-  from flax import nnx
+  """The frozen target's forward alone, as training runs it: final states and every
+  layer's K/V."""
+  from train.step import frozen_target
 
-  from longspec_jax.attention import causal_block_mask
-
-  target = nnx.merge(target_graphdef, target_params)
-  batch, length = tokens.shape
-  index = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  return target.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((batch, length), bool)))
+  return frozen_target(target_graphdef, target_params).causal_hidden_and_kv(tokens, positions)
 
 
 def measure(args) -> dict:
@@ -114,7 +106,7 @@ def measure(args) -> dict:
 
   target_config = SHAPES[args.shape]
   dtype = jnp.dtype(resolve_dtype(args.dtype))
-  target = random_model(target_config, dtype)  # (its forward on the Pallas kernels on a GPU, as train.run's)
+  target = random_model(target_config, dtype)
   draft_config = DraftConfig.for_target(
       target_config, intermediate_size=args.draft_intermediate_size or target_config.intermediate_size)
   target_graphdef, target_params = nnx.split(target)
