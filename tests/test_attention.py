@@ -122,8 +122,10 @@ def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads
             "blockwise": lambda q, k, v, impl: attention.blockwise_attention(q, k, v, block, impl=impl)}
   for name, fn in passes.items():
     loss = lambda q, k, v, impl: jnp.sum(jnp.sin(fn(q, k, v, impl).astype(jnp.float32)))
-    want, want_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, attention.Impl.REFERENCE)
-    got, got_grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, attention.Impl.FLASH)
+    # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
+    grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    want, want_grads = grads(q, k, v, attention.Impl.REFERENCE)
+    got, got_grads = grads(q, k, v, attention.Impl.FLASH)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-4, atol=1e-4, err_msg=name)
     for g, w in zip(got_grads, want_grads):
       np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=name)

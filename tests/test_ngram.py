@@ -1,5 +1,6 @@
 """Prompt lookup against a plain Python search; TokenSwift's n-gram table against a dictionary."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
@@ -36,7 +37,7 @@ def test_lookup_matches_reference(seed, vocab, max_ngram, matches):
   history = rng.integers(0, vocab, size=(batch, size))
   end = rng.integers(0, size, size=batch)  # index of the root
   lookup = PromptLookup(max_ngram, gamma, matches)
-  drafted, valid, ngram = lookup.match(jnp.asarray(history, jnp.int32), jnp.asarray(end, jnp.int32))
+  drafted, valid, ngram = jax.jit(lookup.match)(jnp.asarray(history, jnp.int32), jnp.asarray(end, jnp.int32))
   assert drafted.shape == valid.shape == (batch, matches, gamma)
   for b in range(batch):
     expected = reference_lookup(history[b, : end[b] + 1].tolist(), max_ngram, gamma, matches)
@@ -108,15 +109,18 @@ def test_ngram_table_builds_and_adds_like_a_dictionary(seed, vocab, n, slots, si
   batch = 3
   history = rng.integers(0, vocab, size=(batch, size + 12))
   count = rng.integers(0, size + 1, size=batch)
-  table = NGramTable.build(jnp.asarray(history, jnp.int32), jnp.asarray(count, jnp.int32), vocab, slots, n)
+  # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
+  table = jax.jit(NGramTable.build, static_argnums=(2, 3, 4))(jnp.asarray(history, jnp.int32),
+                                                              jnp.asarray(count, jnp.int32), vocab, slots, n)
   expected = [reference_table(history[b, : count[b]].tolist(), n, slots) for b in range(batch)]
   for b in range(batch):
     assert table_rows(table, b, vocab) == expected[b]
   start = np.maximum(count - n + 1, 0)  # the n-grams that end in the text added next
   for added in (2, 5):
     stop = np.minimum(start + rng.integers(0, added + 1, size=batch), history.shape[1] - n + 1)
-    table = NGramTable.add(table, jnp.asarray(history, jnp.int32), jnp.asarray(start, jnp.int32),
-                           jnp.asarray(stop, jnp.int32), most=added)
+    table = jax.jit(NGramTable.add, static_argnames="most")(table, jnp.asarray(history, jnp.int32),
+                                                           jnp.asarray(start, jnp.int32), jnp.asarray(stop, jnp.int32),
+                                                           most=added)
     for b in range(batch):
       for s in range(start[b], stop[b]):
         reference_add(expected[b], history[b, s : s + n].tolist(), slots)

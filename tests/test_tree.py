@@ -94,7 +94,8 @@ def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
       follow = min(int(rng.integers(0, len(followed) + 1)), gamma)
       drafted[b, c, :follow] = followed[:follow]
   valid = np.arange(gamma)[None, None, :] < rng.integers(0, gamma + 1, (batch, chains, 1))
-  grafted = graft_chains(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
+  # (jitted: one program instead of every op compiled eagerly for this example's shapes)
+  grafted = jax.jit(graft_chains)(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
   assert grafted.size == size + chains * gamma
   for b in range(batch):
     want = paths_of(tree, b) | {tuple(int(t) for t in drafted[b, c, :i])
