@@ -63,24 +63,33 @@ class OneKind(Adaptive):
     return dataclasses.replace(plan, kind=jnp.where(state.force == CHOOSE, jnp.int32(self.index(self.only)), plan.kind))
 
 
-def variants(draft, copy_tokens: int | None = None,
-             copy_matches: int | None = None) -> dict[str, tuple[object, object]]:
+def variants(
+  draft, copy_tokens: int | None = None, copy_matches: int | None = None
+) -> dict[str, tuple[object, object]]:
   """Label -> (proposer, its params) of every variant (module docstring)."""
   plain, _ = make_proposer("auto", None, None, copy_tokens, copy_matches=copy_matches)
   auto, params = make_proposer("auto", draft, None, plain.lookup.num_tokens, copy_matches=plain.lookup.matches)
   one = lambda proposer, kind: OneKind(proposer.lookup, proposer.draft, only=kind)
   chosen = {"pld": (plain.lookup, None)}
   if draft is not None:
-    chosen |= {"auto": (auto, params), "auto, copy only": (one(auto, Kind.COPY), params),
-               "auto, draft only": (one(auto, Kind.DRAFT), params)}
+    chosen |= {
+      "auto": (auto, params),
+      "auto, copy only": (one(auto, Kind.COPY), params),
+      "auto, draft only": (one(auto, Kind.DRAFT), params),
+    }
   return chosen | {"auto, no draft": (plain, None), "auto, no draft, copy only": (one(plain, Kind.COPY), None)}
 
 
 def generation(result) -> dict:
   stats = result.stats
   prices = stats.round_seconds_by_kind
-  record = {"seconds": stats.decode_seconds, "rounds": stats.rounds, "new_tokens": stats.num_new_tokens,
-            "chunks": stats.chunks, "rounds_by_kind": stats.rounds_by_kind}
+  record = {
+    "seconds": stats.decode_seconds,
+    "rounds": stats.rounds,
+    "new_tokens": stats.num_new_tokens,
+    "chunks": stats.chunks,
+    "rounds_by_kind": stats.rounds_by_kind,
+  }
   if prices and None not in prices.values():  # what its rounds cost at their measured prices
     record["priced_seconds"] = sum(count * prices[kind] for kind, count in stats.rounds_by_kind.items())
   return record
@@ -95,12 +104,12 @@ def summary(runs: dict[str, list[dict]]) -> dict[str, dict]:
     priced = [1e3 * (g["seconds"] - g["priced_seconds"]) / g["rounds"] for g in generations if "priced_seconds" in g]
     kinds = [g["rounds_by_kind"] for g in generations if g["rounds_by_kind"]]
     out[label] = {
-        "ms_per_round": statistics.median(map(ms, generations)),
-        "ms_per_round_vs_pld": statistics.median(ms(g) / ms(p) for g, p in zip(generations, runs["pld"])),
-        "tokens_per_second": statistics.median((g["new_tokens"] - 1) / g["seconds"] for g in generations),
-        "tau": sum(g["new_tokens"] - 1 for g in generations) / sum(g["rounds"] for g in generations),
-        "ms_per_round_over_prices": statistics.median(priced) if priced else None,
-        "rounds_by_kind": {k: sum(c[k] for c in kinds) for k in kinds[0]} if kinds else None,
+      "ms_per_round": statistics.median(map(ms, generations)),
+      "ms_per_round_vs_pld": statistics.median(ms(g) / ms(p) for g, p in zip(generations, runs["pld"])),
+      "tokens_per_second": statistics.median((g["new_tokens"] - 1) / g["seconds"] for g in generations),
+      "tau": sum(g["new_tokens"] - 1 for g in generations) / sum(g["rounds"] for g in generations),
+      "ms_per_round_over_prices": statistics.median(priced) if priced else None,
+      "rounds_by_kind": {k: sum(c[k] for c in kinds) for k in kinds[0]} if kinds else None,
     }
   return out
 
@@ -141,17 +150,31 @@ def main(argv=None):
   target, draft = load_run(args)
   chosen = variants(draft, args.copy_tokens, args.copy_matches)
   lookup = chosen["pld"][0]
-  result = {"kind": "auto_rounds", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:],
-            "target": args.target, "dtype": jnp.dtype(target.model.dtype).name, "draft": args.draft,
-            "length": args.length, "new_tokens": args.new_tokens, "copy_tokens": lookup.num_tokens,
-            "copy_matches": lookup.matches, "sets": {}}
-  print(f"device: {result['device']}, target {args.target}, {result['dtype']}, {args.length} prefill tokens,"
-        f" {args.new_tokens} new, continuations {lookup.matches} x {lookup.num_tokens}")
+  result = {
+    "kind": "auto_rounds",
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "argv": sys.argv[1:],
+    "target": args.target,
+    "dtype": jnp.dtype(target.model.dtype).name,
+    "draft": args.draft,
+    "length": args.length,
+    "new_tokens": args.new_tokens,
+    "copy_tokens": lookup.num_tokens,
+    "copy_matches": lookup.matches,
+    "sets": {},
+  }
+  print(
+    f"device: {result['device']}, target {args.target}, {result['dtype']}, {args.length} prefill tokens,"
+    f" {args.new_tokens} new, continuations {lookup.matches} x {lookup.num_tokens}"
+  )
   for set_name in args.sets:
     prompts = PROMPT_SETS[set_name](target.tokenizer, args.length, args.num_prompts)
-    run = lambda proposer, params, prompt: generate(target.model, [prompt], args.new_tokens,
-                                                    Decoding(proposer=proposer), params)
+    run = lambda proposer, params, prompt: generate(
+      target.model, [prompt], args.new_tokens, Decoding(proposer=proposer), params
+    )
     for proposer, params in chosen.values():  # (compiled, and `auto`'s prices measured)
       warmed_up(lambda: run(proposer, params, prompts[0]))
     runs = {label: [] for label in chosen}
@@ -161,13 +184,18 @@ def main(argv=None):
           run(proposer, params, prompt)  # (untimed: module docstring)
           runs[label].append(generation(run(proposer, params, prompt)))
     result["sets"][set_name] = {"generations": runs, "summary": summary(runs)}
-    print(f"{set_name}: variant                | ms/round | vs pld | tokens/s | tau  | ms/round over prices"
-          " | rounds by kind")
+    print(
+      f"{set_name}: variant                | ms/round | vs pld | tokens/s | tau  | ms/round over prices"
+      " | rounds by kind"
+    )
     for label, row in result["sets"][set_name]["summary"].items():
       over = row["ms_per_round_over_prices"]
-      print(f"{label:30} | {row['ms_per_round']:8.3f} | {row['ms_per_round_vs_pld']:5.3f}x |"
-            f" {row['tokens_per_second']:8.0f} | {row['tau']:4.2f} | {'-' if over is None else f'{over:.3f}':>20} |"
-            f" {row['rounds_by_kind'] or '-'}", flush=True)
+      print(
+        f"{label:30} | {row['ms_per_round']:8.3f} | {row['ms_per_round_vs_pld']:5.3f}x |"
+        f" {row['tokens_per_second']:8.0f} | {row['tau']:4.2f} | {'-' if over is None else f'{over:.3f}':>20} |"
+        f" {row['rounds_by_kind'] or '-'}",
+        flush=True,
+      )
     if args.out:  # after every set: a crash loses nothing measured
       args.out.write_text(json.dumps(result, indent=1))
       plot(result, args.out.with_suffix(".png"))

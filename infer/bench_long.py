@@ -57,24 +57,44 @@ def segments(runs: list[dict]) -> list[dict]:
     tokens = run["new_tokens"] - before["new_tokens"]
     rounds = run["rounds"] - before["rounds"]
     seconds = run["decode_seconds"] - before["decode_seconds"]
-    out.append({"segment_tokens": tokens, "segment_tau": tokens / rounds if rounds else None,
-                "segment_tokens_per_second": tokens / seconds if seconds > 0 else None})
+    out.append(
+      {
+        "segment_tokens": tokens,
+        "segment_tau": tokens / rounds if rounds else None,
+        "segment_tokens_per_second": tokens / seconds if seconds > 0 else None,
+      }
+    )
     before = run
   return out
 
 
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.bench_long", description=__doc__.splitlines()[0])
-  p.add_argument("--methods", nargs="+", type=method_spec, default=[("ar", None, None), ("tokenswift", None, None)],
-                 help=f"of {', '.join(sorted(cli.METHODS))} (AR always runs: the baseline)")
+  p.add_argument(
+    "--methods",
+    nargs="+",
+    type=method_spec,
+    default=[("ar", None, None), ("tokenswift", None, None)],
+    help=f"of {', '.join(sorted(cli.METHODS))} (AR always runs: the baseline)",
+  )
   p.add_argument("--heads", help="TokenSwift's heads: 'default' (the default), 'random' or a checkpoint dir")
   p.add_argument("--draft", help="the draft of longspec, glide and auto (as infer.benchmark's)")
   p.add_argument("--set", choices=sorted(PROMPT_SETS), default="code", help="where the prompt comes from")
   p.add_argument("--prompt-tokens", type=cli.positive_int, default=2048)
-  p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 2048, 4096, 6000],
-                 help="output lengths in tokens, each a run of its own (ascending)")
-  p.add_argument("--penalties", type=cli.number_type(float, lambda x: x >= 1, "a finite number >= 1"), nargs="+",
-                 default=[1.0, 1.2], help="contextual penalties theta, each a run of every method (1: off)")
+  p.add_argument(
+    "--lengths",
+    type=cli.positive_int,
+    nargs="+",
+    default=[1024, 2048, 4096, 6000],
+    help="output lengths in tokens, each a run of its own (ascending)",
+  )
+  p.add_argument(
+    "--penalties",
+    type=cli.number_type(float, lambda x: x >= 1, "a finite number >= 1"),
+    nargs="+",
+    default=[1.0, 1.2],
+    help="contextual penalties theta, each a run of every method (1: off)",
+  )
   p.add_argument("--penalty-window", type=cli.positive_int, default=1024)
   p.add_argument("--temperature", type=cli.nonnegative_float, default=0.0, help="0 (default): greedy")
   p.add_argument("--top-p", type=cli.number_type(float, lambda x: 0 < x <= 1, "a number in (0, 1]"), default=1.0)
@@ -101,28 +121,51 @@ def main(argv=None):
   impl = cli.attention_impl(args.attention)
   target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path), attention=impl)
   dtype = target.model.dtype
-  drafts = {m: load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(m))
-            for m, spec in specs.items() if spec is not None}
+  drafts = {
+    m: load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(m))
+    for m, spec in specs.items()
+    if spec is not None
+  }
   prompt = PROMPT_SETS[args.set](target.tokenizer, args.prompt_tokens, 1)[0]
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(dtype).name}, {len(prompt)}-token prompt ({args.set})")
-  print("penalty | method         | output | tau  | tokens/s | vs AR | segment tau | segment tokens/s | same as AR",
-        flush=True)
+  print(
+    "penalty | method         | output | tau  | tokens/s | vs AR | segment tau | segment tokens/s | same as AR",
+    flush=True,
+  )
   rows, diversity = [], []
 
   def save() -> None:  # after every row: a crash loses nothing measured
     if args.out:
-      result = {"kind": "long_generation", "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
-                "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
-                "dtype": jnp.dtype(dtype).name, "attention": impl.value, "set": args.set,
-                "prompt_tokens": len(prompt), "sampling": dataclasses.asdict(sampling), "drafts": specs,
-                "seed": args.seed, "rows": rows, "distinct": diversity}
+      result = {
+        "kind": "long_generation",
+        "device": device,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "argv": sys.argv[1:],
+        "target": args.target,
+        "dtype": jnp.dtype(dtype).name,
+        "attention": impl.value,
+        "set": args.set,
+        "prompt_tokens": len(prompt),
+        "sampling": dataclasses.asdict(sampling),
+        "drafts": specs,
+        "seed": args.seed,
+        "rows": rows,
+        "distinct": diversity,
+      }
       args.out.write_text(json.dumps(result, indent=1))
       plot(result, args.out.with_suffix(".png"))
 
   for penalty in args.penalties:
-    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, min_p=args.min_p, penalty=penalty,
-                              penalty_window=args.penalty_window)
+    sampling = SamplingConfig(
+      temperature=args.temperature,
+      top_p=args.top_p,
+      min_p=args.min_p,
+      penalty=penalty,
+      penalty_window=args.penalty_window,
+    )
     baseline, ar_tokens = {}, {}  # AR's runs and tokens by output length
     for (method, copies, matches), name in zip(methods, names):
       proposer, params = make_proposer(method, drafts.get(name), None, copies, None, matches, sampling)
@@ -133,11 +176,22 @@ def main(argv=None):
           warmed_up(lambda: generate(target.model, [prompt], length, decoding, params, seed=args.seed))
         result = generate(target.model, [prompt], length, decoding, params, seed=args.seed)
         stats = result.stats
-        runs.append({"penalty": penalty, "method": method, "output_tokens": length, "new_tokens": stats.num_new_tokens,
-                     "rounds": stats.rounds, "decode_seconds": stats.decode_seconds,
-                     "tau": stats.mean_accepted_length, "tokens_per_second": stats.tokens_per_second,
-                     "compile_seconds": compiled.seconds, "decode_compile_seconds": stats.decode_compile_seconds,
-                     "draft_state_mib": stats.proposer_state_bytes / 2**20, "token_ids": result.token_ids[0]})
+        runs.append(
+          {
+            "penalty": penalty,
+            "method": method,
+            "output_tokens": length,
+            "new_tokens": stats.num_new_tokens,
+            "rounds": stats.rounds,
+            "decode_seconds": stats.decode_seconds,
+            "tau": stats.mean_accepted_length,
+            "tokens_per_second": stats.tokens_per_second,
+            "compile_seconds": compiled.seconds,
+            "decode_compile_seconds": stats.decode_compile_seconds,
+            "draft_state_mib": stats.proposer_state_bytes / 2**20,
+            "token_ids": result.token_ids[0],
+          }
+        )
         del result  # (its caches)
       for run, segment in zip(runs, segments(runs)):
         run.update(segment)
@@ -151,15 +205,26 @@ def main(argv=None):
         run["same_tokens_as_ar"] = tokens == ar_tokens[run["output_tokens"]] if sampling.greedy else None
         rows.append(run)
         same = "n/a" if run["same_tokens_as_ar"] is None else "yes" if run["same_tokens_as_ar"] else "no"
-        print(f"{penalty:7.2f} | {method:14} | {run['output_tokens']:6} | {run['tau']:4.2f} |"
-              f" {run['tokens_per_second']:8.1f} | {run['speedup_vs_ar']:4.2f}x |"
-              f" {run['segment_tau'] or 0:11.2f} | {run['segment_tokens_per_second'] or 0:16.1f} | {same}", flush=True)
-      diversity.append({"penalty": penalty, "method": method, "output_tokens": len(tokens),
-                        **{f"distinct_{n}": distinct(tokens, n) for n in DISTINCT_N}})
+        print(
+          f"{penalty:7.2f} | {method:14} | {run['output_tokens']:6} | {run['tau']:4.2f} |"
+          f" {run['tokens_per_second']:8.1f} | {run['speedup_vs_ar']:4.2f}x |"
+          f" {run['segment_tau'] or 0:11.2f} | {run['segment_tokens_per_second'] or 0:16.1f} | {same}",
+          flush=True,
+        )
+      diversity.append(
+        {
+          "penalty": penalty,
+          "method": method,
+          "output_tokens": len(tokens),
+          **{f"distinct_{n}": distinct(tokens, n) for n in DISTINCT_N},
+        }
+      )
       save()
   for entry in diversity:
-    print(f"penalty {entry['penalty']:.2f}, {entry['method']}: Distinct-1..4 "
-          + " / ".join(f"{entry[f'distinct_{n}']:.3f}" for n in DISTINCT_N))
+    print(
+      f"penalty {entry['penalty']:.2f}, {entry['method']}: Distinct-1..4 "
+      + " / ".join(f"{entry[f'distinct_{n}']:.3f}" for n in DISTINCT_N)
+    )
 
 
 if __name__ == "__main__":

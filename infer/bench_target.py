@@ -48,9 +48,9 @@ def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict
       runs.append(result.stats)
   prefill = statistics.median(r.prefill_seconds for r in runs)
   return {
-      "prefill_tokens_per_second": len(prompt) / prefill,
-      "decode_tokens_per_second": statistics.median(r.tokens_per_second for r in runs),
-      "token_ids": result.token_ids[0],
+    "prefill_tokens_per_second": len(prompt) / prefill,
+    "decode_tokens_per_second": statistics.median(r.tokens_per_second for r in runs),
+    "token_ids": result.token_ids[0],
   }
 
 
@@ -60,13 +60,16 @@ def load_transformers(gguf_path: Path, dtype_name: str):
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
   dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-  return transformers.AutoModelForCausalLM.from_pretrained(
-      gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype
-  ).to(device).eval()
+  return (
+    transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+    .to(device)
+    .eval()
+  )
 
 
-def bench_transformers(model, prompts: list[list[int]], new_tokens: int, repeats: int,
-                       caches=("dynamic", "static")) -> dict:
+def bench_transformers(
+  model, prompts: list[list[int]], new_tokens: int, repeats: int, caches=("dynamic", "static")
+) -> dict:
   """transformers `generate`, greedy, on a batch of equal-length prompts, per cache
   (default and static, compiled): prefill tokens/s, decode tokens/s per sequence (runs of
   1 and of `new_tokens` tokens, the difference excludes the prefill) and the first
@@ -96,9 +99,9 @@ def bench_transformers(model, prompts: list[list[int]], new_tokens: int, repeats
     full = [run(new_tokens) for _ in range(repeats)]
     total = statistics.median(t for t, _ in full)
     results[cache] = {
-        "prefill_tokens_per_second": ids.numel() / prefill,
-        "decode_tokens_per_second": (new_tokens - 1) / max(total - prefill, 1e-9),
-        "token_ids": full[0][1][0, ids.shape[1]:].tolist(),
+      "prefill_tokens_per_second": ids.numel() / prefill,
+      "decode_tokens_per_second": (new_tokens - 1) / max(total - prefill, 1e-9),
+      "token_ids": full[0][1][0, ids.shape[1] :].tolist(),
     }
   return results
 
@@ -116,24 +119,30 @@ def suite_smollm2(args) -> dict:
     ours = bench_ours(target, prompt, args.new_tokens, args.repeats)
     theirs = bench_transformers(hf_model, [prompt], args.new_tokens, args.repeats) if hf_model else {}
     best = max(theirs.values(), key=lambda r: r["decode_tokens_per_second"], default=None)
-    rows.append({
+    rows.append(
+      {
         "prompt_tokens": length,
         "ours": {k: v for k, v in ours.items() if k != "token_ids"},
         "transformers": {k: {m: v for m, v in r.items() if m != "token_ids"} for k, r in theirs.items()},
         "decode_speedup_vs_best_transformers": (
-            best and ours["decode_tokens_per_second"] / best["decode_tokens_per_second"]),
-        "prefill_speedup_vs_best_transformers": best and ours["prefill_tokens_per_second"] / max(
-            r["prefill_tokens_per_second"] for r in theirs.values()),
+          best and ours["decode_tokens_per_second"] / best["decode_tokens_per_second"]
+        ),
+        "prefill_speedup_vs_best_transformers": best
+        and ours["prefill_tokens_per_second"] / max(r["prefill_tokens_per_second"] for r in theirs.values()),
         "greedy_tokens_equal": {k: r["token_ids"] == ours["token_ids"] for k, r in theirs.items()},
-    })
+      }
+    )
     print(_smollm2_row(rows[-1]), flush=True)
   return {"dtype": dtype_name, "new_tokens": args.new_tokens, "attention": args.attention, "rows": rows}
 
 
 def _smollm2_row(row) -> str:
   t = row["transformers"]
-  cells = [f"{row['prompt_tokens']:>6}", f"{row['ours']['prefill_tokens_per_second']:>10.0f}",
-           f"{row['ours']['decode_tokens_per_second']:>8.1f}"]
+  cells = [
+    f"{row['prompt_tokens']:>6}",
+    f"{row['ours']['prefill_tokens_per_second']:>10.0f}",
+    f"{row['ours']['decode_tokens_per_second']:>8.1f}",
+  ]
   for cache in ("dynamic", "static"):
     r = t.get(cache)
     cells.append(f"{r['decode_tokens_per_second']:>8.1f}" if r else f"{'-':>8}")
@@ -160,8 +169,11 @@ def suite_floor(args) -> dict:
       for context in args.contexts:
         peers[batch, context] = transformers_decode(config, jnp.dtype(dtype).name, batch, context, 2 * STEPS)
         step_ms = peers[batch, context]["step_ms"]
-        print(f"transformers static cache, batch {batch}, context {context}: "
-              + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]), flush=True)
+        print(
+          f"transformers static cache, batch {batch}, context {context}: "
+          + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]),
+          flush=True,
+        )
   bandwidth = measure_bandwidth()  # (one device's)
   impl = cli.attention_impl(args.attention)
   with jax.set_mesh(args.mesh):  # (--devices: each device makes its share of the weights; programs split)
@@ -185,9 +197,10 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
   # One embedding row is read per token, not the table.
   weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
   names = {m for m, _, _ in args.methods}
-  drafts = {"longspec": load_draft("random", config, dtype, attention=impl) if "longspec" in names else None,
-            "tokenswift": load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT) if "tokenswift" in names
-            else None}
+  drafts = {
+    "longspec": load_draft("random", config, dtype, attention=impl) if "longspec" in names else None,
+    "tokenswift": load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT) if "tokenswift" in names else None,
+  }
   proposers = {}  # label -> (proposer, its params), e.g. "pld:24x4": four continuations of 24 tokens
   for method, copies, matches in args.methods:
     label = method + (f":{copies}x{matches}" if copies else "")
@@ -211,19 +224,30 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
         state = [start(model, prompts, 4 * (warmup + iters + 1) * steps, decoding, proposer_params).state]
 
         def decode():  # continues from the last state: the context grows with each call
-          state[0], tokens, _ = decode_chunk(model, state[0], decoding, proposer_params, max_new_tokens=1 << 30,
-                                             rounds=steps, max_rounds=steps)
+          state[0], tokens, _ = decode_chunk(
+            model, state[0], decoding, proposer_params, max_new_tokens=1 << 30, rounds=steps, max_rounds=steps
+          )
           return tokens
 
         seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
         drafting = draft_pass_ms(model, state[0], proposer.depth + 1) if method == "tokenswift" else {}
         state.clear()  # frees the cache before the next run
-        row = {"method": method, "numerics": numerics, "batch": batch, "context": context,
-               "round_ms": seconds * 1e3, "floor_ms": floor * 1e3,
-               "fraction_of_floor": floor / seconds if method == "ar" else None,
-               "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "prefill_tokens_per_second": prefill_rate,
-               "transformers_step_ms": (peers.get((batch, context), {}).get("step_ms")
-                                        if method == "ar" and numerics == "fast" else None), **drafting}
+        row = {
+          "method": method,
+          "numerics": numerics,
+          "batch": batch,
+          "context": context,
+          "round_ms": seconds * 1e3,
+          "floor_ms": floor * 1e3,
+          "fraction_of_floor": floor / seconds if method == "ar" else None,
+          "weight_bytes": weight_bytes,
+          "kv_bytes": kv_bytes,
+          "prefill_tokens_per_second": prefill_rate,
+          "transformers_step_ms": (
+            peers.get((batch, context), {}).get("step_ms") if method == "ar" and numerics == "fast" else None
+          ),
+          **drafting,
+        }
         rows.append(row)
         print(_floor_row(row), flush=True)
   ar = {(r["batch"], r["context"], r["numerics"]): r["round_ms"] for r in rows if r["method"] == "ar"}
@@ -233,10 +257,17 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
       r["fast_ar_steps_per_round"] = r["round_ms"] / fast
     if r["transformers_step_ms"]:
       r["speedup_vs_transformers"] = r["transformers_step_ms"] / r["round_ms"]
-  return {"shape": args.shape, "dtype": jnp.dtype(dtype).name, "devices": args.devices,
-          "bandwidth_bytes_per_second": bandwidth,
-          "attention": args.attention, "gemm": model.gemm.value, "steps_per_measure": steps,
-          "transformers": list(peers.values()), "rows": rows}
+  return {
+    "shape": args.shape,
+    "dtype": jnp.dtype(dtype).name,
+    "devices": args.devices,
+    "bandwidth_bytes_per_second": bandwidth,
+    "attention": args.attention,
+    "gemm": model.gemm.value,
+    "steps_per_measure": steps,
+    "transformers": list(peers.values()),
+    "rows": rows,
+  }
 
 
 def draft_pass_ms(model, state, most: int) -> dict:
@@ -247,22 +278,27 @@ def draft_pass_ms(model, state, most: int) -> dict:
   from longspec_jax.self_draft import draft_pass
 
   graphdef, weights = nnx.split(model)  # (the weights as arguments: closed over, jit embeds them as constants)
-  run = jax.jit(lambda weights, partial, cache, root: draft_pass(nnx.merge(graphdef, weights), partial, cache, root,
-                                                                most)[0])
+  run = jax.jit(
+    lambda weights, partial, cache, root: draft_pass(nnx.merge(graphdef, weights), partial, cache, root, most)[0]
+  )
   partial = state.proposal.partial
   due = dataclasses.replace(partial, copied=jnp.zeros_like(partial.copied))  # (a selection is due)
-  return {"draft_pass_ms": median_seconds(lambda: run(weights, partial, state.cache, state.root)) * 1e3,
-          "draft_pass_selecting_ms": median_seconds(lambda: run(weights, due, state.cache, state.root)) * 1e3,
-          "partial_cache_slots": partial.budget}
+  return {
+    "draft_pass_ms": median_seconds(lambda: run(weights, partial, state.cache, state.root)) * 1e3,
+    "draft_pass_selecting_ms": median_seconds(lambda: run(weights, due, state.cache, state.root)) * 1e3,
+    "partial_cache_slots": partial.budget,
+  }
 
 
 def _floor_row(row) -> str:
   fraction = f"{row['fraction_of_floor']:6.1%}" if row["fraction_of_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
   rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
-  return (f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
-          f" {row['round_ms']:8.3f} ms |"
-          f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}")
+  return (
+    f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
+    f" {row['round_ms']:8.3f} ms |"
+    f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}"
+  )
 
 
 def transformers_decode(config, dtype_name: str, batch: int, context: int, new_tokens: int) -> dict:
@@ -273,16 +309,31 @@ def transformers_decode(config, dtype_name: str, batch: int, context: int, new_t
   import transformers
 
   rope = config.rope
-  scaling = None if rope.kind == "default" else {
-      "rope_type": rope.kind, "factor": rope.factor, "low_freq_factor": rope.low_freq_factor,
+  scaling = (
+    None
+    if rope.kind == "default"
+    else {
+      "rope_type": rope.kind,
+      "factor": rope.factor,
+      "low_freq_factor": rope.low_freq_factor,
       "high_freq_factor": rope.high_freq_factor,
-      "original_max_position_embeddings": rope.original_max_position_embeddings}
+      "original_max_position_embeddings": rope.original_max_position_embeddings,
+    }
+  )
   hf = transformers.LlamaConfig(
-      vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-      num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
-      max_position_embeddings=config.max_position_embeddings, tie_word_embeddings=config.tie_word_embeddings,
-      rope_theta=rope.theta, rope_scaling=scaling)
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    intermediate_size=config.intermediate_size,
+    num_hidden_layers=config.num_layers,
+    num_attention_heads=config.num_heads,
+    num_key_value_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+    rms_norm_eps=config.rms_norm_eps,
+    max_position_embeddings=config.max_position_embeddings,
+    tie_word_embeddings=config.tie_word_embeddings,
+    rope_theta=rope.theta,
+    rope_scaling=scaling,
+  )
   device = "cuda" if torch.cuda.is_available() else "cpu"
   default_dtype = torch.get_default_dtype()
   torch.set_default_dtype({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name])
@@ -292,8 +343,14 @@ def transformers_decode(config, dtype_name: str, batch: int, context: int, new_t
   finally:
     torch.set_default_dtype(default_dtype)
   prompts = np.random.default_rng(1).integers(0, config.vocab_size, (batch, context)).tolist()
-  row = {"batch": batch, "context": context, "new_tokens": new_tokens, "step_ms": None,
-         "transformers": transformers.__version__, "torch": torch.__version__}
+  row = {
+    "batch": batch,
+    "context": context,
+    "new_tokens": new_tokens,
+    "step_ms": None,
+    "transformers": transformers.__version__,
+    "torch": torch.__version__,
+  }
   try:
     static = bench_transformers(model, prompts, new_tokens, repeats=2, caches=("static",))["static"]
     row["step_ms"] = 1e3 / static["decode_tokens_per_second"]
@@ -316,11 +373,15 @@ def suite_topk(args) -> dict:
       x = jax.random.normal(jax.random.key(batch), (batch, vocab), jnp.float32)
       row = {"rows": batch, "vocab": vocab, "k": 16}
       for name, fn in [("lax", lambda x: jax.lax.top_k(x, 16))] + [
-          (f"chunk_{c}", functools.partial(top_k, k=16, chunk=c)) for c in chunks]:
+        (f"chunk_{c}", functools.partial(top_k, k=16, chunk=c)) for c in chunks
+      ]:
         row[f"{name}_us"] = 1e6 * loop_seconds(lambda y, fn=fn: y + 1e-30 * fn(y)[0][:, :1], x)
       rows.append(row)
-      print(f"{vocab:>7} x {batch:>3} | " + " | ".join(f"{row[f'{n}_us']:7.1f}" for n in
-            ["lax"] + [f"chunk_{c}" for c in chunks]), flush=True)
+      print(
+        f"{vocab:>7} x {batch:>3} | "
+        + " | ".join(f"{row[f'{n}_us']:7.1f}" for n in ["lax"] + [f"chunk_{c}" for c in chunks]),
+        flush=True,
+      )
   return {"chunks": list(chunks), "rows": rows, "head": _head_top_k_rows()}
 
 
@@ -344,8 +405,10 @@ def _head_top_k_rows() -> list[dict]:
         step = lambda x, w, fn=fn: x + (1e-30 * fn(x, w)[0][:, :1]).astype(x.dtype)
         row[f"{name}_us"] = 1e6 * loop_seconds(step, x, head)
       rows.append(row)
-      print(f"head {v:>7} x {e:<5} rows {count:>2}: unfused {row['unfused_us']:7.1f} us | fused"
-            f" {row['fused_us']:7.1f} us", flush=True)
+      print(
+        f"head {v:>7} x {e:<5} rows {count:>2}: unfused {row['unfused_us']:7.1f} us | fused {row['fused_us']:7.1f} us",
+        flush=True,
+      )
   return rows
 
 
@@ -356,14 +419,24 @@ def main(argv=None):
   p.add_argument("--prompt-lengths", type=cli.positive_int, nargs="+", default=[512, 2048, 7900])
   p.add_argument("--contexts", type=cli.positive_int, nargs="+", default=[4096, 32768])
   p.add_argument("--batches", type=cli.positive_int, nargs="+", default=[1], help="batch sizes for --suite floor")
-  p.add_argument("--methods", type=method_spec, nargs="+", default=[("ar", None, None), ("longspec", None, None)],
-                 help="methods for --suite floor: ar, pld, longspec (with a random draft), tokenswift (random heads,"
-                      " its drafting pass also timed alone), each copying one as"
-                      " METHOD:TOKENSxMATCHES too (e.g. pld:24x4, auto's trie on a GPU); prompt lookup's rounds"
-                      " verify their whole trees whether or not the random prompt repeats")
-  p.add_argument("--numerics", choices=("fast", "invariant"), nargs="+", default=["fast"],
-                 help="--suite floor: time rounds with the fastest kernels, with batch-invariant ones"
-                      " (--batch-invariant elsewhere), or both")
+  p.add_argument(
+    "--methods",
+    type=method_spec,
+    nargs="+",
+    default=[("ar", None, None), ("longspec", None, None)],
+    help="methods for --suite floor: ar, pld, longspec (with a random draft), tokenswift (random heads,"
+    " its drafting pass also timed alone), each copying one as"
+    " METHOD:TOKENSxMATCHES too (e.g. pld:24x4, auto's trie on a GPU); prompt lookup's rounds"
+    " verify their whole trees whether or not the random prompt repeats",
+  )
+  p.add_argument(
+    "--numerics",
+    choices=("fast", "invariant"),
+    nargs="+",
+    default=["fast"],
+    help="--suite floor: time rounds with the fastest kernels, with batch-invariant ones"
+    " (--batch-invariant elsewhere), or both",
+  )
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -374,8 +447,7 @@ def main(argv=None):
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
   if unknown := {m for m, _, _ in args.methods} - {"ar", "pld", "longspec", "tokenswift"}:
-    p.error(f"--methods: --suite floor times ar, pld, longspec and tokenswift rounds, not"
-            f" {', '.join(sorted(unknown))}")
+    p.error(f"--methods: --suite floor times ar, pld, longspec and tokenswift rounds, not {', '.join(sorted(unknown))}")
   if args.devices > 1 and (args.suite != "floor" or "invariant" in args.numerics):
     p.error("--devices splits the model of --suite floor's fast rounds (batch-invariant rounds run on one device)")
   args.mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
@@ -385,21 +457,31 @@ def main(argv=None):
   if args.suite == "smollm2":
     context = SMOLLM2_135M.max_position_embeddings
     if max(args.prompt_lengths) + args.new_tokens > context:
-      p.error(f"--prompt-lengths up to {max(args.prompt_lengths)} plus --new-tokens {args.new_tokens} exceed"
-              f" SmolLM2's context of {context} tokens")
+      p.error(
+        f"--prompt-lengths up to {max(args.prompt_lengths)} plus --new-tokens {args.new_tokens} exceed"
+        f" SmolLM2's context of {context} tokens"
+      )
   if args.suite == "floor" and max(args.contexts) >= SHAPES[args.shape].max_position_embeddings:
     p.error(f"--contexts must stay below {args.shape}'s context of {SHAPES[args.shape].max_position_embeddings}")
   header = {
-      "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
-      "floor": "method | numerics | batch | context | round | AR bandwidth floor | floor/step | transformers step"
-               " | prefill tok/s",
-      "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
+    "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
+    "floor": "method | numerics | batch | context | round | AR bandwidth floor | floor/step | transformers step"
+    " | prefill tok/s",
+    "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
-  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
-        + (f", {args.devices} devices" if args.devices > 1 else ""))
+  print(
+    f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
+    + (f", {args.devices} devices" if args.devices > 1 else "")
+  )
   print(header, flush=True)
-  result = {"suite": args.suite, "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "jax": jax.__version__, "python": platform.python_version(), "argv": sys.argv[1:]}
+  result = {
+    "suite": args.suite,
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "argv": sys.argv[1:],
+  }
   result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))

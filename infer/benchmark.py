@@ -96,28 +96,43 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   phases[PHASES[2]] = whole - sum(phases.values())
   kinds = [s.rounds_by_kind for s in stats if s.rounds_by_kind]
   return {
-      **({"rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]},
-          # (None for a kind whose price no generation finished measuring)
-          "round_ms_by_kind": {kind: None if s is None else 1e3 * s
-                               for kind, s in (stats[-1].round_seconds_by_kind or {}).items()} or None}
-         if kinds else {}),
-      "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
-      "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
-      # (the share of the cached K/V the verifier read, over every round: 1.0 when dense)
-      "kv_fraction_read": sum(s.kv_fraction_read * s.rounds for s in stats) / sum(s.rounds for s in stats),
-      "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
-      # (compile_seconds: XLA compiled during the timed generation, its speed includes it;
-      # rerun_after_compile_seconds: what a first try compiled, which was then run again)
-      "per_prompt": [{"tokens_per_second": s.tokens_per_second, "rounds": s.rounds, "new_tokens": s.num_new_tokens,
-                      "chunks": s.chunks, "compile_seconds": timed, "rerun_after_compile_seconds": first,
-                      **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {})}
-                     for s, (first, timed) in zip(stats, compiles)],
-      "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
-      "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
-      **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},
-      "kv_cache_mib": max(s.kv_cache_bytes for s in stats) / 2**20,
-      "draft_state_mib": max(s.proposer_state_bytes for s in stats) / 2**20,
-      "token_ids": token_ids,
+    **(
+      {
+        "rounds_by_kind": {kind: sum(k[kind] for k in kinds) for kind in kinds[0]},
+        # (None for a kind whose price no generation finished measuring)
+        "round_ms_by_kind": {
+          kind: None if s is None else 1e3 * s for kind, s in (stats[-1].round_seconds_by_kind or {}).items()
+        }
+        or None,
+      }
+      if kinds
+      else {}
+    ),
+    "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
+    "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
+    # (the share of the cached K/V the verifier read, over every round: 1.0 when dense)
+    "kv_fraction_read": sum(s.kv_fraction_read * s.rounds for s in stats) / sum(s.rounds for s in stats),
+    "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
+    # (compile_seconds: XLA compiled during the timed generation, its speed includes it;
+    # rerun_after_compile_seconds: what a first try compiled, which was then run again)
+    "per_prompt": [
+      {
+        "tokens_per_second": s.tokens_per_second,
+        "rounds": s.rounds,
+        "new_tokens": s.num_new_tokens,
+        "chunks": s.chunks,
+        "compile_seconds": timed,
+        "rerun_after_compile_seconds": first,
+        **({"rounds_by_kind": s.rounds_by_kind} if s.rounds_by_kind else {}),
+      }
+      for s, (first, timed) in zip(stats, compiles)
+    ],
+    "prefill_seconds": statistics.median(s.prefill_seconds for s in stats),
+    "max_stream_gap_seconds": max(s.max_stream_gap_seconds for s in stats),
+    **{f"{phase}_share": None if adaptive else seconds / whole for phase, seconds in phases.items()},
+    "kv_cache_mib": max(s.kv_cache_bytes for s in stats) / 2**20,
+    "draft_state_mib": max(s.proposer_state_bytes for s in stats) / 2**20,
+    "token_ids": token_ids,
   }
 
 
@@ -146,18 +161,32 @@ def same_tokens(row: dict) -> str:
 
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.benchmark", description=__doc__.splitlines()[0])
-  p.add_argument("--methods", nargs="+", type=method_spec, default=[("ar", None, None), ("pld", None, None)],
-                 help=f"of {', '.join(sorted(cli.METHODS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
-                 " prompt-lookup continuations (e.g. pld:16x4)")
-  p.add_argument("--draft", help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
-                 " 'random', a checkpoint dir, or 'none'; auto uses one only when named")
+  p.add_argument(
+    "--methods",
+    nargs="+",
+    type=method_spec,
+    default=[("ar", None, None), ("pld", None, None)],
+    help=f"of {', '.join(sorted(cli.METHODS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
+    " prompt-lookup continuations (e.g. pld:16x4)",
+  )
+  p.add_argument(
+    "--draft",
+    help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
+    " 'random', a checkpoint dir, or 'none'; auto uses one only when named",
+  )
   p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
-  p.add_argument("--heads", help="TokenSwift's heads for tokenswift: 'default' (the default), 'random' or a checkpoint"
-                 " dir")
+  p.add_argument(
+    "--heads", help="TokenSwift's heads for tokenswift: 'default' (the default), 'random' or a checkpoint dir"
+  )
   add_tree_flags(p, many=True)
   add_copy_flags(p, many=True)
-  p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=["code", "docs"],
-                 help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})")
+  p.add_argument(
+    "--sets",
+    nargs="+",
+    choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME],
+    default=["code", "docs"],
+    help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})",
+  )
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3)
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
@@ -166,9 +195,14 @@ def main(argv=None):
   cli.add_attention_flag(p)
   cli.add_batch_invariant_flag(p)
   add_sampling_flags(p)
-  p.add_argument("--sparse-verify", type=sparse_fraction, nargs="+", metavar="P",
-                 help="longspec, glide: also run each with SpecAttn's sparse verification at each P (lossy: its"
-                      " tokens differ from AR's), labelled +sparseP")
+  p.add_argument(
+    "--sparse-verify",
+    type=sparse_fraction,
+    nargs="+",
+    metavar="P",
+    help="longspec, glide: also run each with SpecAttn's sparse verification at each P (lossy: its"
+    " tokens differ from AR's), labelled +sparseP",
+  )
   cli.add_devices_flag(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
@@ -183,8 +217,10 @@ def main(argv=None):
   specs = {m: draft_spec(m, named.get(m, args.draft)) for m in ["ar", *names]}
   treed = {m for m, spec in specs.items() if spec is not None and m != "tokenswift"}  # (its tree: its heads')
   if args.tree_widths is not None and not treed:
-    p.error(f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
-            " (auto runs one only when --draft names it)")
+    p.error(
+      f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
+      " (auto runs one only when --draft names it)"
+    )
   if not set(names).intersection(COPYING):
     for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
       if value is not None:
@@ -192,8 +228,10 @@ def main(argv=None):
   if args.draft == "none" and "longspec" in names:
     p.error("--draft none leaves longspec without a draft")
   if args.sparse_verify and not {"longspec", "glide"} & set(names):
-    p.error(f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
-            " neither longspec nor glide")
+    p.error(
+      f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
+      " neither longspec nor glide"
+    )
   cli.check_batch_invariant(p, args)
   if args.out:
     cli.output_path(args.out)
@@ -216,8 +254,9 @@ def main(argv=None):
           label += f"x{matches}" if matches else ""
           variants.append((label, m, tree_choice(spec, args), copies, matches, None))
           for fraction in (args.sparse_verify or ()) if m in ("longspec", "glide") else ():
-            variants.append((f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches,
-                             SparseVerify(fraction)))
+            variants.append(
+              (f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches, SparseVerify(fraction))
+            )
   sampling = sampling_config(args)
   mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   dtype = cli.resolve_dtype(args.dtype)
@@ -243,27 +282,45 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), attention=impl)
   target.model.batch_invariant = args.batch_invariant
-  drafts = {kind: sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind))
-            for kind, spec in kinds.items()}
+  drafts = {
+    kind: sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind))
+    for kind, spec in kinds.items()
+  }
   device = jax.devices()[0].device_kind
-  print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
-        f"{', batch-invariant rounds' if args.batch_invariant else ''}"
-        f"{f', over {args.devices} devices' if args.devices > 1 else ''}")
-  print("set  | prefill | method         | tau  | tokens/s | speedup vs AR | draft/verify/other"
-        " | cache MiB target+draft | stream gap s | same tokens as AR", flush=True)
+  print(
+    f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, attention {args.attention}"
+    f"{', batch-invariant rounds' if args.batch_invariant else ''}"
+    f"{f', over {args.devices} devices' if args.devices > 1 else ''}"
+  )
+  print(
+    "set  | prefill | method         | tau  | tokens/s | speedup vs AR | draft/verify/other"
+    " | cache MiB target+draft | stream gap s | same tokens as AR",
+    flush=True,
+  )
   rows = []
 
   def save() -> None:  # after every row: a crash loses nothing measured
     if not args.out:
       return
     result = {
-        "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
-        "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
-        "dtype": jnp.dtype(target.model.dtype).name, "attention": args.attention,
-        "batch_invariant": args.batch_invariant, "devices": args.devices, "draft": kinds.get(DraftKind.LONGSPEC),
-        "glide_draft": kinds.get(DraftKind.GLIDE), "heads": kinds.get(DraftKind.TOKENSWIFT),
-        "new_tokens": args.new_tokens, "num_prompts": args.num_prompts, "sampling": dataclasses.asdict(sampling),
-        "seed": args.seed, "rows": rows,
+      "device": device,
+      "backend": jax.default_backend(),
+      "jax": jax.__version__,
+      "python": platform.python_version(),
+      "argv": sys.argv[1:],
+      "target": args.target,
+      "dtype": jnp.dtype(target.model.dtype).name,
+      "attention": args.attention,
+      "batch_invariant": args.batch_invariant,
+      "devices": args.devices,
+      "draft": kinds.get(DraftKind.LONGSPEC),
+      "glide_draft": kinds.get(DraftKind.GLIDE),
+      "heads": kinds.get(DraftKind.TOKENSWIFT),
+      "new_tokens": args.new_tokens,
+      "num_prompts": args.num_prompts,
+      "sampling": dataclasses.asdict(sampling),
+      "seed": args.seed,
+      "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
@@ -279,41 +336,57 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
         row = {
-            "set": set_name, "prefill_tokens": length, "method": label,
-            **tree_record(proposer),
-            **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
-            **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
-            "tau": result["tau"], "acceptance_by_depth": result["acceptance_by_depth"],
-            "kv_fraction_read": result["kv_fraction_read"],
-            "tokens_per_second": result["tokens_per_second"], "per_prompt": result["per_prompt"],
-            "prefill_seconds": result["prefill_seconds"], "max_stream_gap_seconds": result["max_stream_gap_seconds"],
-            **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
-            "kv_cache_mib": result["kv_cache_mib"], "draft_state_mib": result["draft_state_mib"],
-            "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
-            # (sampled runs draw other random numbers than AR: token identity is a greedy check)
-            "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if sampling.greedy else None,
+          "set": set_name,
+          "prefill_tokens": length,
+          "method": label,
+          **tree_record(proposer),
+          **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
+          **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
+          "tau": result["tau"],
+          "acceptance_by_depth": result["acceptance_by_depth"],
+          "kv_fraction_read": result["kv_fraction_read"],
+          "tokens_per_second": result["tokens_per_second"],
+          "per_prompt": result["per_prompt"],
+          "prefill_seconds": result["prefill_seconds"],
+          "max_stream_gap_seconds": result["max_stream_gap_seconds"],
+          **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
+          "kv_cache_mib": result["kv_cache_mib"],
+          "draft_state_mib": result["draft_state_mib"],
+          "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
+          # (sampled runs draw other random numbers than AR: token identity is a greedy check)
+          "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if sampling.greedy else None,
         }
         if row["same_tokens_as_ar"] is False:
           row["divergences"] = [
-              divergence(target, prompt, ref, got)
-              for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"]) if ref != got
+            divergence(target, prompt, ref, got)
+            for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"])
+            if ref != got
           ]
         rows.append(row)
         save()
-        split = "/".join("-" if row[f"{phase}_share"] is None else f"{100 * row[f'{phase}_share']:.0f}"
-                         for phase in PHASES)
-        print(f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
-              f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
-              f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
-              flush=True)
+        split = "/".join(
+          "-" if row[f"{phase}_share"] is None else f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES
+        )
+        print(
+          f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
+          f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
+          f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
+          flush=True,
+        )
         compiled = [p["compile_seconds"] for p in row["per_prompt"] if p["compile_seconds"]]
         if compiled:
-          print(f"  note: {len(compiled)} of its timed generations compiled ({sum(compiled):.1f} s):"
-                " its speed includes the compiler", flush=True)
+          print(
+            f"  note: {len(compiled)} of its timed generations compiled ({sum(compiled):.1f} s):"
+            " its speed includes the compiler",
+            flush=True,
+          )
         rerun = [p["rerun_after_compile_seconds"] for p in row["per_prompt"] if p["rerun_after_compile_seconds"]]
         if rerun:
-          print(f"  note: {len(rerun)} of its generations compiled ({sum(rerun):.1f} s) and were run again:"
-                " a user's first such prompt stalls that long", flush=True)
+          print(
+            f"  note: {len(rerun)} of its generations compiled ({sum(rerun):.1f} s) and were run again:"
+            " a user's first such prompt stalls that long",
+            flush=True,
+          )
 
 
 if __name__ == "__main__":

@@ -43,15 +43,18 @@ def check(model: Transformer, prompt: list[int], starts: int, gemm: Gemm, exact:
   """The counts (module docstring) for `model` (made batch-invariant) after `prompt`."""
   model.batch_invariant = True
   graphdef, params = nnx.split(model)
-  run = jax.jit(lambda params, tree, cache: verify(nnx.merge(graphdef, params), tree, cache)[::2],
-                compiler_options=Compilation(gemm, exact).compiler_options())
+  run = jax.jit(
+    lambda params, tree, cache: verify(nnx.merge(graphdef, params), tree, cache)[::2],
+    compiler_options=Compilation(gemm, exact).compiler_options(),
+  )
   context = len(prompt)
   prompt = [prompt]
   size = context + starts + CHAIN + 128
   cache, last = prefill(model, prompt, size)
   other, other_last = prefill(model, prompt, size + room)
   prefill_same = bool(jnp.array_equal(last, other_last)) and all(
-      bool(jnp.array_equal(a[:, :, :context], b[:, :, :context])) for a, b in ((cache.k, other.k), (cache.v, other.v)))
+    bool(jnp.array_equal(a[:, :, :context], b[:, :, :context])) for a, b in ((cache.k, other.k), (cache.v, other.v))
+  )
   del other
   empty = jnp.zeros((1, 0), jnp.int32)
   tokens, ar_logits, states = [jnp.argmax(model.logits(last), -1).astype(jnp.int32)], [], []
@@ -68,26 +71,44 @@ def check(model: Transformer, prompt: list[int], starts: int, gemm: Gemm, exact:
       diff = float(jnp.max(jnp.abs(logits[0, i] - ar_logits[j + i])))
       if diff:
         differing.append({"start": j, "node": i, "position": context + j + i, "max_abs_diff": diff})
-  return {"context": context, "starts": starts, "gemm": gemm.value, "exact": exact,
-          "chain_nodes": starts * (CHAIN + 1), "nodes_differing": len(differing), "differing": differing[:20],
-          "prefill_same_for_two_allocations": prefill_same}
+  return {
+    "context": context,
+    "starts": starts,
+    "gemm": gemm.value,
+    "exact": exact,
+    "chain_nodes": starts * (CHAIN + 1),
+    "nodes_differing": len(differing),
+    "differing": differing[:20],
+    "prefill_same_for_two_allocations": prefill_same,
+  }
 
 
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.check_invariance", description=__doc__.splitlines()[0])
   model_flags = p.add_mutually_exclusive_group()
-  model_flags.add_argument("--target", help="a real target (a name or a path, as infer.generate takes) and a real"
-                                            " prompt")
-  model_flags.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight model of this shape and a random"
-                                                                  " prompt (the default: smollm2-135m)")
+  model_flags.add_argument(
+    "--target", help="a real target (a name or a path, as infer.generate takes) and a real prompt"
+  )
+  model_flags.add_argument(
+    "--shape",
+    choices=sorted(SHAPES),
+    help="a random-weight model of this shape and a random prompt (the default: smollm2-135m)",
+  )
   p.add_argument("--set", choices=sorted(PROMPT_SETS), help="the real prompt's set (with --target; default docs)")
   p.add_argument("--context", type=cli.positive_int, default=4000, help="prompt tokens")
   p.add_argument("--starts", type=cli.positive_int, default=30, help="chains verified, one per AR state")
-  p.add_argument("--gemm", choices=cli.GEMM, default="xla", help="compile option of the verification (the engine"
-                                                                 " compiles batch-invariant rounds with xla)")
-  p.add_argument("--excess-precision", action="store_true",
-                 help="let XLA keep bf16 intermediates in float32 where its fusions allow (its default; the engine"
-                      " compiles batch-invariant decoding without it)")
+  p.add_argument(
+    "--gemm",
+    choices=cli.GEMM,
+    default="xla",
+    help="compile option of the verification (the engine compiles batch-invariant rounds with xla)",
+  )
+  p.add_argument(
+    "--excess-precision",
+    action="store_true",
+    help="let XLA keep bf16 intermediates in float32 where its fusions allow (its default; the engine"
+    " compiles batch-invariant decoding without it)",
+  )
   p.add_argument("--out", type=Path, help="results JSON")
   args = p.parse_args(argv)
   if args.out:
@@ -109,14 +130,21 @@ def main(argv=None):
   else:
     target = load_target(path, jnp.bfloat16, load_tokenizer(path))
     model, prompt = target.model, PROMPT_SETS[args.set](target.tokenizer, args.context, 1)[0]
-  result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "argv": sys.argv[1:], "model": name,
-            "weights": "random" if args.target is None else "real",
-            **({"set": args.set} if args.target else {}),
-            **check(model, prompt, args.starts, Gemm(args.gemm), not args.excess_precision)}
-  print(f"{name} ({result['weights']} weights), context {result['context']}, verification compiled with {args.gemm}"
-        f"{' and excess precision' if args.excess_precision else ', exact bf16 rounding'}:"
-        f" {result['nodes_differing']} of {result['chain_nodes']} chain nodes differ from the AR step's logits;"
-        f" prefill the same for two cache allocations: {'yes' if result['prefill_same_for_two_allocations'] else 'no'}")
+  result = {
+    "device": jax.devices()[0].device_kind,
+    "jax": jax.__version__,
+    "argv": sys.argv[1:],
+    "model": name,
+    "weights": "random" if args.target is None else "real",
+    **({"set": args.set} if args.target else {}),
+    **check(model, prompt, args.starts, Gemm(args.gemm), not args.excess_precision),
+  }
+  print(
+    f"{name} ({result['weights']} weights), context {result['context']}, verification compiled with {args.gemm}"
+    f"{' and excess precision' if args.excess_precision else ', exact bf16 rounding'}:"
+    f" {result['nodes_differing']} of {result['chain_nodes']} chain nodes differ from the AR step's logits;"
+    f" prefill the same for two cache allocations: {'yes' if result['prefill_same_for_two_allocations'] else 'no'}"
+  )
   for row in result["differing"][:5]:
     print(f"  start {row['start']} node {row['node']} (position {row['position']}): max diff {row['max_abs_diff']}")
   if args.out:

@@ -23,8 +23,10 @@ def method_spec(text: str) -> tuple[str, int | None, int | None]:
   --copy-matches."""
   method, _, copies = text.partition(":")
   if method not in METHODS or (copies and method not in COPYING):
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(METHODS))}, or for one of"
-                                     f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}")
+    raise argparse.ArgumentTypeError(
+      f"expected one of {', '.join(sorted(METHODS))}, or for one of"
+      f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}"
+    )
   if not copies:
     return method, None, None
   tokens, _, matches = copies.partition("x")
@@ -41,13 +43,24 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
   """The logit processors' flags (`longspec_jax.sampling.SamplingConfig`)."""
   p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 (default): greedy")
   p.add_argument("--top-k", type=nonnegative_int, default=0, help="keep the k most likely tokens (0: off)")
-  p.add_argument("--top-p", type=number_type(float, lambda x: 0 < x <= 1, "a number in (0, 1]"), default=1.0,
-                 help="keep the most likely tokens of mass p (1: off)")
-  p.add_argument("--min-p", type=number_type(float, lambda x: 0 <= x < 1, "a number in [0, 1)"), default=0.0,
-                 help="keep tokens >= min_p x the most likely (0: off)")
-  p.add_argument("--penalty", type=number_type(float, lambda x: x >= 1, "a finite number >= 1"),
-                 help="TokenSwift's contextual penalty theta: divide the logits of recent tokens (default: 1, off;"
-                      f" with --method tokenswift alone, its paper's {TOKENSWIFT_PENALTY})")
+  p.add_argument(
+    "--top-p",
+    type=number_type(float, lambda x: 0 < x <= 1, "a number in (0, 1]"),
+    default=1.0,
+    help="keep the most likely tokens of mass p (1: off)",
+  )
+  p.add_argument(
+    "--min-p",
+    type=number_type(float, lambda x: 0 <= x < 1, "a number in [0, 1)"),
+    default=0.0,
+    help="keep tokens >= min_p x the most likely (0: off)",
+  )
+  p.add_argument(
+    "--penalty",
+    type=number_type(float, lambda x: x >= 1, "a finite number >= 1"),
+    help="TokenSwift's contextual penalty theta: divide the logits of recent tokens (default: 1, off;"
+    f" with --method tokenswift alone, its paper's {TOKENSWIFT_PENALTY})",
+  )
   p.add_argument("--penalty-window", type=positive_int, default=1024, help="how many recent tokens the penalty sees")
   p.add_argument("--seed", type=any_int, default=0)
 
@@ -58,8 +71,14 @@ def sampling_config(args, method: str | None = None):
   from longspec_jax.sampling import SamplingConfig
 
   penalty = args.penalty if args.penalty is not None else TOKENSWIFT_PENALTY if method == "tokenswift" else 1.0
-  return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                        penalty=penalty, penalty_window=args.penalty_window)
+  return SamplingConfig(
+    temperature=args.temperature,
+    top_k=args.top_k,
+    top_p=args.top_p,
+    min_p=args.min_p,
+    penalty=penalty,
+    penalty_window=args.penalty_window,
+  )
 
 
 CAPE = "cape"  # a --tree-widths value: CAPE's tree (--cape-gamma, --cape-bins) instead of a beam search
@@ -103,30 +122,45 @@ def cape_bins(text: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
 def add_tree_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   """--tree-widths (beam widths per depth, or `cape`; `many`: several, one run each) and
   CAPE's settings."""
-  p.add_argument("--tree-widths", type=tree_widths, nargs="+" if many else None,
-                 help="longspec, auto: beam widths per tree depth like 4,16,16, or 'cape' for CAPE's tree (a greedy"
-                      " chain with the draft's next-best tokens as leaves, as many as its confidence asks for;"
-                      " default: the draft's); tokenswift: children per node at each depth of its full tree, one"
-                      " more than its heads (default: the heads', 1,3,3,3)"
-                      + ("; several: one run each" if many else ""))
+  p.add_argument(
+    "--tree-widths",
+    type=tree_widths,
+    nargs="+" if many else None,
+    help="longspec, auto: beam widths per tree depth like 4,16,16, or 'cape' for CAPE's tree (a greedy"
+    " chain with the draft's next-best tokens as leaves, as many as its confidence asks for;"
+    " default: the draft's); tokenswift: children per node at each depth of its full tree, one"
+    " more than its heads (default: the heads', 1,3,3,3)" + ("; several: one run each" if many else ""),
+  )
   p.add_argument("--cape-gamma", type=positive_int, default=5, help="CAPE: draft tokens in its chain")
-  p.add_argument("--cape-bins", type=cape_bins, default=((0.3, 0.6, 0.8), (7, 5, 3, 1)),
-                 help="CAPE: confidence bins as highest-confidence:leaves pairs, the paper's 0.3:7,0.6:5,0.8:3,1:1")
+  p.add_argument(
+    "--cape-bins",
+    type=cape_bins,
+    default=((0.3, 0.6, 0.8), (7, 5, 3, 1)),
+    help="CAPE: confidence bins as highest-confidence:leaves pairs, the paper's 0.3:7,0.6:5,0.8:3,1:1",
+  )
 
 
 def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   """--copy-tokens and --copy-matches: prompt lookup's continuations (`many`: several
   values, one run each)."""
   nargs, each = ("+", "; several: one run each") if many else (None, "")
-  p.add_argument("--copy-tokens", type=nonnegative_int, nargs=nargs,
-                 help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
-                      " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
-                      " pld, and for auto 24 on a GPU, 10 elsewhere); tokenswift: the length of its n-gram branches"
-                      " (default 4; 0: none)" + each)
-  p.add_argument("--copy-matches", type=positive_int, nargs=nargs,
-                 help="pld, longspec and auto: how many prompt-lookup continuations (the most recent distinct ones)"
-                      " a round proposes, as a trie (default 1; auto: 4 on a GPU); tokenswift: how many of its most"
-                      " frequent n-grams a round grafts (default 20, at most 32)" + each)
+  p.add_argument(
+    "--copy-tokens",
+    type=nonnegative_int,
+    nargs=nargs,
+    help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
+    " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
+    " pld, and for auto 24 on a GPU, 10 elsewhere); tokenswift: the length of its n-gram branches"
+    " (default 4; 0: none)" + each,
+  )
+  p.add_argument(
+    "--copy-matches",
+    type=positive_int,
+    nargs=nargs,
+    help="pld, longspec and auto: how many prompt-lookup continuations (the most recent distinct ones)"
+    " a round proposes, as a trie (default 1; auto: 4 on a GPU); tokenswift: how many of its most"
+    " frequent n-grams a round grafts (default 20, at most 32)" + each,
+  )
 
 
 def tree_choice(spec, args):
@@ -174,8 +208,12 @@ def tree_record(proposer) -> dict:
   if isinstance(proposer, PromptLookup):
     return {"copy_tokens": proposer.num_tokens, "copy_matches": proposer.matches}
   if isinstance(proposer, TokenSwift):
-    return {"tree_widths": list(proposer.tree_widths), "ngrams": proposer.ngrams, "ngram_tokens": proposer.n,
-            "partial_cache": proposer.budget}
+    return {
+      "tree_widths": list(proposer.tree_widths),
+      "ngrams": proposer.ngrams,
+      "ngram_tokens": proposer.n,
+      "partial_cache": proposer.budget,
+    }
   return {}
 
 
@@ -201,7 +239,8 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
   if chat:
     if not getattr(tokenizer, "chat_template", None):
       raise UserError("--chat was given but the target's tokenizer has no chat template.")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+      [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False).input_ids
   return tokenizer(text).input_ids

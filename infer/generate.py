@@ -48,22 +48,30 @@ def parse_args(argv=None):
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
-      "--draft",
-      help="draft for longspec, glide, tokenswift and auto: 'default' (shipped for the target; the draft"
-           " methods' default), 'random', 'none', or a checkpoint dir (glide: a GLIDE draft; tokenswift:"
-           " TokenSwift's heads, `train.run --draft-kind tokenswift`); auto uses one only when named",
+    "--draft",
+    help="draft for longspec, glide, tokenswift and auto: 'default' (shipped for the target; the draft"
+    " methods' default), 'random', 'none', or a checkpoint dir (glide: a GLIDE draft; tokenswift:"
+    " TokenSwift's heads, `train.run --draft-kind tokenswift`); auto uses one only when named",
   )
-  p.add_argument("--method", choices=METHODS, default="auto",
-                 help="decoding method; auto (default) chooses each round among AR, prompt lookup's continuations"
-                      " and, with --draft, the draft's tree, by their measured cost and recent gain")
+  p.add_argument(
+    "--method",
+    choices=METHODS,
+    default="auto",
+    help="decoding method; auto (default) chooses each round among AR, prompt lookup's continuations"
+    " and, with --draft, the draft's tree, by their measured cost and recent gain",
+  )
   add_tree_flags(p)
   add_copy_flags(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256)
-  p.add_argument("--sparse-verify", type=sparse_fraction, metavar="P",
-                 help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
-                      " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
-                      " outputs then differ from the target's own (SmolLM2, P = 0.95: 16-25%% of the K/V read for"
-                      " +9-43%% perplexity; docs/benchmarks.md). Off by default")
+  p.add_argument(
+    "--sparse-verify",
+    type=sparse_fraction,
+    metavar="P",
+    help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
+    " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
+    " outputs then differ from the target's own (SmolLM2, P = 0.95: 16-25%% of the K/V read for"
+    " +9-43%% perplexity; docs/benchmarks.md). Off by default",
+  )
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)
@@ -73,8 +81,11 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if args.method in ("ar", "pld"):
     copy_flags = (("--copy-tokens", args.copy_tokens or None), ("--copy-matches", args.copy_matches))
-    for flag, value in (("--draft", args.draft), ("--tree-widths", args.tree_widths),
-                        *(copy_flags if args.method == "ar" else ())):
+    for flag, value in (
+      ("--draft", args.draft),
+      ("--tree-widths", args.tree_widths),
+      *(copy_flags if args.method == "ar" else ()),
+    ):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
@@ -100,7 +111,7 @@ class TextStream:
     text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
     if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
       return
-    sys.stdout.write(text[len(self.written):])
+    sys.stdout.write(text[len(self.written) :])
     sys.stdout.flush()
     self.written = text
 
@@ -181,45 +192,63 @@ def main(argv=None) -> None:
   with jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
     target = load_target(path, dtype, tokenizer, attention=impl)
     target.model.batch_invariant = args.batch_invariant
-    draft = (sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl,
-                                        kind=draft_kind(method))) if uses_draft else None)
-    print(f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
-          file=sys.stderr, flush=True)
+    draft = (
+      sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method)))
+      if uses_draft
+      else None
+    )
+    print(
+      f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
+      file=sys.stderr,
+      flush=True,
+    )
     stream = TextStream(target.tokenizer)
     sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
-    proposer, draft_params = make_proposer(method, draft, widths, args.copy_tokens, cape, args.copy_matches,
-                                           sampling, sparse)
+    proposer, draft_params = make_proposer(
+      method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling, sparse
+    )
     with PrefillBar() as on_prefill:
       decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
-      result = generate(target.model, [prompt], args.max_new_tokens, decoding, draft_params, seed=args.seed,
-                        on_tokens=stream, on_prefill=on_prefill)
+      result = generate(
+        target.model,
+        [prompt],
+        args.max_new_tokens,
+        decoding,
+        draft_params,
+        seed=args.seed,
+        on_tokens=stream,
+        on_prefill=on_prefill,
+      )
   stats = result.stats
   print(file=sys.stdout)
   print(
-      f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
-      f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
-      + (f", K/V read {100 * stats.kv_fraction_read:.0f}% (sparse verification: output differs from the target's)"
-         if sparse else "")
-      + (f"; rounds {', '.join(f'{k} {n}' for k, n in stats.rounds_by_kind.items())}" if stats.rounds_by_kind else ""),
-      file=sys.stderr,
+    f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
+    f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
+    + (
+      f", K/V read {100 * stats.kv_fraction_read:.0f}% (sparse verification: output differs from the target's)"
+      if sparse
+      else ""
+    )
+    + (f"; rounds {', '.join(f'{k} {n}' for k, n in stats.rounds_by_kind.items())}" if stats.rounds_by_kind else ""),
+    file=sys.stderr,
   )
   if args.json:
     token_ids = result.token_ids[0]
     record = {
-        "method": method,
-        **json_stats(stats),
-        "target": args.target,
-        "dtype": jnp.dtype(dtype).name,
-        "attention": impl.value,
-        "batch_invariant": args.batch_invariant,
-        "devices": args.devices,
-        "draft": spec,
-        **tree_record(proposer),
-        "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),
-        "sampling": dataclasses.asdict(sampling),
-        "prompt_tokens": len(prompt),
-        "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
-        "token_ids": token_ids,
+      "method": method,
+      **json_stats(stats),
+      "target": args.target,
+      "dtype": jnp.dtype(dtype).name,
+      "attention": impl.value,
+      "batch_invariant": args.batch_invariant,
+      "devices": args.devices,
+      "draft": spec,
+      **tree_record(proposer),
+      "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),
+      "sampling": dataclasses.asdict(sampling),
+      "prompt_tokens": len(prompt),
+      "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
+      "token_ids": token_ids,
     }
     print(json.dumps(record))
 

@@ -117,7 +117,8 @@ def _floor(result: dict, plt):
       at = [r for r in rows if (r["batch"], r["context"]) == group]
       ar = next((r for r in at if r["method"] == "ar"), at[0])
       value = {"floor": ar["floor_ms"], "transformers": ar.get("transformers_step_ms")}.get(
-          bar, next((r["round_ms"] for r in at if r["method"] == bar), None))
+        bar, next((r["round_ms"] for r in at if r["method"] == bar), None)
+      )
       heights.append(value or 0.0)
     xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
     label = {"floor": "AR bytes / bandwidth", "transformers": "transformers static cache"}.get(bar, f"{bar} round")
@@ -126,8 +127,13 @@ def _floor(result: dict, plt):
       for x, group in zip(xs, groups):
         r = next(r for r in rows if (r["batch"], r["context"]) == group and r["method"] == "ar")
         ax.text(x, r["round_ms"], f"{r['fraction_of_floor']:.0%}", ha="center", va="bottom", fontsize=7)
-  ax.set(xticks=list(range(len(groups))), xticklabels=[f"B={b}\n{c:,}" for b, c in groups], xlabel="batch, context",
-         ylabel="ms", title=_title(result, f"{result.get('shape', '')} decode ({result.get('gemm', '')} GEMMs)"))
+  ax.set(
+    xticks=list(range(len(groups))),
+    xticklabels=[f"B={b}\n{c:,}" for b, c in groups],
+    xlabel="batch, context",
+    ylabel="ms",
+    title=_title(result, f"{result.get('shape', '')} decode ({result.get('gemm', '')} GEMMs)"),
+  )
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3, axis="y")
   return fig
@@ -154,8 +160,10 @@ def _profile(result: dict, plt):
   fig, ax = plt.subplots(figsize=(6, 3.2))
   ax.barh([s for s, _ in scopes], [row["ms"] / rounds for _, row in scopes])
   ax.invert_yaxis()
-  ax.set(xlabel="device ms per round",
-         title=_title(result, f"{result['method']}: tau {result['tau']:.2f}, idle {result['idle_share_of_span']:.0%}"))
+  ax.set(
+    xlabel="device ms per round",
+    title=_title(result, f"{result['method']}: tau {result['tau']:.2f}, idle {result['idle_share_of_span']:.0%}"),
+  )
   ax.grid(alpha=0.3, axis="x")
   return fig
 
@@ -201,15 +209,26 @@ def _kernels(result: dict, plt):
     # Bars per context: the dense kernels, the reference (where run), sparse at each kept fraction.
     bars = [("pallas", [r["pallas_ms"] for r in rows]), ("reference", [r.get("reference_ms") for r in rows])]
     fractions = sorted({s["kept"] for r in rows for s in r.get("sparse", ())})
-    bars += [(f"sparse, {f:.0%} kept", [next((s["ms"] for s in r.get("sparse", ()) if s["kept"] == f), None)
-                                        for r in rows]) for f in fractions]
+    bars += [
+      (f"sparse, {f:.0%} kept", [next((s["ms"] for s in r.get("sparse", ()) if s["kept"] == f), None) for r in rows])
+      for f in fractions
+    ]
     bars = [(name, heights) for name, heights in bars if any(h is not None for h in heights)]
     width = 0.8 / len(bars)
     for index, (name, heights) in enumerate(bars):
-      ax.bar([x + (index - (len(bars) - 1) / 2) * width for x in range(len(rows))],
-             [h or 0 for h in heights], width, label=name)
-    ax.set(xticks=list(range(len(rows))), xticklabels=labels, xlabel="context / tree nodes", ylabel="ms",
-           title="8B verify step")
+      ax.bar(
+        [x + (index - (len(bars) - 1) / 2) * width for x in range(len(rows))],
+        [h or 0 for h in heights],
+        width,
+        label=name,
+      )
+    ax.set(
+      xticks=list(range(len(rows))),
+      xticklabels=labels,
+      xlabel="context / tree nodes",
+      ylabel="ms",
+      title="8B verify step",
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
   if "sweep" in panels:  # each shape's timings over the swept settings, the table's marked
@@ -220,11 +239,19 @@ def _kernels(result: dict, plt):
     for y, (_, points) in enumerate(sorted(groups.items())):
       best = min(r["prefix_us"] for r in points)
       ax.scatter([r["prefix_us"] / best for r in points], [y] * len(points), s=8, color="tab:blue")
-      ax.scatter([r["prefix_us"] / best for r in points if r.get("table")], [y] * sum(bool(r.get("table"))
-                                                                                     for r in points),
-                 s=30, color="tab:red", marker="x")
-    ax.set(yticks=range(len(groups)), yticklabels=sorted(groups), xlabel="time / best setting",
-           title="sweep (x: the tuning table's choice)")
+      ax.scatter(
+        [r["prefix_us"] / best for r in points if r.get("table")],
+        [y] * sum(bool(r.get("table")) for r in points),
+        s=30,
+        color="tab:red",
+        marker="x",
+      )
+    ax.set(
+      yticks=range(len(groups)),
+      yticklabels=sorted(groups),
+      xlabel="time / best setting",
+      title="sweep (x: the tuning table's choice)",
+    )
     ax.tick_params(axis="y", labelsize=6)
     ax.grid(alpha=0.3)
   if "matmul" in panels:  # achieved fraction of the weight-read floor, by rows
@@ -233,8 +260,14 @@ def _kernels(result: dict, plt):
       points = [r for r in result["matmul"] if r["name"] == name]
       for impl, style in (("pallas", "-"), ("xla", "--"), ("torch", ":")):
         if f"{impl}_of_floor" in points[0]:
-          ax.plot([r["rows"] for r in points], [r[f"{impl}_of_floor"] for r in points], ls=style, marker=".",
-                  color=f"C{i}", label=f"{name} {impl}")
+          ax.plot(
+            [r["rows"] for r in points],
+            [r[f"{impl}_of_floor"] for r in points],
+            ls=style,
+            marker=".",
+            color=f"C{i}",
+            label=f"{name} {impl}",
+          )
     ax.set(xscale="log", xlabel="rows", ylabel="weight bytes / bandwidth / time", title="few-row matmuls")
     ax.legend(fontsize=5, ncol=3)
     ax.grid(alpha=0.3)
@@ -247,8 +280,13 @@ def _kernels(result: dict, plt):
     for label, points in sorted(groups.items()):
       ax.plot([r["kept"] for r in points], [r["dense_over_sparse"] for r in points], marker=".", label=label)
     ax.plot([0.05, 1], [20, 1], color="grey", lw=0.8, ls="--", label="bytes read")
-    ax.set(xscale="log", yscale="log", xlabel="fraction of chunks kept", ylabel="dense time / sparse time",
-           title="sparse prefix pass")
+    ax.set(
+      xscale="log",
+      yscale="log",
+      xlabel="fraction of chunks kept",
+      ylabel="dense time / sparse time",
+      title="sparse prefix pass",
+    )
     ax.legend(fontsize=5)
     ax.grid(alpha=0.3)
   fig.suptitle(_title(result, "kernels"))
@@ -266,8 +304,9 @@ def _tree_search(result: dict, plt):
     for e in points:
       label = ",".join(map(str, e["tree_widths"])) + (f"+c{e['copy_tokens']}" if e["copy_tokens"] else "")
       ax.annotate(label, (e["nodes"], e[key]), fontsize=6, xytext=(3, 2), textcoords="offset points")
-    chosen = [e for e in points if best and e["tree_widths"] == best["tree_widths"]
-              and e["copy_tokens"] == best["copy_tokens"]]
+    chosen = [
+      e for e in points if best and e["tree_widths"] == best["tree_widths"] and e["copy_tokens"] == best["copy_tokens"]
+    ]
     if chosen:
       ax.scatter([chosen[0]["nodes"]], [chosen[0][key]], s=120, facecolors="none", edgecolors="C3", label="chosen")
       ax.legend()
@@ -286,12 +325,19 @@ def _auto_rounds(result: dict, plt):
     labels = list(rows)
     ax.barh(labels, [rows[k]["ms_per_round"] for k in labels], color="C0", label="per round")
     over = [rows[k]["ms_per_round_over_prices"] for k in labels]
-    ax.barh(labels, [rows[k]["ms_per_round"] - (o or 0) if o is not None else 0 for k, o in zip(labels, over)],
-            color="C2", label="at its measured prices")
+    ax.barh(
+      labels,
+      [rows[k]["ms_per_round"] - (o or 0) if o is not None else 0 for k, o in zip(labels, over)],
+      color="C2",
+      label="at its measured prices",
+    )
     ax.axvline(rows["pld"]["ms_per_round"], color="grey", lw=0.8, ls="--")
     ax.invert_yaxis()
-    ax.set(xlabel="ms per round (median over generations)", title=set_name,
-           xlim=(0, 1.45 * max(rows[k]["ms_per_round"] for k in labels)))  # (room for the legend)
+    ax.set(
+      xlabel="ms per round (median over generations)",
+      title=set_name,
+      xlim=(0, 1.45 * max(rows[k]["ms_per_round"] for k in labels)),
+    )  # (room for the legend)
     ax.legend(fontsize=7, loc="upper right")
   fig.suptitle(_title(result, f"auto's rounds against prompt lookup's, {result['length']:,} tokens"))
   return fig
@@ -314,8 +360,7 @@ def _long_generation(result: dict, plt):
         ax.plot(xs, [r[key] for r in points], marker="o", color=f"C{index}", label=method)
         ax.plot(xs, [r[f"segment_{key}"] for r in points], ls="--", color=f"C{index}", alpha=0.6)
     axes[0, column].set(title=f"penalty {penalty:g}: speedup vs AR (dashed: per segment)", ylabel="x AR tokens/s")
-    axes[1, column].set(title=f"penalty {penalty:g}: tau", ylabel="tokens per target forward",
-                        xlabel="output tokens")
+    axes[1, column].set(title=f"penalty {penalty:g}: tau", ylabel="tokens per target forward", xlabel="output tokens")
     axes[0, column].legend(fontsize=7)
     for ax in axes[:, column]:
       ax.grid(alpha=0.3)
@@ -336,16 +381,28 @@ def _sparse_quality(result: dict, plt):
   for ax, (set_name, rows) in zip(axes[0], by_set.items()):
     series = sorted({(r.get("guide") or "draft", r["chunk"]) for r in rows})
     for index, (guide, chunk) in enumerate(series):
-      points = sorted((r for r in rows if (r.get("guide") or "draft", r["chunk"]) == (guide, chunk)),
-                      key=lambda r: r["kv_fraction_read"])
+      points = sorted(
+        (r for r in rows if (r.get("guide") or "draft", r["chunk"]) == (guide, chunk)),
+        key=lambda r: r["kv_fraction_read"],
+      )
       xs, ys = [100 * r["kv_fraction_read"] for r in points], [100 * r["relative_increase"] for r in points]
-      ax.plot(xs, ys, marker="o", color=f"C{index}", ls="--" if guide == "oracle" else "-",
-              label=f"{chunk}-slot chunks" + (", each layer's own attention (oracle)" if guide == "oracle" else ""))
+      ax.plot(
+        xs,
+        ys,
+        marker="o",
+        color=f"C{index}",
+        ls="--" if guide == "oracle" else "-",
+        label=f"{chunk}-slot chunks" + (", each layer's own attention (oracle)" if guide == "oracle" else ""),
+      )
       for x, y, r in zip(xs, ys, points):
         ax.annotate(f"p={r['p']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set(title=f"{set_name} (dense perplexity {rows[0]['dense_perplexity']:.2f})", xlabel="K/V read, % of dense",
-           ylabel="perplexity increase over dense, %", xlim=(0, 100))
+    ax.set(
+      title=f"{set_name} (dense perplexity {rows[0]['dense_perplexity']:.2f})",
+      xlabel="K/V read, % of dense",
+      ylabel="perplexity increase over dense, %",
+      xlim=(0, 100),
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
   fig.suptitle(_title(result, f"sparse verification's cost, {result['length']:,}-token documents"))
@@ -390,9 +447,19 @@ def kind(result: dict) -> str | None:
   return None
 
 
-PLOTS = {"methods": _methods, "smollm2": _smollm2, "floor": _floor, "topk": _topk, "profile": _profile,
-         "kernels": _kernels, "tree_search": _tree_search, "auto_rounds": _auto_rounds,
-         "long_generation": _long_generation, "sparse_quality": _sparse_quality, "train_step": _train_step}
+PLOTS = {
+  "methods": _methods,
+  "smollm2": _smollm2,
+  "floor": _floor,
+  "topk": _topk,
+  "profile": _profile,
+  "kernels": _kernels,
+  "tree_search": _tree_search,
+  "auto_rounds": _auto_rounds,
+  "long_generation": _long_generation,
+  "sparse_quality": _sparse_quality,
+  "train_step": _train_step,
+}
 
 
 def plot(result: dict | Path, out: Path) -> Path | None:
@@ -419,8 +486,9 @@ def joined(results: list[dict], sets=None) -> dict:
   for result in results:
     if kind(result) != "methods":
       raise ValueError("--join draws method comparisons (infer.benchmark's JSON) only.")
-    rows.update({(r["set"], r["method"], r["prefill_tokens"]): r for r in result["rows"]
-                 if sets is None or r["set"] in sets})
+    rows.update(
+      {(r["set"], r["method"], r["prefill_tokens"]): r for r in result["rows"] if sets is None or r["set"] in sets}
+    )
   return {**results[0], "rows": list(rows.values())}
 
 
@@ -458,4 +526,3 @@ if __name__ == "__main__":
   from longspec_jax.cli import run_main
 
   run_main(main, "python -m infer.plots", interruptible=False)
-

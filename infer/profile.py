@@ -87,8 +87,9 @@ def device_events(data):
   """(start ns, duration ns, hlo op, kernel name) of every device event of the decode
   loop in a trace (`jax.profiler.ProfileData`). Device planes on an accelerator; the
   host's XLA thunks on a CPU-only machine."""
-  planes = [p for p in data.planes if p.name.startswith("/device:")] or \
-           [p for p in data.planes if p.name == "/host:CPU"]
+  planes = [p for p in data.planes if p.name.startswith("/device:")] or [
+    p for p in data.planes if p.name == "/host:CPU"
+  ]
   for plane in planes:
     for line in plane.lines:
       for event in line.events:
@@ -124,8 +125,10 @@ def graph_updates(events, start_ns: float, end_ns: float) -> dict[str, list]:
   """Graph -> [launches, updates, update ns] from the host events inside [start_ns,
   end_ns]: each update is charged to the graph event around it on its thread."""
   by_graph = collections.defaultdict(lambda: [0, 0, 0.0])
-  inside = sorted((event for event in events if event[0] >= start_ns and event[0] + event[1] <= end_ns),
-                  key=lambda event: (event[0], -event[1]))  # (an event before those it holds)
+  inside = sorted(
+    (event for event in events if event[0] >= start_ns and event[0] + event[1] <= end_ns),
+    key=lambda event: (event[0], -event[1]),
+  )  # (an event before those it holds)
   open_graphs = collections.defaultdict(list)  # thread -> the graph events around now
   for start, duration, thread, name in inside:
     stack = open_graphs[thread]
@@ -189,29 +192,48 @@ def summarize(events: list, names: dict[str, str], top: int, updates: dict[str, 
   updates = updates or {}
   ranked = sorted(by_op.items(), key=lambda item: -item[1][0])[:top]
   return {
-      "kernel_ms": total / 1e6,
-      "span_ms": span / 1e6,
-      "idle_share_of_span": 1 - busy_ns(events) / span if span else 0.0,
-      "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
-      "top_ops": [{"hlo_op": op, "ms": ns / 1e6, "share": ns / total, "calls": calls,
-                   "scope": scope_of(names.get(op)), "op_name": names.get(op)} for op, (ns, calls) in ranked],
-      "graphs": [graph_row(graph, scopes, *updates.get(graph, (0, 0, 0.0)))
-                 for graph, scopes in sorted(graphs.items(), key=lambda item: -sum(item[1].values()))],
+    "kernel_ms": total / 1e6,
+    "span_ms": span / 1e6,
+    "idle_share_of_span": 1 - busy_ns(events) / span if span else 0.0,
+    "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
+    "top_ops": [
+      {
+        "hlo_op": op,
+        "ms": ns / 1e6,
+        "share": ns / total,
+        "calls": calls,
+        "scope": scope_of(names.get(op)),
+        "op_name": names.get(op),
+      }
+      for op, (ns, calls) in ranked
+    ],
+    "graphs": [
+      graph_row(graph, scopes, *updates.get(graph, (0, 0, 0.0)))
+      for graph, scopes in sorted(graphs.items(), key=lambda item: -sum(item[1].values()))
+    ],
   }
 
 
 def graph_row(graph: str, scopes: collections.Counter, launches: int, updates: int, update_ns: float) -> dict:
   """A CUDA graph's row: its device time in all and by scope, launches and updates."""
-  return {"graph": graph, "ms": sum(scopes.values()) / 1e6,
-          "scopes": {scope: ns / 1e6 for scope, ns in scopes.most_common()},
-          "launches": launches, "updates": updates, "update_ms": update_ns / 1e6}
+  return {
+    "graph": graph,
+    "ms": sum(scopes.values()) / 1e6,
+    "scopes": {scope: ns / 1e6 for scope, ns in scopes.most_common()},
+    "launches": launches,
+    "updates": updates,
+    "update_ms": update_ns / 1e6,
+  }
 
 
 def main(argv=None):
   p = ArgumentParser(prog="python -m infer.profile", description=__doc__.splitlines()[0])
   p.add_argument("--method", default="longspec", choices=METHODS)
-  p.add_argument("--draft", help="draft for longspec, glide, tokenswift (its heads) and auto: 'default' (theirs),"
-                 " 'random', a checkpoint dir; auto uses one only when named")
+  p.add_argument(
+    "--draft",
+    help="draft for longspec, glide, tokenswift (its heads) and auto: 'default' (theirs),"
+    " 'random', a checkpoint dir; auto uses one only when named",
+  )
   add_tree_flags(p)
   add_copy_flags(p)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
@@ -220,8 +242,12 @@ def main(argv=None):
   p.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
   p.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight target of this shape, random prompt tokens")
   p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together")
-  p.add_argument("--generations", type=positive_int, default=1,
-                 help="generations profiled one after another, each on prompts of its own")
+  p.add_argument(
+    "--generations",
+    type=positive_int,
+    default=1,
+    help="generations profiled one after another, each on prompts of its own",
+  )
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   add_attention_flag(p)
   add_gemm_flag(p)
@@ -235,8 +261,10 @@ def main(argv=None):
   dump_dir = args.out / "hlo"
   if "jax" in sys.modules:
     raise UserError("run `python -m infer.profile` as its own process: it sets XLA's dump flags before JAX starts.")
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
-                             f" --xla_dump_hlo_module_re=.*{LOOP}.*").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
+    f" --xla_dump_hlo_module_re=.*{LOOP}.*"
+  ).strip()
 
   import jax
   import numpy as np
@@ -256,8 +284,11 @@ def main(argv=None):
     target_name = f"random {args.shape}"
     config = SHAPES[args.shape]
     model = random_model(config, dtype, attention=impl)
-    prompts = np.random.default_rng(args.seed).integers(
-        0, config.vocab_size, (args.generations * args.batch, args.length)).tolist()
+    prompts = (
+      np.random.default_rng(args.seed)
+      .integers(0, config.vocab_size, (args.generations * args.batch, args.length))
+      .tolist()
+    )
   else:
     from longspec_jax.weights import default, load_target
 
@@ -266,16 +297,20 @@ def main(argv=None):
     model, config = target.model, target.config
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
   set_gemm(model, args.gemm)
-  draft = (load_draft(spec, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
-           if spec is not None else None)
+  draft = (
+    load_draft(spec, config, dtype, target_name, attention=impl, kind=draft_kind(args.method))
+    if spec is not None
+    else None
+  )
   widths, cape = tree_choice(args.tree_widths, args)
   sampling = sampling_config(args, args.method)
-  proposer, proposer_params = make_proposer(args.method, draft, widths, args.copy_tokens, cape, args.copy_matches,
-                                            sampling)
+  proposer, proposer_params = make_proposer(
+    args.method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling
+  )
   decoding = Decoding(proposer=proposer, sampling=sampling)
 
   def run(generation: int):
-    batch = prompts[generation * args.batch:(generation + 1) * args.batch]
+    batch = prompts[generation * args.batch : (generation + 1) * args.batch]
     return generate(model, batch, args.new_tokens, decoding, proposer_params, seed=args.seed)
 
   warmed_up(lambda: run(0))  # compiles (and `auto` measures its round prices)
@@ -294,12 +329,18 @@ def main(argv=None):
     on_host = [event for event in host_events(trace) if event[0] >= span[0] and event[0] + event[1] <= span[1]]
     updates = graph_updates(on_host, *span)
     stats = result.stats
-    generations.append({"decode_ms": 1e3 * stats.decode_seconds, "rounds": stats.rounds,
-                        "tau": stats.mean_accepted_length, "new_tokens": stats.num_new_tokens,
-                        "graph_launches": sum(row[0] for row in updates.values()),
-                        "graph_updates": sum(row[1] for row in updates.values()),
-                        "update_ms": sum(row[2] for row in updates.values()) / 1e6,
-                        "compile_seconds": compiled.seconds})
+    generations.append(
+      {
+        "decode_ms": 1e3 * stats.decode_seconds,
+        "rounds": stats.rounds,
+        "tau": stats.mean_accepted_length,
+        "new_tokens": stats.num_new_tokens,
+        "graph_launches": sum(row[0] for row in updates.values()),
+        "graph_updates": sum(row[1] for row in updates.values()),
+        "update_ms": sum(row[2] for row in updates.values()) / 1e6,
+        "compile_seconds": compiled.seconds,
+      }
+    )
     traced.append((events, on_host))
     del result  # (its caches: each generation starts as the benchmark's do)
   events, on_host = back_to_back(traced)
@@ -308,44 +349,63 @@ def main(argv=None):
   if span:  # the host's work while the loop ran
     summary["host_events"] = host_summary(on_host, *span, args.top)
   rounds = sum(row["rounds"] for row in generations)
-  report = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "method": args.method,
-            "target": target_name, "set": None if args.shape else args.set,
-            "batch": args.batch, "prefill_tokens": len(prompts[0]),
-            "new_tokens": sum(row["new_tokens"] for row in generations), "rounds": rounds,
-            "tau": sum(row["tau"] * row["rounds"] for row in generations) / max(rounds, 1),
-            "decode_ms": sum(row["decode_ms"] for row in generations), "generations": generations, **summary}
+  report = {
+    "device": jax.devices()[0].device_kind,
+    "jax": jax.__version__,
+    "method": args.method,
+    "target": target_name,
+    "set": None if args.shape else args.set,
+    "batch": args.batch,
+    "prefill_tokens": len(prompts[0]),
+    "new_tokens": sum(row["new_tokens"] for row in generations),
+    "rounds": rounds,
+    "tau": sum(row["tau"] * row["rounds"] for row in generations) / max(rounds, 1),
+    "decode_ms": sum(row["decode_ms"] for row in generations),
+    "generations": generations,
+    **summary,
+  }
   (args.out / "profile.json").write_text(json.dumps(report, indent=1))
   plot(report, args.out / "profile.png")
 
   rounds = max(rounds, 1)
-  print(f"{args.method} on {report['device']}: {len(prompts[0])} prefill tokens, {report['new_tokens']} new in"
-        f" {rounds} rounds over {args.generations} generation(s) (tau {report['tau']:.2f}); decode"
-        f" {report['decode_ms']:.1f} ms, device kernels {summary['kernel_ms']:.1f} ms, idle"
-        f" {100 * summary['idle_share_of_span']:.0f}% of the loop's span")
+  print(
+    f"{args.method} on {report['device']}: {len(prompts[0])} prefill tokens, {report['new_tokens']} new in"
+    f" {rounds} rounds over {args.generations} generation(s) (tau {report['tau']:.2f}); decode"
+    f" {report['decode_ms']:.1f} ms, device kernels {summary['kernel_ms']:.1f} ms, idle"
+    f" {100 * summary['idle_share_of_span']:.0f}% of the loop's span"
+  )
   if args.generations > 1:
     print("generation | decode ms | rounds | tau  | graph launches | updates | update ms")
     for index, row in enumerate(generations):
-      print(f"{index:10d} | {row['decode_ms']:9.1f} | {row['rounds']:6d} | {row['tau']:4.2f} |"
-            f" {row['graph_launches']:14d} | {row['graph_updates']:7d} | {row['update_ms']:9.2f}")
+      print(
+        f"{index:10d} | {row['decode_ms']:9.1f} | {row['rounds']:6d} | {row['tau']:4.2f} |"
+        f" {row['graph_launches']:14d} | {row['graph_updates']:7d} | {row['update_ms']:9.2f}"
+      )
   print("scope    | ms per round | share")
   for scope, row in summary["by_scope"].items():
     print(f"{scope:8} | {row['ms'] / rounds:12.3f} | {100 * row['share']:4.1f}%")
   print("op                                  | scope    | us per round | calls/round | share | from")
   for row in summary["top_ops"]:
     origin = (row["op_name"] or "").split("/")[-3:]
-    print(f"{row['hlo_op'][:35]:35} | {row['scope']:8} | {1e3 * row['ms'] / rounds:12.1f} |"
-          f" {row['calls'] / rounds:11.1f} | {100 * row['share']:4.1f}% | {'/'.join(origin)}")
+    print(
+      f"{row['hlo_op'][:35]:35} | {row['scope']:8} | {1e3 * row['ms'] / rounds:12.1f} |"
+      f" {row['calls'] / rounds:11.1f} | {100 * row['share']:4.1f}% | {'/'.join(origin)}"
+    )
   if summary["graphs"]:
     print("CUDA graph           | device us/round | launches | updates | update ms | scopes (device ms)")
     for row in summary["graphs"]:
       scopes = ", ".join(f"{scope} {ms:.1f}" for scope, ms in row["scopes"].items())
-      print(f"{row['graph'][:20]:20} | {1e3 * row['ms'] / rounds:15.1f} | {row['launches']:8d} | {row['updates']:7d} |"
-            f" {row['update_ms']:9.2f} | {scopes}")
+      print(
+        f"{row['graph'][:20]:20} | {1e3 * row['ms'] / rounds:15.1f} | {row['launches']:8d} | {row['updates']:7d} |"
+        f" {row['update_ms']:9.2f} | {scopes}"
+      )
   if summary.get("host_events"):
     print("host thread          | event                               | us per round | calls/round")
     for row in summary["host_events"]:
-      print(f"{row['thread'][:20]:20} | {row['event'][:35]:35} | {1e3 * row['ms'] / rounds:12.1f} |"
-            f" {row['calls'] / rounds:11.1f}")
+      print(
+        f"{row['thread'][:20]:20} | {row['event'][:35]:35} | {1e3 * row['ms'] / rounds:12.1f} |"
+        f" {row['calls'] / rounds:11.1f}"
+      )
 
 
 if __name__ == "__main__":

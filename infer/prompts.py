@@ -26,14 +26,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DOC_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/README*", "/usr/share/doc/*/*.txt")
-POD_GLOBS = ("/usr/share/perl/*/pod/*.pod", "/usr/share/perl/*/*.pod", "/usr/share/perl/*/*/*.pod",
-             "/usr/share/perl/*/*/*/*.pod")
+POD_GLOBS = (
+  "/usr/share/perl/*/pod/*.pod",
+  "/usr/share/perl/*/*.pod",
+  "/usr/share/perl/*/*/*.pod",
+  "/usr/share/perl/*/*/*/*.pod",
+)
 PERL_GLOBS = ("/usr/share/perl/**/*.pm", "/usr/lib/*/perl*/**/*.pm")
 CPP_GLOBS = ("/usr/include/c++/*/*", "/usr/include/c++/*/bits/*")
 SUMMARY_REQUEST = "Summarize the following document in a few paragraphs.\n\n"
 EXPLAIN_REQUEST = "Explain what the following code does, part by part.\n\n"
-QUESTION = "Read the document below, then answer the question after it.\n\n{document}\n\nQuestion: what does the" \
-           " document say under the heading \"{heading}\"? Answer in a few sentences."
+QUESTION = (
+  "Read the document below, then answer the question after it.\n\n{document}\n\nQuestion: what does the"
+  ' document say under the heading "{heading}"? Answer in a few sentences.'
+)
 POD_HEADING = re.compile(r"^=head[1-4]\s+(.+)$", re.MULTILINE)
 
 
@@ -46,8 +52,10 @@ def _read(path: Path) -> str | None:
 
 def _paths(patterns: Iterable[str]) -> list[Path]:
   """The files the glob patterns match, longest first."""
-  return sorted({p for pattern in patterns for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
-                key=lambda p: (-p.stat().st_size, str(p)))
+  return sorted(
+    {p for pattern in patterns for p in Path("/").glob(pattern.lstrip("/")) if p.is_file()},
+    key=lambda p: (-p.stat().st_size, str(p)),
+  )
 
 
 def _files(patterns: Iterable[str], min_chars: int = 2000) -> list[str]:
@@ -75,13 +83,15 @@ def _completion_prompts(texts: list[str], what: str, tokenizer, length: int, cou
   raise RuntimeError(f"not enough local {what} for {count} prompts of {length} tokens")
 
 
-def _chat_prompts(texts: list[str], what: str, request: Callable[[str], str | None], tokenizer, length: int,
-                  count: int) -> list[list[int]]:
+def _chat_prompts(
+  texts: list[str], what: str, request: Callable[[str], str | None], tokenizer, length: int, count: int
+) -> list[list[int]]:
   """`count` chat prompts of about `length` tokens, each `request(document)` for a
   different document, truncated (or joined with the next) to fit; `request` may turn a
   document down (None)."""
-  template = tokenizer.apply_chat_template([{"role": "user", "content": request("") or ""}], tokenize=False,
-                                           add_generation_prompt=True)
+  template = tokenizer.apply_chat_template(
+    [{"role": "user", "content": request("") or ""}], tokenize=False, add_generation_prompt=True
+  )
   budget = length - len(tokenizer(template, add_special_tokens=False).input_ids)
   prompts, pending = [], []
   for text in texts:
@@ -92,8 +102,9 @@ def _chat_prompts(texts: list[str], what: str, request: Callable[[str], str | No
     pending = []
     if content is None:
       continue
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                         add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+      [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
     prompts.append(tokenizer(chat, add_special_tokens=False).input_ids)
     if len(prompts) == count:
       return prompts
@@ -116,18 +127,17 @@ def code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
 
 
 def document_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
-  return _chat_prompts(_files(DOC_GLOBS) + _python_sources(), "text", lambda d: SUMMARY_REQUEST + d, tokenizer,
-                       length, count)
+  return _chat_prompts(
+    _files(DOC_GLOBS) + _python_sources(), "text", lambda d: SUMMARY_REQUEST + d, tokenizer, length, count
+  )
 
 
 def c_code_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
-  return _completion_prompts(_files(["/usr/include/*.h", "/usr/include/*/*.h"]), "C headers", tokenizer, length,
-                             count)
+  return _completion_prompts(_files(["/usr/include/*.h", "/usr/include/*/*.h"]), "C headers", tokenizer, length, count)
 
 
 def pod_document_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
-  return _chat_prompts(_files(POD_GLOBS), "Perl documentation", lambda d: SUMMARY_REQUEST + d, tokenizer, length,
-                       count)
+  return _chat_prompts(_files(POD_GLOBS), "Perl documentation", lambda d: SUMMARY_REQUEST + d, tokenizer, length, count)
 
 
 def pod_question_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
@@ -146,9 +156,16 @@ def perl_explain_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
   return _chat_prompts(_files(PERL_GLOBS), "Perl modules", lambda d: EXPLAIN_REQUEST + d, tokenizer, length, count)
 
 
-PROMPT_SETS = {"code": code_prompts, "docs": document_prompts, "c-code": c_code_prompts,
-               "pod-docs": pod_document_prompts, "pod-qa": pod_question_prompts, "cpp-code": cpp_code_prompts,
-               "perl-code": perl_code_prompts, "perl-explain": perl_explain_prompts}
+PROMPT_SETS = {
+  "code": code_prompts,
+  "docs": document_prompts,
+  "c-code": c_code_prompts,
+  "pod-docs": pod_document_prompts,
+  "pod-qa": pod_question_prompts,
+  "cpp-code": cpp_code_prompts,
+  "perl-code": perl_code_prompts,
+  "perl-explain": perl_explain_prompts,
+}
 # The sets of text no training data of the project holds (`train.corpus` leaves it out).
 HELD_OUT = ("c-code", "cpp-code", "perl-code", "pod-docs", "pod-qa", "perl-explain")
 HELD_OUT_NAME = "held-out"  # what `--sets` takes for all of them

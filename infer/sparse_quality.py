@@ -62,10 +62,12 @@ from longspec_jax.weights.drafts import load_draft, resolve_draft
 COMPLETION_SETS = ("code", "c-code", "cpp-code", "perl-code")  # raw files: their tokens are the document's
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "proposer", "block", "oracle"),
-                   donate_argnames=("cache", "ring"))
-def _forced_block(graphdef, params, proposer: LongSpecDraft, draft_params, cache, ring, history, block: int,
-                  oracle: bool = False):
+@functools.partial(
+  jax.jit, static_argnames=("graphdef", "proposer", "block", "oracle"), donate_argnames=("cache", "ring")
+)
+def _forced_block(
+  graphdef, params, proposer: LongSpecDraft, draft_params, cache, ring, history, block: int, oracle: bool = False
+):
   """Teacher-forces history's next `block` tokens (the first at slot cache.lengths)
   through the target, sparsely as `proposer.sparse` says (None: dense), the chunks chosen
   by the draft's attention or, with `oracle`, by each target layer's own in a dense pass
@@ -84,11 +86,17 @@ def _forced_block(graphdef, params, proposer: LongSpecDraft, draft_params, cache
     _, ring = proposer.catch_up(draft, target, cache, history, ring)  # the ring through the block's first token
     chain = block - 1  # the block after its first token, as a tree's draft passes see their nodes
     _, _, mass = draft.forward(
-        target, tokens[:, 1:], positions[:, 1:],
-        SelfAttend(mask=jnp.broadcast_to(jnp.tril(jnp.ones((chain, chain), bool)), (tokens.shape[0], chain, chain)),
-                   ring=ring, ring_limit=lengths + 1),
-        CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (tokens.shape[0], chain))),
-        chunk=sparse.chunk)  # [B, K, C]
+      target,
+      tokens[:, 1:],
+      positions[:, 1:],
+      SelfAttend(
+        mask=jnp.broadcast_to(jnp.tril(jnp.ones((chain, chain), bool)), (tokens.shape[0], chain, chain)),
+        ring=ring,
+        ring_limit=lengths + 1,
+      ),
+      CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (tokens.shape[0], chain))),
+      chunk=sparse.chunk,
+    )  # [B, K, C]
     if oracle:
       masses = target.prefix_masses(tokens, positions, mask, cache, sparse.chunk)  # [L, B, K, C]
     kept = attention.select_chunks(mass if masses is None else masses, sparse.p, impl=draft.attention)
@@ -108,8 +116,15 @@ def _distributions(mass: np.ndarray) -> np.ndarray:
   return mass / np.maximum(mass.sum(axis=-1, keepdims=True), 1e-30)
 
 
-def teacher_forced(target, proposer: LongSpecDraft, draft_params, documents: np.ndarray, eval_tokens: int,
-                   block: int, oracle: bool = False) -> dict:
+def teacher_forced(
+  target,
+  proposer: LongSpecDraft,
+  draft_params,
+  documents: np.ndarray,
+  eval_tokens: int,
+  block: int,
+  oracle: bool = False,
+) -> dict:
   """documents [B, L]: the first L - eval_tokens tokens prefilled, the rest teacher-forced
   in blocks (`_forced_block`). Returns nll and argmax [B, E'] (E' = the whole blocks that
   fit), the mean share of the K/V read, and with `oracle` SpecAttn's layer similarity
@@ -124,15 +139,19 @@ def teacher_forced(target, proposer: LongSpecDraft, draft_params, documents: np.
   graphdef, params = nnx.split(target)
   nll, top, read, similarity = [], [], [], []
   for _ in range((eval_tokens - 1) // block):  # (the last block's last token needs a next one)
-    cache, ring, block_nll, block_top, block_read, both = _forced_block(graphdef, params, proposer, draft_params,
-                                                                        cache, ring, history, block, oracle)
+    cache, ring, block_nll, block_top, block_read, both = _forced_block(
+      graphdef, params, proposer, draft_params, cache, ring, history, block, oracle
+    )
     nll.append(block_nll)
     top.append(block_top)
     read.append(block_read)
     if both is not None:
       similarity.append(kl_similarity(_distributions(both[1]), _distributions(both[0])))
-  result = {"nll": np.asarray(jnp.concatenate(nll, axis=1)), "top": np.asarray(jnp.concatenate(top, axis=1)),
-            "kv_fraction_read": float(np.mean(np.stack(read)))}
+  result = {
+    "nll": np.asarray(jnp.concatenate(nll, axis=1)),
+    "top": np.asarray(jnp.concatenate(top, axis=1)),
+    "kv_fraction_read": float(np.mean(np.stack(read))),
+  }
   if similarity:
     result["layer_similarity"] = np.mean(similarity, axis=0)  # [1, L]
   return result
@@ -140,19 +159,32 @@ def teacher_forced(target, proposer: LongSpecDraft, draft_params, documents: np.
 
 def main(argv=None):
   p = cli.ArgumentParser(prog="python -m infer.sparse_quality", description=__doc__.splitlines()[0])
-  p.add_argument("--sets", nargs="+", choices=COMPLETION_SETS, default=["c-code", "perl-code"],
-                 help="documents: files of these sets (held out: c-code, cpp-code, perl-code)")
+  p.add_argument(
+    "--sets",
+    nargs="+",
+    choices=COMPLETION_SETS,
+    default=["c-code", "perl-code"],
+    help="documents: files of these sets (held out: c-code, cpp-code, perl-code)",
+  )
   p.add_argument("--length", type=cli.positive_int, default=4096, help="tokens per document")
   p.add_argument("--eval-tokens", type=cli.positive_int, default=512, help="the documents' last tokens, teacher-forced")
   p.add_argument("--num-docs", type=cli.positive_int, default=4, help="documents per set (one batch)")
   p.add_argument("--block", type=cli.positive_int, default=6, help="tokens per verification (>= 2)")
-  p.add_argument("--p", type=cli.number_type(float, lambda x: 0 < x < 1, "a number in (0, 1)"), nargs="+",
-                 default=[0.9, 0.95, 0.97], help="fractions of the draft's attention mass kept")
+  p.add_argument(
+    "--p",
+    type=cli.number_type(float, lambda x: 0 < x < 1, "a number in (0, 1)"),
+    nargs="+",
+    default=[0.9, 0.95, 0.97],
+    help="fractions of the draft's attention mass kept",
+  )
   p.add_argument("--chunks", type=cli.positive_int, nargs="+", default=[64, 16], help="slots per chunk")
   p.add_argument("--dense-layers", type=cli.nonnegative_int, default=2)
-  p.add_argument("--oracle", action="store_true",
-                 help="also select each target layer's chunks from its own attention (a dense pass of the block):"
-                      " the per-layer oracle the draft's one selection for every layer approximates")
+  p.add_argument(
+    "--oracle",
+    action="store_true",
+    help="also select each target layer's chunks from its own attention (a dense pass of the block):"
+    " the per-layer oracle the draft's one selection for every layer approximates",
+  )
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--draft", default="default", help="LongSpec's draft: 'default', 'random' or a checkpoint dir")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -175,17 +207,31 @@ def main(argv=None):
   draft = load_draft(args.draft, target.config, target.model.dtype, args.target, attention=impl)
   graphdef, draft_params = nnx.split(draft)
   device = jax.devices()[0].device_kind
-  print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, {args.num_docs} documents of"
-        f" {args.length} tokens per set, the last {args.eval_tokens} teacher-forced in blocks of {args.block}")
+  print(
+    f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, {args.num_docs} documents of"
+    f" {args.length} tokens per set, the last {args.eval_tokens} teacher-forced in blocks of {args.block}"
+  )
   print("set        | guide  | chunk | p     | perplexity | vs dense | K/V read | top-1 differs", flush=True)
   rows = []
 
   def save() -> None:  # after every row: a crash loses nothing measured
     if args.out:
-      result = {"kind": "sparse_quality", "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
-                "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
-                "draft": args.draft, "dtype": jnp.dtype(target.model.dtype).name, "attention": impl.value,
-                "length": args.length, "eval_tokens": args.eval_tokens, "block": args.block, "rows": rows}
+      result = {
+        "kind": "sparse_quality",
+        "device": device,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "argv": sys.argv[1:],
+        "target": args.target,
+        "draft": args.draft,
+        "dtype": jnp.dtype(target.model.dtype).name,
+        "attention": impl.value,
+        "length": args.length,
+        "eval_tokens": args.eval_tokens,
+        "block": args.block,
+        "rows": rows,
+      }
       args.out.write_text(json.dumps(result, indent=1))
       plot(result, args.out.with_suffix(".png"))
 
@@ -200,29 +246,56 @@ def main(argv=None):
       for chunk in args.chunks:
         for p_kept in args.p:
           sparse = SparseVerify(p_kept, chunk=chunk, dense_layers=args.dense_layers)
-          runs.append((guide, chunk, p_kept,
-                       teacher_forced(target.model, dataclasses.replace(proposer, sparse=sparse), draft_params,
-                                      documents, args.eval_tokens, args.block, oracle=guide == "oracle")))
+          runs.append(
+            (
+              guide,
+              chunk,
+              p_kept,
+              teacher_forced(
+                target.model,
+                dataclasses.replace(proposer, sparse=sparse),
+                draft_params,
+                documents,
+                args.eval_tokens,
+                args.block,
+                oracle=guide == "oracle",
+              ),
+            )
+          )
     for guide, chunk, p_kept, run in runs:
       ppl = math.exp(float(run["nll"].mean()))
-      row = {"set": set_name, "guide": guide, "chunk": chunk, "p": p_kept, "perplexity": ppl,
-             "dense_perplexity": dense_ppl,
-             "relative_increase": ppl / dense_ppl - 1, "kv_fraction_read": run["kv_fraction_read"],
-             "top1_differs": float(np.mean(run["top"] != dense["top"])), "tokens": int(run["nll"].size),
-             "per_document_perplexity": np.exp(run["nll"].mean(axis=1)).tolist()}
+      row = {
+        "set": set_name,
+        "guide": guide,
+        "chunk": chunk,
+        "p": p_kept,
+        "perplexity": ppl,
+        "dense_perplexity": dense_ppl,
+        "relative_increase": ppl / dense_ppl - 1,
+        "kv_fraction_read": run["kv_fraction_read"],
+        "top1_differs": float(np.mean(run["top"] != dense["top"])),
+        "tokens": int(run["nll"].size),
+        "per_document_perplexity": np.exp(run["nll"].mean(axis=1)).tolist(),
+      }
       if "layer_similarity" in run:  # S[i, j] = -KL(target layer j || draft layer i), and the mapping it gives
         row["layer_similarity"] = run["layer_similarity"].tolist()
         row["layer_map"] = list(monotone_map(run["layer_similarity"]))
       rows.append(row)
       save()
-      print(f"{set_name:10} | {guide or 'dense':6} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} |"
-            f" {100 * row['relative_increase']:+7.2f}% | {100 * row['kv_fraction_read']:7.1f}% |"
-            f" {100 * row['top1_differs']:12.2f}%", flush=True)
+      print(
+        f"{set_name:10} | {guide or 'dense':6} | {chunk or '-':>5} | {p_kept or 1:5.2f} | {ppl:10.3f} |"
+        f" {100 * row['relative_increase']:+7.2f}% | {100 * row['kv_fraction_read']:7.1f}% |"
+        f" {100 * row['top1_differs']:12.2f}%",
+        flush=True,
+      )
       if "layer_similarity" in row:
         kl = -np.asarray(row["layer_similarity"][0])
         order = np.argsort(kl)
-        print(f"  KL(target layer || draft) per chunk: {kl.min():.2f} (layer {order[0]}) .. {kl.max():.2f}"
-              f" (layer {order[-1]}), median {np.median(kl):.2f}", flush=True)
+        print(
+          f"  KL(target layer || draft) per chunk: {kl.min():.2f} (layer {order[0]}) .. {kl.max():.2f}"
+          f" (layer {order[-1]}), median {np.median(kl):.2f}",
+          flush=True,
+        )
 
 
 if __name__ == "__main__":

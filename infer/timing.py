@@ -65,6 +65,7 @@ def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: in
   constants baked into the program. The loop is unrolled `unroll` times: an XLA while
   loop syncs with the host at every iteration, which would add ~10 us to each call of a
   kernel that itself takes tens."""
+
   def chained(_, y, ops):
     return jax.tree.map(lambda new, old: new.astype(old.dtype), fn(y, *ops), y)
 
@@ -96,8 +97,9 @@ def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> t
 
   def draft_pass(carry, params, proposer_params, state):
     proposal, total = carry
-    tree, proposal = propose(nnx.merge(graphdef, params), proposer, proposer_params,
-                             dataclasses.replace(state, proposal=proposal))
+    tree, proposal = propose(
+      nnx.merge(graphdef, params), proposer, proposer_params, dataclasses.replace(state, proposal=proposal)
+    )
     return proposal, total + tree.tokens.sum()
 
   def verify_pass(carry, params, tree):
@@ -105,9 +107,11 @@ def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> t
     logits, _, cache = verify(nnx.merge(graphdef, params), tree, cache, decoding.sparse)
     return cache, total + logits[:, :, 0].sum()
 
-  tree = jax.jit(lambda params, proposer_params, state: propose(
-      nnx.merge(graphdef, params), proposer, proposer_params, state)[0])(params, proposer_params, state)
-  draft = loop_seconds(draft_pass, (state.proposal, jnp.int32(0)), params, proposer_params, state, iters=iters,
-                       unroll=1, repeats=1)
+  tree = jax.jit(
+    lambda params, proposer_params, state: propose(nnx.merge(graphdef, params), proposer, proposer_params, state)[0]
+  )(params, proposer_params, state)
+  draft = loop_seconds(
+    draft_pass, (state.proposal, jnp.int32(0)), params, proposer_params, state, iters=iters, unroll=1, repeats=1
+  )
   check = loop_seconds(verify_pass, (state.cache, jnp.float32(0)), params, tree, iters=iters, unroll=1, repeats=1)
   return draft, check

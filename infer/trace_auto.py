@@ -61,11 +61,15 @@ def generation(result, prices: dict[str, float], proposer: Adaptive) -> dict:
   seconds = sum(count * prices[kind] for kind, count in stats.rounds_by_kind.items())
   learnt = proposer.learnt(result.state.proposal)
   as_list = lambda x: [None if np.isnan(v) else round(float(v), 2) for v in np.asarray(x, np.float64)]
-  return {"rounds_by_kind": stats.rounds_by_kind, "tau": stats.mean_accepted_length,
-          "priced_tokens_per_second": (stats.num_new_tokens - 1) / seconds,
-          "copy_gain_by_ngram": as_list(learnt.copy_gain), "chain_gain_by_ngram": as_list(learnt.chain_gain),
-          "draft_gain_without_with_match": as_list(learnt.draft_gain),
-          "explore_after": np.asarray(result.state.proposal.explore_after).tolist()}
+  return {
+    "rounds_by_kind": stats.rounds_by_kind,
+    "tau": stats.mean_accepted_length,
+    "priced_tokens_per_second": (stats.num_new_tokens - 1) / seconds,
+    "copy_gain_by_ngram": as_list(learnt.copy_gain),
+    "chain_gain_by_ngram": as_list(learnt.chain_gain),
+    "draft_gain_without_with_match": as_list(learnt.draft_gain),
+    "explore_after": np.asarray(result.state.proposal.explore_after).tolist(),
+  }
 
 
 def main(argv=None):
@@ -73,8 +77,9 @@ def main(argv=None):
   p.add_argument("--prices", type=Path, required=True, help="an infer.benchmark results JSON with an auto row")
   p.add_argument("--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=[HELD_OUT_NAME])
   add_run_flags(p, num_prompts=2)
-  p.add_argument("--copy-tokens", type=cli.positive_int,
-                 help="auto's continuations' length (default: the --prices row's)")
+  p.add_argument(
+    "--copy-tokens", type=cli.positive_int, help="auto's continuations' length (default: the --prices row's)"
+  )
   p.add_argument("--copy-matches", type=cli.positive_int, help="auto's continuations (default: the --prices row's)")
   p.add_argument("--out", type=Path, help="results JSON")
   args = p.parse_args(argv)
@@ -82,29 +87,48 @@ def main(argv=None):
     cli.output_path(args.out)
   prices, copies = read_prices(args.prices)
   target, draft = load_run(args)
-  proposer, params = make_proposer("auto", draft, None, args.copy_tokens or copies["copy_tokens"],
-                                   copy_matches=args.copy_matches or copies["copy_matches"])
+  proposer, params = make_proposer(
+    "auto",
+    draft,
+    None,
+    args.copy_tokens or copies["copy_tokens"],
+    copy_matches=args.copy_matches or copies["copy_matches"],
+  )
   names = [kind.value for kind in proposer.kinds]
   if set(names) - set(prices):
     raise UserError(f"--prices has no price for {', '.join(sorted(set(names) - set(prices)))} rounds.")
   known = calibration.Prices(seconds=(*(prices[n] for n in names), prices["switch"]), chunks=((),) * len(names))
   decoding = Decoding(proposer=proposer)
   run = lambda prompt: generate(target.model, [prompt], args.new_tokens, decoding, params)
-  result = {"kind": "auto_trace", "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "python": platform.python_version(), "argv": sys.argv[1:], "prices_from": str(args.prices),
-            "round_seconds": prices, "dtype": jnp.dtype(target.model.dtype).name, "draft": args.draft,
-            "copy_tokens": proposer.lookup.num_tokens, "copy_matches": proposer.lookup.matches,
-            "generations": []}
+  result = {
+    "kind": "auto_trace",
+    "device": jax.devices()[0].device_kind,
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "argv": sys.argv[1:],
+    "prices_from": str(args.prices),
+    "round_seconds": prices,
+    "dtype": jnp.dtype(target.model.dtype).name,
+    "draft": args.draft,
+    "copy_tokens": proposer.lookup.num_tokens,
+    "copy_matches": proposer.lookup.matches,
+    "generations": [],
+  }
   print(f"prices (ms): {', '.join(f'{k} {1e3 * v:.3f}' for k, v in prices.items())}")
-  print("set          | prompt | rounds ar/chain/copy/draft | tau  | tok/s at prices | copy gain by n-gram"
-        " | draft gain (no match, match) | explore after")
+  print(
+    "set          | prompt | rounds ar/chain/copy/draft | tau  | tok/s at prices | copy gain by n-gram"
+    " | draft gain (no match, match) | explore after"
+  )
 
   def record(set_name: str, prompt, generated) -> None:
     row = {"set": set_name, "prompt": prompt, **generation(generated, prices, proposer)}
     result["generations"].append(row)
     kinds = "/".join(str(row["rounds_by_kind"].get(k.value, 0)) for k in Kind)
-    print(f"{set_name:12} | {prompt!s:>7} | {kinds:>26} | {row['tau']:4.2f} | {row['priced_tokens_per_second']:15.0f} |"
-          f" {row['copy_gain_by_ngram']} | {row['draft_gain_without_with_match']} | {row['explore_after']}", flush=True)
+    print(
+      f"{set_name:12} | {prompt!s:>7} | {kinds:>26} | {row['tau']:4.2f} | {row['priced_tokens_per_second']:15.0f} |"
+      f" {row['copy_gain_by_ngram']} | {row['draft_gain_without_with_match']} | {row['explore_after']}",
+      flush=True,
+    )
     if args.out:  # after every generation: a crash loses nothing traced
       args.out.write_text(json.dumps(result, indent=1))
 

@@ -107,8 +107,15 @@ class Search:
   best: Candidate
 
 
-def search(start: Candidate, measure: Callable[[Candidate], Measurement], *, max_nodes: int, seed: int,
-           max_evaluations: int, tolerance: float = 0.02) -> Search:
+def search(
+  start: Candidate,
+  measure: Callable[[Candidate], Measurement],
+  *,
+  max_nodes: int,
+  seed: int,
+  max_evaluations: int,
+  tolerance: float = 0.02,
+) -> Search:
   """Hill-climbs from `start` by `measure`d tokens/s (module docstring)."""
   if max_evaluations < 1:
     raise UserError(f"the search needs at least one evaluation, got {max_evaluations}.")
@@ -124,14 +131,16 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], *, max
       scores[fresh[index]] = measure(fresh[index])
     challenger = max(around, key=lambda c: scores[c].tokens_per_second if c in scores else 0.0)
     if challenger not in scores or (
-        scores[challenger].tokens_per_second <= (1 + tolerance) * scores[best].tokens_per_second):
+      scores[challenger].tokens_per_second <= (1 + tolerance) * scores[best].tokens_per_second
+    ):
       break
     best = challenger
   return Search(list(scores.items()), best)
 
 
-def measure_on(target, draft, prompts: list[list[int]], new_tokens: int, seed: int, repeats: int) -> Callable[
-    [Candidate], Measurement]:
+def measure_on(
+  target, draft, prompts: list[list[int]], new_tokens: int, seed: int, repeats: int
+) -> Callable[[Candidate], Measurement]:
   """The measurement of a tree on `prompts`: `longspec` with it, greedy, after one warm-up
   run; tokens/s is the median over `repeats` passes over the prompts (a pass: its tokens
   over its decode seconds)."""
@@ -142,11 +151,15 @@ def measure_on(target, draft, prompts: list[list[int]], new_tokens: int, seed: i
     proposer, params = make_proposer("longspec", draft, tree.widths, tree.copy_tokens)
     decoding = Decoding(proposer=proposer)
     generate(target.model, prompts[:1], new_tokens, decoding, params, seed=seed)  # compiles
-    passes = [[generate(target.model, [p], new_tokens, decoding, params, seed=seed).stats for p in prompts]
-              for _ in range(repeats)]
+    passes = [
+      [generate(target.model, [p], new_tokens, decoding, params, seed=seed).stats for p in prompts]
+      for _ in range(repeats)
+    ]
     tokens = sum(s.num_new_tokens - 1 for s in passes[0])  # (greedy: every pass emits the same)
-    measured = Measurement(tau=tokens / sum(s.rounds for s in passes[0]), tokens_per_second=statistics.median(
-        tokens / sum(s.decode_seconds for s in stats) for stats in passes))
+    measured = Measurement(
+      tau=tokens / sum(s.rounds for s in passes[0]),
+      tokens_per_second=statistics.median(tokens / sum(s.decode_seconds for s in stats) for stats in passes),
+    )
     print(f"{tree.label:28} | {tree.nodes:5} | {measured.tau:5.2f} | {measured.tokens_per_second:8.1f}", flush=True)
     return measured
 
@@ -161,16 +174,21 @@ def main(argv=None):
   p.add_argument("--target", default=default.NAME)
   p.add_argument("--draft", default="default", help="'default' (the shipped draft) or a draft checkpoint dir")
   p.add_argument("--start", type=tree_widths, help="beam widths per depth to start from (default: the draft's)")
-  p.add_argument("--start-copy-tokens", type=cli.nonnegative_int, help="copy branch to start from (default: the"
-                 " draft's)")
+  p.add_argument(
+    "--start-copy-tokens", type=cli.nonnegative_int, help="copy branch to start from (default: the draft's)"
+  )
   p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
   p.add_argument("--length", type=cli.positive_int, default=4096, help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=2, help="per set")
   p.add_argument("--new-tokens", type=cli.positive_int, default=128)
   p.add_argument("--repeats", type=cli.positive_int, default=3, help="timed passes over the prompts per tree")
   p.add_argument("--max-evaluations", type=cli.positive_int, default=12)
-  p.add_argument("--tolerance", type=cli.nonnegative_float, default=0.02,
-                 help="how much faster (a fraction) a neighbour must be to move to it")
+  p.add_argument(
+    "--tolerance",
+    type=cli.nonnegative_float,
+    default=0.02,
+    help="how much faster (a fraction) a neighbour must be to move to it",
+  )
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--seed", type=cli.any_int, default=0)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
@@ -197,12 +215,15 @@ def main(argv=None):
   check_capacity(config, [[0] * args.length], args.new_tokens)
   target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path))
   draft = load_draft(args.draft, target.config, target.model.dtype, args.target)
-  start = Candidate(args.start or draft.config.tree_widths,
-                    draft.config.copy_tokens if args.start_copy_tokens is None else args.start_copy_tokens)
+  start = Candidate(
+    args.start or draft.config.tree_widths,
+    draft.config.copy_tokens if args.start_copy_tokens is None else args.start_copy_tokens,
+  )
   if start.nodes > max_nodes:
     raise UserError(f"the start tree {start.label} has {start.nodes} nodes, over the limit of {max_nodes}.")
-  prompts = [prompt for name in args.sets for prompt in PROMPT_SETS[name](target.tokenizer, args.length,
-                                                                            args.num_prompts)]
+  prompts = [
+    prompt for name in args.sets for prompt in PROMPT_SETS[name](target.tokenizer, args.length, args.num_prompts)
+  ]
   device = jax.devices()[0].device_kind
   print(f"device: {device}, target {args.target}, {jnp.dtype(target.model.dtype).name}, {len(prompts)} prompts")
   print("tree                         | nodes |  tau  | tokens/s", flush=True)
@@ -213,13 +234,32 @@ def main(argv=None):
     if not args.out:
       return
     result = {
-        "kind": "tree_search", "device": device, "backend": jax.default_backend(), "jax": jax.__version__,
-        "python": platform.python_version(), "argv": sys.argv[1:], "target": args.target,
-        "dtype": jnp.dtype(target.model.dtype).name, "draft": args.draft, "sets": args.sets, "length": args.length,
-        "num_prompts": args.num_prompts, "new_tokens": args.new_tokens, "repeats": args.repeats, "seed": args.seed,
-        "evaluations": [{"tree_widths": list(c.widths), "copy_tokens": c.copy_tokens, "nodes": c.nodes,
-                         "tau": m.tau, "tokens_per_second": m.tokens_per_second} for c, m in evaluations],
-        "best": None if best is None else {"tree_widths": list(best.widths), "copy_tokens": best.copy_tokens},
+      "kind": "tree_search",
+      "device": device,
+      "backend": jax.default_backend(),
+      "jax": jax.__version__,
+      "python": platform.python_version(),
+      "argv": sys.argv[1:],
+      "target": args.target,
+      "dtype": jnp.dtype(target.model.dtype).name,
+      "draft": args.draft,
+      "sets": args.sets,
+      "length": args.length,
+      "num_prompts": args.num_prompts,
+      "new_tokens": args.new_tokens,
+      "repeats": args.repeats,
+      "seed": args.seed,
+      "evaluations": [
+        {
+          "tree_widths": list(c.widths),
+          "copy_tokens": c.copy_tokens,
+          "nodes": c.nodes,
+          "tau": m.tau,
+          "tokens_per_second": m.tokens_per_second,
+        }
+        for c, m in evaluations
+      ],
+      "best": None if best is None else {"tree_widths": list(best.widths), "copy_tokens": best.copy_tokens},
     }
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
@@ -230,12 +270,14 @@ def main(argv=None):
     save(None)
     return measured
 
-  found = search(start, measure, max_nodes=max_nodes, seed=args.seed, max_evaluations=args.max_evaluations,
-                 tolerance=args.tolerance)
+  found = search(
+    start, measure, max_nodes=max_nodes, seed=args.seed, max_evaluations=args.max_evaluations, tolerance=args.tolerance
+  )
   save(found.best)
   best = dict(found.evaluations)[found.best]
-  print(f"best: {found.best.label} ({found.best.nodes} nodes): tau {best.tau:.2f}, {best.tokens_per_second:.1f}"
-        " tokens/s")
+  print(
+    f"best: {found.best.label} ({found.best.nodes} nodes): tau {best.tau:.2f}, {best.tokens_per_second:.1f} tokens/s"
+  )
   if args.store:
     store_tree(draft_dir, found.best.widths, found.best.copy_tokens)
     print(f"stored in {draft_dir}")

@@ -168,8 +168,12 @@ class Adaptive:
   def kinds(self) -> tuple[Kind, ...]:
     """The kinds of round this proposer runs: a CHAIN only where the lookup proposes
     several continuations (else it is the COPY round), a DRAFT only with a draft."""
-    return ((Kind.AR,) + ((Kind.CHAIN,) if self.lookup.matches > 1 else ()) + (Kind.COPY,)
-            + ((Kind.DRAFT,) if self.draft is not None else ()))
+    return (
+      (Kind.AR,)
+      + ((Kind.CHAIN,) if self.lookup.matches > 1 else ())
+      + (Kind.COPY,)
+      + ((Kind.DRAFT,) if self.draft is not None else ())
+    )
 
   def index(self, kind: Kind) -> int:
     """`kind`'s index in `kinds` (-1 where this proposer has none)."""
@@ -195,23 +199,34 @@ class Adaptive:
     kinds = len(self.kinds)
     unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
     return AdaptiveState(
-        ring=ring, copy_gain=unseen(), chain_gain=unseen(),
-        draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32), costs=jnp.ones((kinds,), jnp.float32),
-        switch=jnp.float32(0), force=jnp.int32(CHOOSE), last=jnp.int32(-1),
-        next_kind=jnp.int32(self.index(Kind.COPY)),
-        since_draft=jnp.zeros((2,), jnp.int32), explore_after=jnp.full((2,), self.explore_every, jnp.int32),
-        rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
-        pending=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), jnp.int32),
-        pending_valid=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), bool),
-        pending_ngram=jnp.zeros((batch,), jnp.int32),
-        pending_at=jnp.zeros((batch,), jnp.int32), pending_chained=jnp.zeros((batch,), bool))
+      ring=ring,
+      copy_gain=unseen(),
+      chain_gain=unseen(),
+      draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32),
+      costs=jnp.ones((kinds,), jnp.float32),
+      switch=jnp.float32(0),
+      force=jnp.int32(CHOOSE),
+      last=jnp.int32(-1),
+      next_kind=jnp.int32(self.index(Kind.COPY)),
+      since_draft=jnp.zeros((2,), jnp.int32),
+      explore_after=jnp.full((2,), self.explore_every, jnp.int32),
+      rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
+      pending=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), jnp.int32),
+      pending_valid=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), bool),
+      pending_ngram=jnp.zeros((batch,), jnp.int32),
+      pending_at=jnp.zeros((batch,), jnp.int32),
+      pending_chained=jnp.zeros((batch,), bool),
+    )
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
     copies, copy_valid, ngram = self.lookup.match(history, cache.lengths)
     copy_gain = self._matched_gain(state.copy_gain, ngram)  # [B]: 0 without a match
-    gains = {Kind.AR: jnp.ones_like(copy_gain), Kind.COPY: jnp.where(ngram > 0, copy_gain, 1.0),
-             Kind.CHAIN: jnp.where(ngram > 0, self._matched_gain(state.chain_gain, ngram), 1.0)}
+    gains = {
+      Kind.AR: jnp.ones_like(copy_gain),
+      Kind.COPY: jnp.where(ngram > 0, copy_gain, 1.0),
+      Kind.CHAIN: jnp.where(ngram > 0, self._matched_gain(state.chain_gain, ngram), 1.0),
+    }
     if self.draft is not None:  # (the continuations are in the draft's tree too)
       draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
       gains[Kind.DRAFT] = jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain)
@@ -228,9 +243,17 @@ class Adaptive:
       kind = jnp.where(explored, jnp.int32(draft), kind)
       draft_price = price[draft]
     forced = jnp.where(state.force == CYCLE, (state.last + 1) % len(self.kinds), state.force)
-    return Plan(kind=jnp.where(state.force == CHOOSE, kind, forced), copies=copies, copy_valid=copy_valid,
-                ngram=ngram, at=cache.lengths + 1, cases=cases, explored=explored & (state.force == CHOOSE),
-                displaced=displaced, draft_price=draft_price)
+    return Plan(
+      kind=jnp.where(state.force == CHOOSE, kind, forced),
+      copies=copies,
+      copy_valid=copy_valid,
+      ngram=ngram,
+      at=cache.lengths + 1,
+      cases=cases,
+      explored=explored & (state.force == CHOOSE),
+      displaced=displaced,
+      draft_price=draft_price,
+    )
 
   def _matched_gain(self, gain: jax.Array, ngram: jax.Array) -> jax.Array:
     """The expected tokens [B] of each sequence's continuations by `gain [B, M]` (the
@@ -243,8 +266,9 @@ class Adaptive:
     """`gain`, or where it is unseen (NaN) the guess for a tree `depth` deep."""
     return jnp.where(jnp.isnan(gain), 1.0 + depth / 2, gain)
 
-  def propose(self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history,
-              root) -> tuple[Tree, AdaptiveState]:
+  def propose(
+    self, kind: Kind, params, state: AdaptiveState, plan: Plan, *, target, cache, history, root
+  ) -> tuple[Tree, AdaptiveState]:
     """The tree of a round of `kind` (static: each kind is a loop of the engine's)."""
     if kind is Kind.AR:
       return chain(root, jnp.zeros((root.shape[0], 0), jnp.int32)), state
@@ -258,8 +282,16 @@ class Adaptive:
     tree = graft_chains(draft.grow(model, target, cache, ring, root, root_hidden), plan.copies, plan.copy_valid)
     return tree, dataclasses.replace(state, ring=ring)
 
-  def observe(self, state: AdaptiveState, plan: Plan, count: jax.Array, active: jax.Array, *, history: jax.Array,
-              lengths: jax.Array) -> AdaptiveState:
+  def observe(
+    self,
+    state: AdaptiveState,
+    plan: Plan,
+    count: jax.Array,
+    active: jax.Array,
+    *,
+    history: jax.Array,
+    lengths: jax.Array,
+  ) -> AdaptiveState:
     """The state after a round of `plan.kind` that emitted `count [B]` tokens in the
     sequences `active [B]`, committed to `history [B, S]` up to `lengths [B]` (the root's
     index): the gains move toward what the round showed."""
@@ -267,15 +299,19 @@ class Adaptive:
     of_kind = lambda k: kind == self.index(k)  # [] bool
     count = count.astype(jnp.float32)
     move = lambda old, seen, where: jnp.where(
-        where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old)
+      where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old
+    )
     at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
     copy_round, chain_round = active & of_kind(Kind.COPY), active & of_kind(Kind.CHAIN)  # [B]
     copy_gain = move(state.copy_gain, count[:, None], copy_round[:, None] & at_ngram(plan.ngram))
     # A COPY round also shows its first continuation's gain whole (the trie accepted at
     # least as deep as that one agrees); a CHAIN round's is its count.
     first, _ = _agreement(plan.copies[:, :1], plan.copy_valid[:, :1], plan.at, history, lengths)  # [B, 1]
-    chain_gain = move(state.chain_gain, jnp.where(copy_round, 1.0 + first[:, 0], count)[:, None],
-                      (copy_round | chain_round)[:, None] & at_ngram(plan.ngram))
+    chain_gain = move(
+      state.chain_gain,
+      jnp.where(copy_round, 1.0 + first[:, 0], count)[:, None],
+      (copy_round | chain_round)[:, None] & at_ngram(plan.ngram),
+    )
     # The other rounds' continuations are kept where none are, then every kept one is set
     # against the history: what they would have given is known once each has broken or
     # ended (the longest agreement; the first one's alone for CHAIN rounds).
@@ -288,25 +324,33 @@ class Adaptive:
     agree, ended = _agreement(pending, pending_valid, pending_at, history, lengths)  # [B, M]
     shown = (pending_ngram > 0) & jnp.all(ended, axis=1)
     copy_gain = move(copy_gain, (1.0 + jnp.max(agree, axis=1))[:, None], shown[:, None] & at_ngram(pending_ngram))
-    chain_gain = move(chain_gain, (1.0 + agree[:, 0])[:, None],
-                      (shown & ~pending_chained)[:, None] & at_ngram(pending_ngram))
+    chain_gain = move(
+      chain_gain, (1.0 + agree[:, 0])[:, None], (shown & ~pending_chained)[:, None] & at_ngram(pending_ngram)
+    )
     draft_round = of_kind(Kind.DRAFT)
     won = plan.explored & (jnp.sum(jnp.where(active, count, 0.0)) / plan.draft_price >= plan.displaced)
     return dataclasses.replace(
-        state, copy_gain=copy_gain, chain_gain=chain_gain,
-        draft_gain=move(state.draft_gain, count[:, None],
-                        (active & draft_round)[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))),
-        last=kind,
-        # (an explored round that won leaves its case's count where it was: the next round
-        # of the case explores again)
-        since_draft=jnp.where(plan.cases & ~won, jnp.where(draft_round, 0, state.since_draft + 1),
-                              state.since_draft),
-        explore_after=jnp.where(
-            plan.cases & plan.explored & ~won, jnp.minimum(2 * state.explore_after, self.max_explore_every),
-            jnp.where(plan.cases & draft_round & ~plan.explored, self.explore_every, state.explore_after)),
-        rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
-        pending=pending, pending_valid=pending_valid, pending_ngram=jnp.where(shown, 0, pending_ngram),
-        pending_at=pending_at, pending_chained=pending_chained,
+      state,
+      copy_gain=copy_gain,
+      chain_gain=chain_gain,
+      draft_gain=move(
+        state.draft_gain, count[:, None], (active & draft_round)[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))
+      ),
+      last=kind,
+      # (an explored round that won leaves its case's count where it was: the next round
+      # of the case explores again)
+      since_draft=jnp.where(plan.cases & ~won, jnp.where(draft_round, 0, state.since_draft + 1), state.since_draft),
+      explore_after=jnp.where(
+        plan.cases & plan.explored & ~won,
+        jnp.minimum(2 * state.explore_after, self.max_explore_every),
+        jnp.where(plan.cases & draft_round & ~plan.explored, self.explore_every, state.explore_after),
+      ),
+      rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
+      pending=pending,
+      pending_valid=pending_valid,
+      pending_ngram=jnp.where(shown, 0, pending_ngram),
+      pending_at=pending_at,
+      pending_chained=pending_chained,
     )
 
   def forced(self, state: AdaptiveState, kind: int) -> AdaptiveState:
@@ -321,13 +365,14 @@ class Adaptive:
   @staticmethod
   def learnt(state: AdaptiveState) -> Learnt:
     """The state's gains averaged over its sequences, those that saw each case."""
+
     def mean(gain):
       gain = np.asarray(gain)
       seen = ~np.isnan(gain)
       count = seen.sum(axis=0)
       return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
-    return Learnt(copy_gain=mean(state.copy_gain), chain_gain=mean(state.chain_gain),
-                  draft_gain=mean(state.draft_gain))
+
+    return Learnt(copy_gain=mean(state.copy_gain), chain_gain=mean(state.chain_gain), draft_gain=mean(state.draft_gain))
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
@@ -351,8 +396,9 @@ def _donated(update, state: AdaptiveState, value) -> AdaptiveState:
   return update(state, value)
 
 
-def _agreement(copies: jax.Array, valid: jax.Array, at: jax.Array, history: jax.Array,
-               lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _agreement(
+  copies: jax.Array, valid: jax.Array, at: jax.Array, history: jax.Array, lengths: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """How many leading tokens of each continuation `copies [B, M, G]` (`valid`: which are
   real; the first one's history index `at [B]`) the history [B, S] holds, up to index
   `lengths [B]`: [B, M] int32; and whether that is final [B, M] (the continuation broke
@@ -373,8 +419,11 @@ def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
   batch = state.copy_gain.shape[0]
   by_ngram = lambda gain: jnp.broadcast_to(gain.astype(jnp.float32), state.copy_gain.shape)
   return dataclasses.replace(
-      state, copy_gain=by_ngram(learnt.copy_gain), chain_gain=by_ngram(learnt.chain_gain),
-      draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)))
+    state,
+    copy_gain=by_ngram(learnt.copy_gain),
+    chain_gain=by_ngram(learnt.chain_gain),
+    draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)),
+  )
 
 
 def _with_costs(state: AdaptiveState, seconds) -> AdaptiveState:

@@ -40,7 +40,7 @@ _WHOLE = None
 def _keys(x: jax.Array) -> tuple[str, ...]:
   """Keys or values: one layer's [B, S, K, D] (a cache's or a step's own) or a stacked
   cache's [L, B, S, K, D]."""
-  return sharding.CACHE_AXES[-x.ndim:]
+  return sharding.CACHE_AXES[-x.ndim :]
 
 
 def _rows(x: jax.Array | None) -> tuple[str | None, ...] | None:
@@ -105,12 +105,12 @@ def _scores(q: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
 
 
 def prefix_attention_reference(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    lengths: jnp.ndarray,
-    q_positions: jnp.ndarray | None = None,
-    window: int | None = None,
+  q: jnp.ndarray,
+  k: jnp.ndarray,
+  v: jnp.ndarray,
+  lengths: jnp.ndarray,
+  q_positions: jnp.ndarray | None = None,
+  window: int | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Queries [B, T, K, G, D] over cached keys/values [B, S, K, D], slots < lengths only:
   `lengths` is [B] (one committed length per sequence) or [B, T] (a limit per query, as
@@ -128,7 +128,7 @@ def prefix_attention_reference(
 
 
 def sparse_prefix_attention_reference(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, lengths: jnp.ndarray, kept: jnp.ndarray, chunk: int
+  q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, lengths: jnp.ndarray, kept: jnp.ndarray, chunk: int
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """The prefix pass over the chunks a selection kept (SpecAttn's sparse verification):
   queries [B, T, K, G, D] over cached keys/values [B, S, K, D] at slots < lengths [B]
@@ -140,7 +140,7 @@ def sparse_prefix_attention_reference(
 
 
 def masked_attention_reference(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
+  q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Queries [B, T, K, G, D] over keys/values [B, S, K, D] under mask [B, T or 1, S]
   (mask[b, i, j]: query i sees key j): the pass over a step's own tokens or a tree.
@@ -164,11 +164,15 @@ def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=N
   if impl is Impl.PALLAS:
     from pallas_kernels.flash_decode import flash_decode
 
-    kernel = lambda q, k, v, lengths, q_positions, layer: flash_decode(q, k, v, lengths, q_positions, window,
-                                                                         layer=layer)
-    return sharding.per_device(kernel, (q, k, v, lengths, q_positions, layer),
-                               (_QUERIES, _keys(k), _keys(v), _rows(lengths), _rows(q_positions), _WHOLE),
-                               (_QUERIES, _LSE))
+    kernel = lambda q, k, v, lengths, q_positions, layer: flash_decode(
+      q, k, v, lengths, q_positions, window, layer=layer
+    )
+    return sharding.per_device(
+      kernel,
+      (q, k, v, lengths, q_positions, layer),
+      (_QUERIES, _keys(k), _keys(v), _rows(lengths), _rows(q_positions), _WHOLE),
+      (_QUERIES, _LSE),
+    )
   k, v = _layer(k, v, layer)
   return prefix_attention_reference(q, k, v, lengths, q_positions, window)
 
@@ -179,10 +183,13 @@ def sparse_prefix_attention(q, k, v, lengths, kept, chunk: int, *, layer=None, i
   if impl is Impl.PALLAS:
     from pallas_kernels.sparse_decode import sparse_flash_decode
 
-    kernel = lambda q, k, v, lengths, kept, layer: sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk,
-                                                                       layer=layer)
-    return sharding.per_device(kernel, (q, k, v, lengths, kept, layer),
-                               (_QUERIES, _keys(k), _keys(v), _rows(lengths), _CHUNKS, _WHOLE), (_QUERIES, _LSE))
+    kernel = lambda q, k, v, lengths, kept, layer: sparse_flash_decode(q, k, v, lengths, kept, chunk=chunk, layer=layer)
+    return sharding.per_device(
+      kernel,
+      (q, k, v, lengths, kept, layer),
+      (_QUERIES, _keys(k), _keys(v), _rows(lengths), _CHUNKS, _WHOLE),
+      (_QUERIES, _LSE),
+    )
   k, v = _layer(k, v, layer)
   return sparse_prefix_attention_reference(q, k, v, lengths, kept, chunk)
 
@@ -240,8 +247,9 @@ def masked_attention(q, k, v, mask, *, impl: Impl):
   if impl is Impl.PALLAS:
     from pallas_kernels.tree_attention import tree_attention
 
-    return sharding.per_device(tree_attention, (q, k, v, mask), (_QUERIES, _keys(k), _keys(v), _rows(mask)),
-                               (_QUERIES, _LSE))
+    return sharding.per_device(
+      tree_attention, (q, k, v, mask), (_QUERIES, _keys(k), _keys(v), _rows(mask)), (_QUERIES, _LSE)
+    )
   return masked_attention_reference(q, k, v, mask)
 
 
@@ -296,8 +304,9 @@ def _flash(q, k, v, **masks) -> jnp.ndarray:
   elsewhere."""
   b, t, kv, g, d = q.shape
   fused = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
-  out = jax.nn.dot_product_attention(q.reshape(b, t, kv * g, d), k, v, is_causal=True,
-                                     implementation="cudnn" if fused else "xla", **masks)
+  out = jax.nn.dot_product_attention(
+    q.reshape(b, t, kv * g, d), k, v, is_causal=True, implementation="cudnn" if fused else "xla", **masks
+  )
   return out.reshape(b, t, kv, g, d)
 
 
@@ -311,21 +320,21 @@ def merge(out_a, lse_a, out_b, lse_b) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 
 def hybrid_attention(
-    q: jnp.ndarray,
-    k_cache: jnp.ndarray,
-    v_cache: jnp.ndarray,
-    lengths: jnp.ndarray,
-    k_new: jnp.ndarray,
-    v_new: jnp.ndarray,
-    mask: jnp.ndarray,
-    q_positions: jnp.ndarray,
-    window: int | None = None,
-    *,
-    layer=None,
-    impl: Impl,
-    invariance: Invariance = Invariance.NONE,
-    kept: jnp.ndarray | None = None,
-    chunk: int = 0,
+  q: jnp.ndarray,
+  k_cache: jnp.ndarray,
+  v_cache: jnp.ndarray,
+  lengths: jnp.ndarray,
+  k_new: jnp.ndarray,
+  v_new: jnp.ndarray,
+  mask: jnp.ndarray,
+  q_positions: jnp.ndarray,
+  window: int | None = None,
+  *,
+  layer=None,
+  impl: Impl,
+  invariance: Invariance = Invariance.NONE,
+  kept: jnp.ndarray | None = None,
+  chunk: int = 0,
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix (layer `layer` of a stacked
   cache, if given) plus the new block; returns out [B, T, K, G, D] in float32.
@@ -355,8 +364,15 @@ def hybrid_attention(
       split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
       kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys)
     operands = (q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, layer)
-    axes = (_QUERIES, *map(_keys, (k_cache, v_cache)), _rows(lengths), *map(_keys, (k_new, v_new)), _rows(mask),
-            _rows(q_positions), _WHOLE)
+    axes = (
+      _QUERIES,
+      *map(_keys, (k_cache, v_cache)),
+      _rows(lengths),
+      *map(_keys, (k_new, v_new)),
+      _rows(mask),
+      _rows(q_positions),
+      _WHOLE,
+    )
     return sharding.per_device(lambda *args: kernel(*args[:-1], layer=args[-1]), operands, axes, _QUERIES)
   k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
@@ -373,4 +389,3 @@ def causal_block_mask(positions: jnp.ndarray, valid: jnp.ndarray, window: int | 
   if window is not None:
     mask &= delta < window
   return mask
-

@@ -95,8 +95,10 @@ class RingCache:
   def create(cls, config: DraftConfig, batch: int, dtype, window: int) -> RingCache:
     shape = (config.num_layers, batch, window, config.num_kv_heads, config.head_dim)
     return cls(
-        k=_empty(shape, dtype), v=_empty(shape, dtype),
-        positions=jnp.full((batch, window), -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+      k=_empty(shape, dtype),
+      v=_empty(shape, dtype),
+      positions=jnp.full((batch, window), -1, jnp.int32),
+      length=jnp.zeros((batch,), jnp.int32),
     )
 
   @property
@@ -112,9 +114,10 @@ class RingCache:
     put = lambda ring, new: ring.at[:, rows, slots].set(new.astype(ring.dtype), mode="drop")
     newest = jnp.max(jnp.where(valid, positions + 1, 0), axis=1)
     return RingCache(
-        k=put(self.k, k), v=put(self.v, v),
-        positions=self.positions.at[rows, slots].set(positions, mode="drop"),
-        length=jnp.maximum(self.length, newest),
+      k=put(self.k, k),
+      v=put(self.v, v),
+      positions=self.positions.at[rows, slots].set(positions, mode="drop"),
+      length=jnp.maximum(self.length, newest),
     )
 
   def visible(self, q_positions: jax.Array, limit: jax.Array) -> jax.Array:
@@ -156,8 +159,7 @@ class PartialCache:
       raise ValueError(f"a partial cache needs 0 <= sink < budget, got sink {sink} and budget {budget}.")
     shape = (config.num_layers, batch, budget, config.num_kv_heads, config.head_dim)
     zeros = jnp.zeros((batch,), jnp.int32)
-    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), kept=zeros, selected=zeros, copied=zeros,
-               sink=sink)
+    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), kept=zeros, selected=zeros, copied=zeros, sink=sink)
 
   @property
   def budget(self) -> int:
@@ -196,17 +198,25 @@ class PartialCache:
     slots = jnp.where(fresh, slots, self.budget)  # (past the end: dropped)
     take = lambda layers: layers.at[:, rows, positions].get(mode="clip")  # [L, B, M, K, D]
     put = lambda slots_kv, new: slots_kv.at[:, rows, slots].set(new.astype(slots_kv.dtype), mode="drop")
-    return dataclasses.replace(self, k=put(self.k, take(full.k)), v=put(self.v, take(full.v)),
-                               copied=jnp.max(jnp.where(fresh, positions + 1, self.copied[:, None]), axis=1))
+    return dataclasses.replace(
+      self,
+      k=put(self.k, take(full.k)),
+      v=put(self.v, take(full.v)),
+      copied=jnp.max(jnp.where(fresh, positions + 1, self.copied[:, None]), axis=1),
+    )
 
   def reselected(self, k: jax.Array, v: jax.Array, lengths: jax.Array, where: jax.Array) -> PartialCache:
     """The cache with slots k, v [L, B, P, K, D] that hold, where `where [B]`, a selection
     (`select_layer`'s, stacked over the layers) of the positions below `lengths`, and
     elsewhere the slots as they were."""
-    return dataclasses.replace(self, k=k.astype(self.k.dtype), v=v.astype(self.v.dtype),
-                               kept=jnp.where(where, jnp.minimum(lengths, self.budget), self.kept),
-                               selected=jnp.where(where, lengths, self.selected),
-                               copied=jnp.where(where, lengths, self.copied))
+    return dataclasses.replace(
+      self,
+      k=k.astype(self.k.dtype),
+      v=v.astype(self.v.dtype),
+      kept=jnp.where(where, jnp.minimum(lengths, self.budget), self.kept),
+      selected=jnp.where(where, lengths, self.selected),
+      copied=jnp.where(where, lengths, self.copied),
+    )
 
   def nbytes(self) -> int:
     return sum(x.nbytes for x in (self.k, self.v, self.kept, self.selected, self.copied))

@@ -110,10 +110,22 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   one's), the batch and the cache's length (to the next power of two)."""
   shapes = [(x.shape, str(x.dtype)) for x in jax.tree.leaves(proposer_params)]
   draft = proposer.draft
-  parts = [PRICES_VERSION, jax.devices()[0].device_kind, jax.default_backend(), repr(model.config), str(model.dtype),
-           str(model.attention), str(model.gemm), str(model.batch_invariant), repr(proposer.lookup),
-           None if draft is None else (draft.widths, draft.cape), shapes, repr(sampling), batch,
-           1 << max(0, (max_len - 1).bit_length())]
+  parts = [
+    PRICES_VERSION,
+    jax.devices()[0].device_kind,
+    jax.default_backend(),
+    repr(model.config),
+    str(model.dtype),
+    str(model.attention),
+    str(model.gemm),
+    str(model.batch_invariant),
+    repr(proposer.lookup),
+    None if draft is None else (draft.widths, draft.cape),
+    shapes,
+    repr(sampling),
+    batch,
+    1 << max(0, (max_len - 1).bit_length()),
+  ]
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
@@ -199,5 +211,6 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     if finished:
       return Calibrated(state, Prices(tuple(seconds), tuple(map(tuple, chunks))), ran, finished=True)
   prices = Prices(tuple(seconds), ((),) * len(seconds))
-  return Calibrated(dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, list(seconds))), prices,
-                    ran, finished=False)
+  return Calibrated(
+    dataclasses.replace(state, proposal=proposer.with_costs(state.proposal, list(seconds))), prices, ran, finished=False
+  )

@@ -94,6 +94,7 @@ def run_main(main: Callable[[], None], prog: str, interruptible: bool = True) ->
 
 def number_type(kind, check: Callable[[float], bool], what: str):
   """An argparse type: `kind` parsed, then `check`ed (finite floats only)."""
+
   def parse(text: str):
     try:
       value = kind(text)
@@ -140,8 +141,11 @@ def attention_impl(name: str | None):
 
 
 def add_gemm_flag(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--gemm", choices=GEMM, help="GEMM code on a GPU: XLA's Triton fusions or cuBLAS (the default;"
-                                              " longspec_jax/gemm.py)")
+  p.add_argument(
+    "--gemm",
+    choices=GEMM,
+    help="GEMM code on a GPU: XLA's Triton fusions or cuBLAS (the default; longspec_jax/gemm.py)",
+  )
 
 
 def set_gemm(model, name: str | None) -> None:
@@ -153,16 +157,23 @@ def set_gemm(model, name: str | None) -> None:
 
 
 def add_batch_invariant_flag(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--batch-invariant", action="store_true",
-                 help="decoding rounds compute each token's logits the same bits whatever else the call holds"
-                      " (verification = AR steps, bit for bit), so bf16 speculative output equals bf16 AR output;"
-                      " costs speed (docs/benchmarks.md)")
+  p.add_argument(
+    "--batch-invariant",
+    action="store_true",
+    help="decoding rounds compute each token's logits the same bits whatever else the call holds"
+    " (verification = AR steps, bit for bit), so bf16 speculative output equals bf16 AR output;"
+    " costs speed (docs/benchmarks.md)",
+  )
 
 
 def add_devices_flag(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--devices", type=positive_int, default=1,
-                 help="split the models over this many devices (tensor parallelism: weights by attention head, MLP"
-                      " column and vocabulary, K/V caches by KV head); on a CPU, that many host devices")
+  p.add_argument(
+    "--devices",
+    type=positive_int,
+    default=1,
+    help="split the models over this many devices (tensor parallelism: weights by attention head, MLP"
+    " column and vocabulary, K/V caches by KV head); on a CPU, that many host devices",
+  )
 
 
 def device_mesh(count: int):
@@ -180,8 +191,10 @@ def device_mesh(count: int):
     pass
   devices = jax.devices()
   if len(devices) < count:
-    raise UserError(f"--devices {count} asks for more devices than this machine's {len(devices)}"
-                    f" {devices[0].platform.upper()} device{'s' if len(devices) > 1 else ''}.")
+    raise UserError(
+      f"--devices {count} asks for more devices than this machine's {len(devices)}"
+      f" {devices[0].platform.upper()} device{'s' if len(devices) > 1 else ''}."
+    )
   from longspec_jax.sharding import make_mesh
 
   return make_mesh(model=count, devices=devices[:count])
@@ -195,8 +208,10 @@ def check_batch_invariant(p: argparse.ArgumentParser, args: argparse.Namespace) 
   if args.sparse_verify:
     p.error("--batch-invariant makes each round compute AR's bits, which --sparse-verify gives up: choose one")
   if args.devices > 1:
-    p.error("--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
-            " order depends on the call's size")
+    p.error(
+      "--batch-invariant runs on one device: split over devices, each layer ends in a sum across them whose"
+      " order depends on the call's size"
+    )
 
 
 def resolve_dtype(name: str | None):

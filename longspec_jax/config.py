@@ -42,10 +42,7 @@ class RopeConfig:
 
   def __post_init__(self):
     if self.kind not in ROPE_KINDS:
-      raise UserError(
-          f"RoPE scaling type {self.kind!r} is not supported; supported types are"
-          f" {', '.join(ROPE_KINDS)}."
-      )
+      raise UserError(f"RoPE scaling type {self.kind!r} is not supported; supported types are {', '.join(ROPE_KINDS)}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,8 +90,8 @@ class TargetConfig(BlockConfig):
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
       raise UserError(
-          f"model_type {model_type!r} is not supported; supported Llama-family types are"
-          f" {', '.join(SUPPORTED_MODEL_TYPES)}."
+        f"model_type {model_type!r} is not supported; supported Llama-family types are"
+        f" {', '.join(SUPPORTED_MODEL_TYPES)}."
       )
     if hf.get("hidden_act", "silu") != "silu":
       raise UserError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is.")
@@ -107,22 +104,22 @@ class TargetConfig(BlockConfig):
     if model_type == "qwen2" and not hf.get("use_sliding_window", False):
       sliding_window = None
     return cls(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-        rope=_rope_from_hf(hf),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        max_position_embeddings=hf.get("max_position_embeddings", 4096),
-        tie_word_embeddings=hf.get("tie_word_embeddings", model_type == "qwen2"),
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        sliding_window=sliding_window,
-        model_type=model_type,
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=eos_ids,
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      intermediate_size=hf["intermediate_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      rope=_rope_from_hf(hf),
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      max_position_embeddings=hf.get("max_position_embeddings", 4096),
+      tie_word_embeddings=hf.get("tie_word_embeddings", model_type == "qwen2"),
+      qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+      sliding_window=sliding_window,
+      model_type=model_type,
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_ids=eos_ids,
     )
 
 
@@ -137,8 +134,8 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
   fields = {f.name for f in dataclasses.fields(RopeConfig)}
   extra = {k: v for k, v in params.items() if k in fields and v is not None}
   extra.setdefault(
-      "original_max_position_embeddings",
-      hf.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
+    "original_max_position_embeddings",
+    hf.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192)),
   )
   return RopeConfig(theta=theta, kind=kind, **extra)
 
@@ -196,8 +193,16 @@ class DraftConfig(BlockConfig):
   def for_target(cls, target: TargetConfig, **overrides) -> DraftConfig:
     """The draft whose block has the target's shapes (`overrides`: num_layers, window, ...;
     also a shape the target does not fix, such as a wider MLP's `intermediate_size`)."""
-    shared = ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "rope",
-              "rms_norm_eps")
+    shared = (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "rope",
+      "rms_norm_eps",
+    )
     return cls(**{**{name: getattr(target, name) for name in shared}, **overrides})
 
   @property
@@ -216,10 +221,13 @@ class DraftConfig(BlockConfig):
     glide = self.kind is DraftKind.GLIDE
     first = self.cross_layer if self.cross_layer is not None else (-self.num_layers if glide else -1)
     layers = tuple(first + m if glide else first for m in range(self.num_layers))
-    if not all(-num_target_layers <= layer < num_target_layers for layer in layers) or \
-        (glide and first < 0 <= layers[-1]):
-      raise UserError(f"the draft cross-attends to target layers {', '.join(map(str, layers))}, but the target has"
-                      f" {num_target_layers} layers.")
+    if not all(-num_target_layers <= layer < num_target_layers for layer in layers) or (
+      glide and first < 0 <= layers[-1]
+    ):
+      raise UserError(
+        f"the draft cross-attends to target layers {', '.join(map(str, layers))}, but the target has"
+        f" {num_target_layers} layers."
+      )
     return tuple(layer % num_target_layers for layer in layers)
 
   def check_matches(self, target: TargetConfig) -> None:
@@ -247,8 +255,14 @@ class DraftConfig(BlockConfig):
       kind = DraftKind(d.get("kind", DraftKind.LONGSPEC.value))
     except ValueError:
       raise UserError(f"a draft's kind is one of {', '.join(k.value for k in DraftKind)}, got {d['kind']!r}.") from None
-    return cls(**{**d, "kind": kind, "rope": RopeConfig(**rope), **({"tree_widths": tuple(d["tree_widths"])}
-                                                                    if "tree_widths" in d else {})})
+    return cls(
+      **{
+        **d,
+        "kind": kind,
+        "rope": RopeConfig(**rope),
+        **({"tree_widths": tuple(d["tree_widths"])} if "tree_widths" in d else {}),
+      }
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -274,13 +288,16 @@ class HeadsConfig:
     if self.gamma < 1:
       raise UserError(f"TokenSwift needs gamma >= 1 heads, got {self.gamma}.")
     if len(self.tree_widths) != self.gamma + 1 or any(w < 1 for w in self.tree_widths):
-      raise UserError(f"TokenSwift's tree takes one width >= 1 per depth, {self.gamma + 1} for gamma {self.gamma},"
-                      f" got {list(self.tree_widths)}.")
+      raise UserError(
+        f"TokenSwift's tree takes one width >= 1 per depth, {self.gamma + 1} for gamma {self.gamma},"
+        f" got {list(self.tree_widths)}."
+      )
 
   @classmethod
   def for_target(cls, target: TargetConfig, **overrides) -> HeadsConfig:
-    return cls(vocab_size=target.vocab_size, hidden_size=target.hidden_size, rms_norm_eps=target.rms_norm_eps,
-               **overrides)
+    return cls(
+      vocab_size=target.vocab_size, hidden_size=target.hidden_size, rms_norm_eps=target.rms_norm_eps, **overrides
+    )
 
   def check_matches(self, target: TargetConfig) -> None:
     """Raises UserError unless these heads read this target's hidden states and share its
@@ -315,8 +332,9 @@ def draft_config_from_dict(d: Mapping[str, Any]) -> DraftConfig | HeadsConfig:
 MAX_TREE_NODES = 1024
 
 
-def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
-                      max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0) -> None:
+def check_tree_widths(
+  widths: tuple[int, ...], vocab_size: int | None = None, max_nodes: int = MAX_TREE_NODES, copy_tokens: int = 0
+) -> None:
   """Beam widths per depth: positive, each at most the vocabulary (a depth picks its nodes
   among the tokens), and 1 + sum(widths) nodes, with `copy_tokens` grafted copies, within
   `max_nodes`."""
@@ -327,8 +345,10 @@ def check_tree_widths(widths: tuple[int, ...], vocab_size: int | None = None,
   nodes = 1 + sum(widths) + copy_tokens
   if nodes > max_nodes:
     copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
-    raise UserError(f"tree widths {','.join(map(str, widths))}{copies} make {nodes} nodes, over the limit of"
-                    f" {max_nodes} on this machine.")
+    raise UserError(
+      f"tree widths {','.join(map(str, widths))}{copies} make {nodes} nodes, over the limit of"
+      f" {max_nodes} on this machine."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,8 +387,10 @@ class CapeConfig:
     if self.gamma < 1:
       raise UserError(f"a CAPE chain needs gamma >= 1 tokens, got {self.gamma}.")
     if len(self.sizes) != len(self.edges) + 1 or any(s < 0 for s in self.sizes):
-      raise UserError(f"CAPE needs one expansion size >= 0 per confidence bin ({len(self.edges) + 1} for edges"
-                      f" {list(self.edges)}), got {list(self.sizes)}.")
+      raise UserError(
+        f"CAPE needs one expansion size >= 0 per confidence bin ({len(self.edges) + 1} for edges"
+        f" {list(self.edges)}), got {list(self.sizes)}."
+      )
     if any(not 0 < e < 1 for e in self.edges) or any(a >= b for a, b in zip(self.edges, self.edges[1:])):
       raise UserError(f"CAPE's confidence edges must rise strictly inside (0, 1), got {list(self.edges)}.")
 
@@ -387,10 +409,14 @@ class CapeConfig:
     """Raises UserError unless the largest expansion leaves the chain's token among the
     vocabulary's and the tree, with `copy_tokens` grafted copies, fits `max_nodes`."""
     if self.most >= vocab_size:
-      raise UserError(f"CAPE's largest expansion ({self.most} tokens beside the chain's) needs a vocabulary of more"
-                      f" than {self.most} tokens; this one has {vocab_size}.")
+      raise UserError(
+        f"CAPE's largest expansion ({self.most} tokens beside the chain's) needs a vocabulary of more"
+        f" than {self.most} tokens; this one has {vocab_size}."
+      )
     nodes = self.tree_size + copy_tokens
     if nodes > max_nodes:
       copies = f" and {copy_tokens} copied tokens" if copy_tokens else ""
-      raise UserError(f"CAPE's tree of {self.gamma} tokens with up to {self.most} leaves each{copies} makes {nodes}"
-                      f" nodes, over the limit of {max_nodes} on this machine.")
+      raise UserError(
+        f"CAPE's tree of {self.gamma} tokens with up to {self.most} leaves each{copies} makes {nodes}"
+        f" nodes, over the limit of {max_nodes} on this machine."
+      )

@@ -106,24 +106,33 @@ class Draft(nnx.Module):
   `attention` picks the code of all its attention, self and cross (`attention.Impl`; a
   draft being trained needs FLASH or REFERENCE, which are differentiable)."""
 
-  def __init__(self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs,
-               attention: attention.Impl | None = None):
+  def __init__(
+    self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs, attention: attention.Impl | None = None
+  ):
     self.config = config
     self.attention = attention or Impl.default()
 
     self.layers = stacked_layers(DraftLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
 
-  def __call__(self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend,
-               cross: CrossAttend) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  def __call__(
+    self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend, cross: CrossAttend
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V [L, B, N, K, D],
     this call's included). The self-attention sees what `own` names, the
     cross-attention what `cross` names."""
     hidden, block_kv, _ = self.forward(target, tokens, positions, own, cross)
     return hidden, block_kv
 
-  def forward(self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend,
-              cross: CrossAttend, chunk: int = 0):
+  def forward(
+    self,
+    target: Transformer,
+    tokens: jax.Array,
+    positions: jax.Array,
+    own: SelfAttend,
+    cross: CrossAttend,
+    chunk: int = 0,
+  ):
     """`__call__`, and with `chunk` also where its cross-attention looked (cross.limits
     given): its mass per chunk of `chunk` slots of the target's cache and per KV head, [B,
     K, ceil(S / chunk)], summed over this call's queries, the heads of each group and the
@@ -160,9 +169,9 @@ class Draft(nnx.Module):
       x = layer.add_attention(x, out)
       mass = None
       if c.cross_attention:
-        x, mass = layer.add_cross_attention(x, cos, sin, cross,
-                                            cross_layers[0] if cross_layer is None else cross_layer, self.attention,
-                                            chunk)
+        x, mass = layer.add_cross_attention(
+          x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer, self.attention, chunk
+        )
       return layer.add_mlp(x), (k, v, mass)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)

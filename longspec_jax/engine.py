@@ -81,16 +81,32 @@ class DecodeState:
   proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
 
   @classmethod
-  def start(cls, cache: KVCache, history: jax.Array, root: jax.Array, done: jax.Array, key: jax.Array,
-            nonfinite: jax.Array | None = None, proposal: Any = None, depth: int = 0) -> DecodeState:
+  def start(
+    cls,
+    cache: KVCache,
+    history: jax.Array,
+    root: jax.Array,
+    done: jax.Array,
+    key: jax.Array,
+    nonfinite: jax.Array | None = None,
+    proposal: Any = None,
+    depth: int = 0,
+  ) -> DecodeState:
     """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]];
     rounds emit at most `depth` + 1 tokens."""
     batch = root.shape[0]
     return cls(
-        cache=cache, history=history, root=root, done=done, emitted=jnp.ones((batch,), jnp.int32),
-        rounds=jnp.int32(0), rounds_by_length=jnp.zeros((batch, depth + 2), jnp.int32),
-        kv_read=jnp.zeros((batch,), jnp.float32), key=key,
-        nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite, proposal=proposal,
+      cache=cache,
+      history=history,
+      root=root,
+      done=done,
+      emitted=jnp.ones((batch,), jnp.int32),
+      rounds=jnp.int32(0),
+      rounds_by_length=jnp.zeros((batch, depth + 2), jnp.int32),
+      kv_read=jnp.zeros((batch,), jnp.float32),
+      key=key,
+      nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite,
+      proposal=proposal,
     )
 
 
@@ -197,8 +213,13 @@ def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengt
   return cache.advance(jnp.sum(valid, axis=1, dtype=jnp.int32)), last_hidden
 
 
-def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, chunk: int = 512,
-            on_progress: Callable[[int, int], None] | None = None):
+def prefill(
+  model: Transformer,
+  prompts: Sequence[Sequence[int]],
+  max_len: int,
+  chunk: int = 512,
+  on_progress: Callable[[int, int], None] | None = None,
+):
   """Fills a new cache with the prompts; returns (cache, hidden [B, E] at each last prompt
   token). `on_progress(done, total)` is called after each chunk has run (which then waits
   for the device chunk by chunk, instead of queueing them all)."""
@@ -211,7 +232,7 @@ def prefill(model: Transformer, prompts: Sequence[Sequence[int]], max_len: int, 
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
     cache, last_hidden = _prefill_chunk[model.compilation()](
-        graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
+      graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
     )
     if on_progress:
       jax.block_until_ready(last_hidden)
@@ -234,8 +255,9 @@ def verified_size(proposer) -> int:
 def propose(model: Transformer, proposer, proposer_params, state: DecodeState):
   """One round's tree [B, `verified_size`] and the proposer's next state, from the decode
   state."""
-  tree, proposal = proposer.propose(proposer_params, state.proposal, target=model, cache=state.cache,
-                                    history=state.history, root=_live_root(state))
+  tree, proposal = proposer.propose(
+    proposer_params, state.proposal, target=model, cache=state.cache, history=state.history, root=_live_root(state)
+  )
   return tree.padded(verified_size(proposer)), proposal
 
 
@@ -245,8 +267,9 @@ def _live_root(state: DecodeState) -> jax.Array:
 
 
 @gemm.jit(static_argnames=("graphdef", "decoding", "max_rounds", "kind"), donate_argnames=("state",))
-def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, proposer_params, limit, rounds,
-                  max_rounds, kind=None):
+def _decode_chunk(
+  graphdef, params, state: DecodeState, decoding: Decoding, proposer_params, limit, rounds, max_rounds, kind=None
+):
   """Up to `rounds` (<= `max_rounds`, a traced count: chunks of any size share one
   compilation) propose -> verify -> accept -> commit rounds on device, until every
   sequence is done; `auto`'s rounds of one `kind` (an index in its `kinds`) until the choice
@@ -308,24 +331,24 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
       last = jnp.take_along_axis(new, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
       emitted = state.emitted + count
       new_state = DecodeState(
-          cache=cache,
-          history=history,
-          root=jnp.where(count > 0, last, state.root),
-          done=state.done | (first_eos < count) | (emitted >= limit),
-          emitted=emitted,
-          rounds=state.rounds + 1,
-          rounds_by_length=state.rounds_by_length.at[rows[:, 0], count].add((~state.done).astype(jnp.int32),
-                                                                              mode="drop"),
-          kv_read=state.kv_read + jnp.where(state.done, 0.0, read),
-          key=key,
-          nonfinite=state.nonfinite | (~state.done & ~finite),
-          proposal=proposal,
+        cache=cache,
+        history=history,
+        root=jnp.where(count > 0, last, state.root),
+        done=state.done | (first_eos < count) | (emitted >= limit),
+        emitted=emitted,
+        rounds=state.rounds + 1,
+        rounds_by_length=state.rounds_by_length.at[rows[:, 0], count].add((~state.done).astype(jnp.int32), mode="drop"),
+        kv_read=state.kv_read + jnp.where(state.done, 0.0, read),
+        key=key,
+        nonfinite=state.nonfinite | (~state.done & ~finite),
+        proposal=proposal,
       )
     return new_state, out, written + count
 
   out = jnp.full((batch, width), PAD_ID, jnp.int32)
   written = jnp.zeros((batch,), jnp.int32)
   if not isinstance(proposer, Adaptive):
+
     def body(carry):
       state, out, written = carry
       key, step_key = jax.random.split(state.key)
@@ -346,13 +369,24 @@ def _decode_chunk(graphdef, params, state: DecodeState, decoding: Decoding, prop
     def body(carry):
       state, out, written, chosen = carry
       key, step_key = jax.random.split(state.key)
-      make_tree = functools.partial(proposer.propose, proposer.kinds[kind], proposer_params, state.proposal, chosen,
-                                    target=model, cache=state.cache, history=state.history, root=_live_root(state))
+      make_tree = functools.partial(
+        proposer.propose,
+        proposer.kinds[kind],
+        proposer_params,
+        state.proposal,
+        chosen,
+        target=model,
+        cache=state.cache,
+        history=state.history,
+        root=_live_root(state),
+      )
       result = one_round(state, step_key, make_tree)
       committed, out, written = commit(state, key, result, out, written)
-      proposal = proposer.observe(committed.proposal, chosen, result[1], ~state.done, history=committed.history,
-                                  lengths=committed.cache.lengths)
+      proposal = proposer.observe(
+        committed.proposal, chosen, result[1], ~state.done, history=committed.history, lengths=committed.cache.lengths
+      )
       return dataclasses.replace(committed, proposal=proposal), out, written, plan(committed)
+
     return body
 
   def kind_loop(kind):
@@ -409,8 +443,8 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > config.max_position_embeddings:
     raise UserError(
-        f"the prompt ({longest} tokens) plus {max_new_tokens} new tokens exceeds the model's context of"
-        f" {config.max_position_embeddings} tokens."
+      f"the prompt ({longest} tokens) plus {max_new_tokens} new tokens exceeds the model's context of"
+      f" {config.max_position_embeddings} tokens."
     )
 
 
@@ -420,13 +454,23 @@ def check_invariant_depth(model: Transformer, proposer) -> None:
   from pallas_kernels.hybrid import RECENT
 
   if model.batch_invariant and proposer.depth >= RECENT:
-    raise UserError(f"batch-invariant decoding verifies trees at most {RECENT - 1} tokens deep; this proposer's"
-                    f" trees reach depth {proposer.depth}.")
+    raise UserError(
+      f"batch-invariant decoding verifies trees at most {RECENT - 1} tokens deep; this proposer's"
+      f" trees reach depth {proposer.depth}."
+    )
 
 
-def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int, decoding: Decoding = Decoding(),
-          proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
-          on_prefill: Callable[[int, int], None] | None = None) -> Started:
+def start(
+  model: Transformer,
+  prompts: Sequence[Sequence[int]],
+  max_new_tokens: int,
+  decoding: Decoding = Decoding(),
+  proposer_params: Any = None,
+  *,
+  seed: int = 0,
+  prefill_chunk: int = 512,
+  on_prefill: Callable[[int, int], None] | None = None,
+) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
   `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one verified tree."""
   check_capacity(model.config, prompts, max_new_tokens)
@@ -439,8 +483,9 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
-  root, nonfinite = _first_token[model.compilation()](graphdef, params, last_hidden, first_key, decoding.sampling,
-                                             jnp.asarray(history), jnp.asarray(lengths, jnp.int32))
+  root, nonfinite = _first_token[model.compilation()](
+    graphdef, params, last_hidden, first_key, decoding.sampling, jnp.asarray(history), jnp.asarray(lengths, jnp.int32)
+  )
   first = np.asarray(root)
   history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
   history = jnp.asarray(history)
@@ -451,15 +496,30 @@ def start(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: 
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
 
 
-def decode_chunk(model: Transformer, state: DecodeState, decoding: Decoding = Decoding(), proposer_params: Any = None,
-                 *, max_new_tokens: int, rounds: int, max_rounds: int = MAX_ROUNDS_PER_CHUNK):
+def decode_chunk(
+  model: Transformer,
+  state: DecodeState,
+  decoding: Decoding = Decoding(),
+  proposer_params: Any = None,
+  *,
+  max_new_tokens: int,
+  rounds: int,
+  max_rounds: int = MAX_ROUNDS_PER_CHUNK,
+):
   """Up to `rounds` rounds from `state` (donated) on device, stopping early when every
   sequence is done. Returns (state, tokens [B, n] with PAD_ID where there is none,
   whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation."""
   graphdef, params = nnx.split(model)
-  run = _Rounds(_decode_chunk[model.compilation(rounds=True)], graphdef, params, decoding, proposer_params,
-                max_new_tokens, max_rounds)
+  run = _Rounds(
+    _decode_chunk[model.compilation(rounds=True)],
+    graphdef,
+    params,
+    decoding,
+    proposer_params,
+    max_new_tokens,
+    max_rounds,
+  )
   return run(state, rounds)
 
 
@@ -480,8 +540,17 @@ class _Rounds:
 
   def args(self, state: DecodeState, rounds: int, kind: int | None = None) -> tuple:
     """`_decode_chunk`'s arguments, the counts as traced int32 (any value, one compilation)."""
-    return (self.graphdef, self.params, state, self.decoding, self.proposer_params, jnp.int32(self.limit),
-            jnp.int32(rounds), self.max_rounds, kind)
+    return (
+      self.graphdef,
+      self.params,
+      state,
+      self.decoding,
+      self.proposer_params,
+      jnp.int32(self.limit),
+      jnp.int32(rounds),
+      self.max_rounds,
+      kind,
+    )
 
   @property
   def kinds(self) -> list[int | None]:
@@ -540,10 +609,19 @@ def _rounds_in(per_round: float | None) -> int:
   return 1 if per_round is None else int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
 
 
-def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-             decoding: Decoding = Decoding(), proposer_params: Any = None, *, seed: int = 0, prefill_chunk: int = 512,
-             rounds_per_chunk: int | None = None, on_tokens: Callable[[np.ndarray], None] | None = None,
-             on_prefill: Callable[[int, int], None] | None = None) -> GenerationResult:
+def generate(
+  model: Transformer,
+  prompts: Sequence[Sequence[int]],
+  max_new_tokens: int,
+  decoding: Decoding = Decoding(),
+  proposer_params: Any = None,
+  *,
+  seed: int = 0,
+  prefill_chunk: int = 512,
+  rounds_per_chunk: int | None = None,
+  on_tokens: Callable[[np.ndarray], None] | None = None,
+  on_prefill: Callable[[int, int], None] | None = None,
+) -> GenerationResult:
   """Decodes a batch of prompts with `decoding.proposer`'s trees (its arrays:
   `proposer_params`) verified by the target; the AR baseline is the one-node tree.
   `on_tokens` receives each chunk of new tokens [B, n] (PAD_ID marks no token) as soon as
@@ -551,14 +629,29 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens."""
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
     raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
-  started = start(model, prompts, max_new_tokens, decoding, proposer_params, seed=seed, prefill_chunk=prefill_chunk,
-                  on_prefill=on_prefill)
+  started = start(
+    model,
+    prompts,
+    max_new_tokens,
+    decoding,
+    proposer_params,
+    seed=seed,
+    prefill_chunk=prefill_chunk,
+    on_prefill=on_prefill,
+  )
   state, first = started.state, started.first
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
-  run = _Rounds(_decode_chunk[model.compilation(rounds=True)], graphdef, params, decoding, proposer_params,
-                max_new_tokens, MAX_ROUNDS_PER_CHUNK)
+  run = _Rounds(
+    _decode_chunk[model.compilation(rounds=True)],
+    graphdef,
+    params,
+    decoding,
+    proposer_params,
+    max_new_tokens,
+    MAX_ROUNDS_PER_CHUNK,
+  )
   tc = time.perf_counter()  # compile outside the timed region
   run.compile(state)
   compile_seconds = time.perf_counter() - tc
@@ -584,8 +677,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
       learnt_key = (decoding, model.config)
       learnt = _LEARNT.get(learnt_key) or decoding.proposer.nothing_learnt()
       state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
-      key = calibration.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, len(prompts),
-                                 state.history.shape[1])
+      key = calibration.cost_key(
+        model, decoding.proposer, proposer_params, decoding.sampling, len(prompts), state.history.shape[1]
+      )
       prices = calibration.known(key)
       if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
         measured = calibration.calibrate(decoding.proposer, run, state, emit, prices)
@@ -643,22 +737,22 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
   rounds_done = int(rounds_by_length.sum())
   batch = len(prompts)
   stats = GenerationStats(
-      num_new_tokens=new_tokens,
-      rounds=rounds_done,
-      mean_accepted_length=(new_tokens - batch) / rounds_done if rounds_done else 1.0,
-      prefill_seconds=started.prefill_seconds,
-      decode_seconds=decode_seconds,
-      compile_seconds=compile_seconds,
-      decode_compile_seconds=inside.seconds,
-      kv_cache_bytes=state.cache.nbytes(),
-      proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
-      tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
-      max_stream_gap_seconds=max_gap,
-      chunks=len(chunks) - 1,  # (the first token's is none)
-      rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
-      **_kind_stats(decoding.proposer, state.proposal, round_seconds),
-      calibration_seconds=calibration_seconds,
-      kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
+    num_new_tokens=new_tokens,
+    rounds=rounds_done,
+    mean_accepted_length=(new_tokens - batch) / rounds_done if rounds_done else 1.0,
+    prefill_seconds=started.prefill_seconds,
+    decode_seconds=decode_seconds,
+    compile_seconds=compile_seconds,
+    decode_compile_seconds=inside.seconds,
+    kv_cache_bytes=state.cache.nbytes(),
+    proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
+    tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
+    max_stream_gap_seconds=max_gap,
+    chunks=len(chunks) - 1,  # (the first token's is none)
+    rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
+    **_kind_stats(decoding.proposer, state.proposal, round_seconds),
+    calibration_seconds=calibration_seconds,
+    kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
 
@@ -668,5 +762,7 @@ def _kind_stats(proposer, proposal, round_seconds) -> dict:
   if not isinstance(proposer, Adaptive):
     return {}
   names = [kind.value for kind in proposer.kinds]
-  return {"rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
-          "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds))}
+  return {
+    "rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
+    "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds)),
+  }

@@ -88,7 +88,9 @@ def jit(**jit_kwargs) -> Callable[[Callable], dict[Compilation, Callable]]:
   as a mapping; call `f[model.compilation()](...)`."""
 
   def wrap(fn: Callable) -> dict[Compilation, Callable]:
-    return {c: jax.jit(fn, compiler_options=c.compiler_options(), **jit_kwargs)
-            for c in (Compilation(gemm, exact) for gemm in Gemm for exact in (False, True))}
+    return {
+      c: jax.jit(fn, compiler_options=c.compiler_options(), **jit_kwargs)
+      for c in (Compilation(gemm, exact) for gemm in Gemm for exact in (False, True))
+    }
 
   return wrap

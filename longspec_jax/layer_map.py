@@ -23,8 +23,9 @@ def kl_similarity(target: np.ndarray, draft: np.ndarray, eps: float = 1e-9) -> n
   the draft gives no weight finite)."""
   target, draft = np.asarray(target, np.float64), np.asarray(draft, np.float64)
   if target.shape[1:] != draft.shape[1:]:
-    raise ValueError(f"the layers' attention must cover the same rows and positions, got {target.shape[1:]} and"
-                     f" {draft.shape[1:]}.")
+    raise ValueError(
+      f"the layers' attention must cover the same rows and positions, got {target.shape[1:]} and {draft.shape[1:]}."
+    )
   plogp = np.sum(target * np.log(np.maximum(target, eps)), axis=-1)  # [Lt, N]
   cross = np.einsum("jns,ins->ijn", target, np.log(np.maximum(draft, eps)))  # [Ld, Lt, N]
   return -(plogp[None] - cross).mean(axis=-1)

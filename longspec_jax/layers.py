@@ -49,7 +49,7 @@ def linear(x: jax.Array, w: jax.Array, contract: int = 1, *, layer=None, invaria
   interpreted off a GPU), whose rows compute the same bits whatever the number of rows;
   else XLA's dot (cuBLAS or a Triton fusion, per `gemm.Gemm`)."""
   stack = () if layer is None else w.shape[:1]
-  weight_shape = w.shape[len(stack):]
+  weight_shape = w.shape[len(stack) :]
   c_shape, o_shape = weight_shape[:contract], weight_shape[contract:]
   if not invariant:
     return jnp.tensordot(x, w if layer is None else w[layer], axes=contract)
@@ -118,8 +118,9 @@ class DecoderLayer(nnx.Module):
     k = apply_rope(qkv[:, :, :, g], cos, sin)
     return q.reshape(b, t, c.num_kv_heads, g, c.head_dim), k, qkv[:, :, :, g + 1]
 
-  def add_attention(self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None, *, layer=None,
-                    invariant: bool = False) -> jax.Array:
+  def add_attention(
+    self, x: jax.Array, attn_out: jax.Array, o: jax.Array | None = None, *, layer=None, invariant: bool = False
+  ) -> jax.Array:
     """Residual plus the output projection `o [H, D, E]` (this layer's by default) of
     attn_out [B, T, K, G, D]."""
     c = self.config

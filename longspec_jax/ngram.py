@@ -49,15 +49,18 @@ def latest(mask: jax.Array, k: int) -> jax.Array:
   counts = counts.astype(jnp.float32)  # (sums of 0/1 up to the context's length: exact in float32)
   i, j = jnp.arange(COUNT_BLOCK), jnp.arange(blocks)
   exact = jax.lax.Precision.HIGHEST
-  within = jnp.einsum("rjp,pq->rjq", counts, (i[:, None] >= i[None, :]).astype(jnp.float32),
-                      precision=exact)  # [R, J, P]: True entries at or after each in its block
-  after = jnp.einsum("rj,jh->rh", counts.sum(axis=-1), (j[:, None] > j[None, :]).astype(jnp.float32),
-                     precision=exact)  # [R, J]: True entries in the blocks after each
+  within = jnp.einsum(
+    "rjp,pq->rjq", counts, (i[:, None] >= i[None, :]).astype(jnp.float32), precision=exact
+  )  # [R, J, P]: True entries at or after each in its block
+  after = jnp.einsum(
+    "rj,jh->rh", counts.sum(axis=-1), (j[:, None] > j[None, :]).astype(jnp.float32), precision=exact
+  )  # [R, J]: True entries in the blocks after each
   rank = (within + after[:, :, None]).reshape(flat.shape[0], -1)[:, :size].astype(jnp.int32)  # [R, L]: 1 = latest
   slot = jnp.where(flat & (rank <= k), rank - 1, k)  # k: not kept (dropped)
   rows = jnp.arange(flat.shape[0])[:, None]
-  found = jnp.full((flat.shape[0], k), -1, jnp.int32).at[rows, slot].set(
-      jnp.broadcast_to(positions, flat.shape), mode="drop")
+  found = (
+    jnp.full((flat.shape[0], k), -1, jnp.int32).at[rows, slot].set(jnp.broadcast_to(positions, flat.shape), mode="drop")
+  )
   return found.reshape(*lead, k)
 
 
@@ -113,8 +116,9 @@ class PromptLookup:
     real = (start >= 0)[:, :, None] & (offsets < count[:, None, None])
     kept = real[:, :, 0]  # [B, C]
     if self.matches > 1:  # a continuation that an earlier one already holds adds nothing
-      holds = jnp.all(~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])),
-                      axis=-1)  # [B, C, C']: C's tokens are a prefix of C''s
+      holds = jnp.all(
+        ~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])), axis=-1
+      )  # [B, C, C']: C's tokens are a prefix of C''s
       earlier = jnp.arange(kept.shape[1])[:, None] > jnp.arange(kept.shape[1])[None, :]
       kept &= ~jnp.any(holds & earlier[None], axis=-1)
     rank = jnp.cumsum(kept, axis=1) - 1  # [B, C]

@@ -214,14 +214,24 @@ class LongSpecDraft:
       node_positions = jnp.broadcast_to(lengths[:, None] + depth, (batch, width))
       drafted = jnp.arange(n)[None, None, :] > 0  # the root is in the ring, not the buffer
       hidden, buffer = run(
-          new_tokens, node_positions,
-          SelfAttend(mask=ancestors[:, nodes] & drafted, ring=ring, ring_limit=lengths + 1,
-                     buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width)))),
-          CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
+        new_tokens,
+        node_positions,
+        SelfAttend(
+          mask=ancestors[:, nodes] & drafted,
+          ring=ring,
+          ring_limit=lengths + 1,
+          buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width))),
+        ),
+        CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
-    return Tree(tokens=tokens, parents=parents, depths=jnp.broadcast_to(depths, (batch, n)),
-                valid=jnp.ones((batch, n), bool), ancestors=ancestors)
+    return Tree(
+      tokens=tokens,
+      parents=parents,
+      depths=jnp.broadcast_to(depths, (batch, n)),
+      valid=jnp.ones((batch, n), bool),
+      ancestors=ancestors,
+    )
 
   def _cape_tree(self, run, target, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The greedy chain, keeping each position's `1 + cape.most` most likely tokens and
@@ -240,10 +250,15 @@ class LongSpecDraft:
         break
       seen = (jnp.arange(nodes) >= 1) & (jnp.arange(nodes) <= depth)  # the chain so far, this node included
       hidden, buffer = run(
-          top_tokens[:, :, 0], jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
-          SelfAttend(mask=jnp.broadcast_to(seen, (batch, 1, nodes)), ring=ring, ring_limit=lengths + 1,
-                     buffer=(*buffer, jnp.full((batch, 1), depth))),
-          CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None]),
+        top_tokens[:, :, 0],
+        jnp.broadcast_to(lengths[:, None] + depth, (batch, 1)),
+        SelfAttend(
+          mask=jnp.broadcast_to(seen, (batch, 1, nodes)),
+          ring=ring,
+          ring_limit=lengths + 1,
+          buffer=(*buffer, jnp.full((batch, 1), depth)),
+        ),
+        CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None]),
       )
     return cape_tree(root, jnp.stack(tops, axis=1), jnp.stack(confidence, axis=1), cape)
 
@@ -258,9 +273,11 @@ class LongSpecDraft:
     window = cfg.ring_size(cache.k.shape[2])
     limits = jnp.minimum(positions, cache.lengths[:, None])
     hidden, (k, v) = draft(
-        target, tokens, positions,
-        SelfAttend(mask=causal_block_mask(positions, valid, window), ring=ring, ring_limit=positions[:, 0]),
-        CrossAttend(k=cache.k, v=cache.v, limits=jnp.maximum(limits, 0)),
+      target,
+      tokens,
+      positions,
+      SelfAttend(mask=causal_block_mask(positions, valid, window), ring=ring, ring_limit=positions[:, 0]),
+      CrossAttend(k=cache.k, v=cache.v, limits=jnp.maximum(limits, 0)),
     )
     if ring is None:
       ring = RingCache.create(cfg, positions.shape[0], cache.k.dtype, window)
@@ -335,8 +352,12 @@ class TokenSwift:
     _, top = jax.lax.top_k(logits, max(self.tree_widths))  # [B, G + 1, W]
     parents, depths, ranks = static_topology(self.tree_widths)
     tokens = jnp.concatenate([root[:, None], top[:, depths[1:] - 1, ranks[1:]]], axis=1)
-    tree = Tree(tokens=tokens.astype(jnp.int32), parents=jnp.broadcast_to(parents, tokens.shape),
-                depths=jnp.broadcast_to(depths, tokens.shape), valid=jnp.ones(tokens.shape, bool))
+    tree = Tree(
+      tokens=tokens.astype(jnp.int32),
+      parents=jnp.broadcast_to(parents, tokens.shape),
+      depths=jnp.broadcast_to(depths, tokens.shape),
+      valid=jnp.ones(tokens.shape, bool),
+    )
     if not self.ngrams:
       return tree, dataclasses.replace(state, partial=partial)
     stop = jnp.maximum(cache.lengths + 1 - self.lag - self.n + 1, state.tabled)  # n-grams now `lag` old
@@ -349,8 +370,14 @@ class TokenSwift:
 # Decoding methods by name -> their proposer class. The draft-free ones are constructible
 # with no arguments; those in DRAFT_METHODS take the draft's graphdef; `auto` uses a draft
 # when one is named (`draft_spec`).
-PROPOSERS = {"ar": RootOnly, "pld": PromptLookup, "longspec": LongSpecDraft, "glide": LongSpecDraft, "auto": Adaptive,
-             "tokenswift": TokenSwift}
+PROPOSERS = {
+  "ar": RootOnly,
+  "pld": PromptLookup,
+  "longspec": LongSpecDraft,
+  "glide": LongSpecDraft,
+  "auto": Adaptive,
+  "tokenswift": TokenSwift,
+}
 # The draft methods and the kind of draft each runs (`auto` runs LongSpec's; TokenSwift's
 # "draft" is its heads).
 DRAFT_KINDS = {"longspec": DraftKind.LONGSPEC, "glide": DraftKind.GLIDE, "tokenswift": DraftKind.TOKENSWIFT}
@@ -392,9 +419,16 @@ def auto_copies() -> tuple[int, int]:
   return PromptLookup().num_tokens, 1
 
 
-def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[int, ...] | None = None,
-                  copy_tokens: int | None = None, cape: CapeConfig | None = None, copy_matches: int | None = None,
-                  sampling: SamplingConfig | None = None, sparse: SparseVerify | None = None):
+def make_proposer(
+  method: str,
+  draft: Draft | None = None,
+  tree_widths: tuple[int, ...] | None = None,
+  copy_tokens: int | None = None,
+  cape: CapeConfig | None = None,
+  copy_matches: int | None = None,
+  sampling: SamplingConfig | None = None,
+  sparse: SparseVerify | None = None,
+):
   """(proposer, proposer_params) for `generate`. A draft method's proposer holds the
   draft's graphdef and tree, `tree_widths` (or with `cape`, CAPE's tree) with
   `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in
@@ -408,12 +442,15 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
   `sparse`: the draft methods' trees are verified sparsely (SpecAttn, lossy). The other
   methods have no params."""
   if sparse is not None and PROPOSERS.get(method) is not LongSpecDraft:
-    raise UserError(f"sparse verification selects what the target reads from a draft's cross-attention: --method"
-                    f" longspec or glide, not {method}.")
+    raise UserError(
+      f"sparse verification selects what the target reads from a draft's cross-attention: --method"
+      f" longspec or glide, not {method}."
+    )
   stored = draft.config if draft is not None else None
   if method in DRAFT_METHODS and stored is not None and stored.kind is not DRAFT_KINDS[method]:
-    raise UserError(f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is"
-                    f" {stored.kind.value}'s.")
+    raise UserError(
+      f"--method {method} runs {DRAFT_KINDS[method].value}'s draft, but this draft is {stored.kind.value}'s."
+    )
   if method == "tokenswift":
     return _tokenswift(draft, tree_widths, copy_tokens, cape, copy_matches, sampling)
   if method == "glide" and tree_widths is None and cape is None:
@@ -424,8 +461,9 @@ def make_proposer(method: str, draft: Draft | None = None, tree_widths: tuple[in
     return PromptLookup(num_tokens=copy_tokens or PromptLookup().num_tokens, matches=copy_matches or 1), None
   if method == "auto":
     tokens, matches = auto_copies()
-    lookup = PromptLookup(num_tokens=copy_tokens or (stored.copy_tokens if stored else 0) or tokens,
-                          matches=copy_matches or matches)
+    lookup = PromptLookup(
+      num_tokens=copy_tokens or (stored.copy_tokens if stored else 0) or tokens, matches=copy_matches or matches
+    )
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)
@@ -446,8 +484,10 @@ def _tokenswift(heads: Heads, tree_widths, copy_tokens, cape, copy_matches, samp
     raise UserError("--method tokenswift drafts with its heads' full tree: CAPE's tree does not apply to it.")
   slots = TokenSwift.ngram_slots
   if copy_tokens == 1 or (copy_matches is not None and not 1 <= copy_matches <= slots):
-    raise UserError(f"--method tokenswift grafts n-grams of at least 2 tokens (--copy-tokens 0: none), at most {slots}"
-                    f" of them a round (--copy-matches), got {copy_tokens} x {copy_matches}.")
+    raise UserError(
+      f"--method tokenswift grafts n-grams of at least 2 tokens (--copy-tokens 0: none), at most {slots}"
+      f" of them a round (--copy-matches), got {copy_tokens} x {copy_matches}."
+    )
   graphdef, params = nnx.split(heads)
   config = heads.config if tree_widths is None else dataclasses.replace(heads.config, tree_widths=tuple(tree_widths))
   if copy_tokens == 0:

@@ -57,9 +57,9 @@ def _yarn(inv_freq: np.ndarray, rope: RopeConfig, head_dim: int) -> tuple[np.nda
 
   def correction_dim(rotations):
     return (
-        head_dim
-        * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))
-        / (2 * math.log(rope.theta))
+      head_dim
+      * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))
+      / (2 * math.log(rope.theta))
     )
 
   low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
@@ -91,8 +91,9 @@ def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarra
 ANCHORS = 4  # positions kept at 0..3 by anchor-offset indexing (attention sinks)
 
 
-def anchor_offset_positions(key: jax.Array, batch: int, length: int, max_len: int,
-                            anchors: int = ANCHORS) -> jnp.ndarray:
+def anchor_offset_positions(
+  key: jax.Array, batch: int, length: int, max_len: int, anchors: int = ANCHORS
+) -> jnp.ndarray:
   """Training positions [B, T] that reach deep into the context with short sequences
   (LongSpec, Algorithm 1): the first `anchors` tokens keep positions 0..anchors-1, the
   rest continue from anchors + o, with o uniform in [0, max_len - length] per sequence."""

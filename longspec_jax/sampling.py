@@ -37,12 +37,12 @@ class SamplingConfig:
 
   def __post_init__(self):
     checks = [
-        (0.0 <= self.temperature < math.inf, f"temperature must be finite and >= 0, got {self.temperature}"),
-        (self.top_k >= 0, f"top_k must be >= 0 (0: off), got {self.top_k}"),
-        (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
-        (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
-        (1.0 <= self.penalty < math.inf, f"penalty must be finite and >= 1 (1: off), got {self.penalty}"),
-        (self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}"),
+      (0.0 <= self.temperature < math.inf, f"temperature must be finite and >= 0, got {self.temperature}"),
+      (self.top_k >= 0, f"top_k must be >= 0 (0: off), got {self.top_k}"),
+      (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+      (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
+      (1.0 <= self.penalty < math.inf, f"penalty must be finite and >= 1 (1: off), got {self.penalty}"),
+      (self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}"),
     ]
     for ok, message in checks:
       if not ok:
@@ -93,8 +93,9 @@ def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig, seen: jax.
   return jax.random.categorical(key, log_probs(logits, seen, config), axis=-1).astype(jnp.int32)
 
 
-def recent_tokens(history: jax.Array, ends: jax.Array, tail: jax.Array, config: SamplingConfig,
-                  vocab: int) -> jax.Array:
+def recent_tokens(
+  history: jax.Array, ends: jax.Array, tail: jax.Array, config: SamplingConfig, vocab: int
+) -> jax.Array:
   """Which tokens the penalty sees [B, N, V] for N continuations of each sequence:
   continuation n is history [B, S] up to index ends [B] (inclusive) followed by its own
   tokens tail [B, N, D] (-1 where shorter: a tree node's path below the root). The
@@ -104,8 +105,9 @@ def recent_tokens(history: jax.Array, ends: jax.Array, tail: jax.Array, config: 
   length = jnp.sum(tail >= 0, axis=-1)  # [B, N]
   # Window slot j holds sequence index ends + length - window + 1 + j.
   index = (ends[:, None, None] + length[:, :, None] - window + 1) + jnp.arange(window)[None, None, :]  # [B, N, W]
-  from_history = jnp.take_along_axis(history, jnp.clip(index, 0, history.shape[1] - 1).reshape(batch, -1),
-                                     axis=1).reshape(batch, n, window)
+  from_history = jnp.take_along_axis(
+    history, jnp.clip(index, 0, history.shape[1] - 1).reshape(batch, -1), axis=1
+  ).reshape(batch, n, window)
   tail_slot = jnp.clip(index - ends[:, None, None] - 1, 0, depth - 1)
   from_tail = jnp.take_along_axis(tail, tail_slot, axis=2)
   tokens = jnp.where(index > ends[:, None, None], from_tail, from_history)

@@ -25,8 +25,9 @@ from longspec_jax.rope import inverse_frequencies, rope_tables
 from longspec_jax.target import Transformer
 
 
-def draft_pass(target: Transformer, partial: PartialCache, full: KVCache, root: jax.Array,
-               most: int) -> tuple[jax.Array, PartialCache]:
+def draft_pass(
+  target: Transformer, partial: PartialCache, full: KVCache, root: jax.Array, most: int
+) -> tuple[jax.Array, PartialCache]:
   """root [B]: the newest token, at position `full.lengths`, not in the cache yet. Returns
   the target's final state there over its partial cache [B, E] and the partial cache
   holding the positions committed since the last pass: appended (at most `most`), or,
@@ -36,12 +37,14 @@ def draft_pass(target: Transformer, partial: PartialCache, full: KVCache, root: 
   # A loop of zero or one selection passes rather than a cond: its carry, the partial
   # cache, stays in place in the rounds where nothing is due (a cond's identity branch
   # would copy it).
-  partial = jax.lax.fori_loop(0, jnp.any(due).astype(jnp.int32),
-                              lambda _, partial: _select(target, partial, full, root, due), partial)
+  partial = jax.lax.fori_loop(
+    0, jnp.any(due).astype(jnp.int32), lambda _, partial: _select(target, partial, full, root, due), partial
+  )
   tokens, positions = root[:, None], full.lengths[:, None]  # [B, 1]
   itself = jnp.ones((root.shape[0], 1, 1), bool)
-  hidden, _, _ = target.hidden_and_kv(tokens, positions, itself, partial.as_cache(), unroll=target.unrolled_rounds,
-                                      any_slot=True)
+  hidden, _, _ = target.hidden_and_kv(
+    tokens, positions, itself, partial.as_cache(), unroll=target.unrolled_rounds, any_slot=True
+  )
   return hidden[:, 0], partial
 
 

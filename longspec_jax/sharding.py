@@ -47,24 +47,24 @@ RULES = {"batch": DATA, "vocab": MODEL, "heads": MODEL, "kv_heads": MODEL, "mlp"
 
 # Each parameter's dimensions by meaning (after a stacked module's leading `layers` axis).
 PARAM_AXES = {
-    "embed": ("vocab", "embed"),
-    "lm_head": ("embed", "vocab"),
-    "final_norm": ("embed",),
-    "attn_norm": ("embed",),
-    "mlp_norm": ("embed",),
-    "qkv": ("embed", "kv_heads", "q_k_v", "head_dim"),
-    "qkv_bias": ("kv_heads", "q_k_v", "head_dim"),
-    "o": ("heads", "head_dim", "embed"),
-    "gate_up": ("embed", "gate_up", "mlp"),
-    "down": ("mlp", "embed"),
-    # the draft's cross-attention over the target's cache
-    "cross_norm": ("embed",),
-    "cross_q": ("embed", "heads", "head_dim"),
-    "cross_o": ("heads", "head_dim", "embed"),
-    # TokenSwift's heads: one residual linear map per token ahead (small: replicated)
-    "input_norm": ("ahead", "embed"),
-    "linear": ("ahead", "embed", "embed_out"),
-    "output_norm": ("ahead", "embed"),
+  "embed": ("vocab", "embed"),
+  "lm_head": ("embed", "vocab"),
+  "final_norm": ("embed",),
+  "attn_norm": ("embed",),
+  "mlp_norm": ("embed",),
+  "qkv": ("embed", "kv_heads", "q_k_v", "head_dim"),
+  "qkv_bias": ("kv_heads", "q_k_v", "head_dim"),
+  "o": ("heads", "head_dim", "embed"),
+  "gate_up": ("embed", "gate_up", "mlp"),
+  "down": ("mlp", "embed"),
+  # the draft's cross-attention over the target's cache
+  "cross_norm": ("embed",),
+  "cross_q": ("embed", "heads", "head_dim"),
+  "cross_o": ("heads", "head_dim", "embed"),
+  # TokenSwift's heads: one residual linear map per token ahead (small: replicated)
+  "input_norm": ("ahead", "embed"),
+  "linear": ("ahead", "embed", "embed_out"),
+  "output_norm": ("ahead", "embed"),
 }
 
 # K/V caches [L, B, S, K, D]: the target's, a draft's ring, TokenSwift's partial cache.
@@ -77,8 +77,9 @@ def make_mesh(model: int = 1, devices=None) -> Mesh:
   if len(devices) % model:
     raise ValueError(f"{len(devices)} devices do not split into model groups of {model}.")
   # Auto axes: shardings of intermediates are left to the compiler (GSPMD propagation).
-  return jax.make_mesh((len(devices) // model, model), (DATA, MODEL), devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return jax.make_mesh(
+    (len(devices) // model, model), (DATA, MODEL), devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * 2
+  )
 
 
 def current_mesh():
@@ -101,7 +102,7 @@ def splits(axis: str, size: int) -> int:
 def _padded(axes: Sequence[str | None] | None, ndim: int) -> tuple[str | None, ...]:
   """Logical axes naming the trailing dimensions of an `ndim`-dimensional array, as one
   name per dimension (None for the leading ones; `axes` None: all None)."""
-  axes = () if axes is None else tuple(axes)[max(len(axes) - ndim, 0):]
+  axes = () if axes is None else tuple(axes)[max(len(axes) - ndim, 0) :]
   return (None,) * (ndim - len(axes)) + axes
 
 
@@ -143,13 +144,22 @@ def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
     return fn(*args)
   in_specs = tuple(trailing(axes, getattr(arg, "shape", ()), mesh) for arg, axes in zip(args, in_axes))
   # An output's logical axis is split as the arguments' axis of that name was.
-  split = {name: mesh_axis for axes, spec in zip(in_axes, in_specs) if axes is not None
-           for name, mesh_axis in zip(tuple(axes)[::-1], tuple(spec)[::-1]) if mesh_axis is not None}
+  split = {
+    name: mesh_axis
+    for axes, spec in zip(in_axes, in_specs)
+    if axes is not None
+    for name, mesh_axis in zip(tuple(axes)[::-1], tuple(spec)[::-1])
+    if mesh_axis is not None
+  }
   # (check_vma off: a Pallas call's outputs carry no record of how they vary over devices)
   run = lambda out_specs: jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
   local = jax.eval_shape(run(P()), *args)  # (each output's rank)
-  out_specs = jax.tree.map(lambda s, axes: P(*(split.get(name) for name in _padded(axes, s.ndim))), local,
-                           out_axes, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+  out_specs = jax.tree.map(
+    lambda s, axes: P(*(split.get(name) for name in _padded(axes, s.ndim))),
+    local,
+    out_axes,
+    is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+  )
   return run(out_specs)(*args)
 
 

@@ -47,8 +47,16 @@ class Transformer(nnx.Module):
   `batch_invariant` whether decoding rounds compute batch-invariantly (module docstring;
   the engine passes it to `__call__` and `logits` for its rounds)."""
 
-  def __init__(self, config: TargetConfig, dtype=jnp.float32, *, rngs: nnx.Rngs,
-               attention: attention.Impl | None = None, gemm: Gemm | None = None, batch_invariant: bool = False):
+  def __init__(
+    self,
+    config: TargetConfig,
+    dtype=jnp.float32,
+    *,
+    rngs: nnx.Rngs,
+    attention: attention.Impl | None = None,
+    gemm: Gemm | None = None,
+    batch_invariant: bool = False,
+  ):
     self.config = config
     self.attention = attention or Impl.default()
     self.gemm = gemm or Gemm.default()
@@ -58,9 +66,9 @@ class Transformer(nnx.Module):
     self.layers = stacked_layers(DecoderLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
     self.lm_head = (
-        None
-        if config.tie_word_embeddings
-        else nnx.Param(init_weight(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+      None
+      if config.tie_word_embeddings
+      else nnx.Param(init_weight(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
     )
 
   def compilation(self, rounds: bool = False) -> Compilation:
@@ -91,16 +99,16 @@ class Transformer(nnx.Module):
     return self.embed[...].dtype
 
   def __call__(
-      self,
-      tokens: jax.Array,
-      positions: jax.Array,
-      mask: jax.Array,
-      cache: KVCache | None = None,
-      *,
-      invariant: bool = False,
-      unroll: bool = False,
-      kept: jax.Array | None = None,
-      sparse: SparseVerify | None = None,
+    self,
+    tokens: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    cache: KVCache | None = None,
+    *,
+    invariant: bool = False,
+    unroll: bool = False,
+    kept: jax.Array | None = None,
+    sparse: SparseVerify | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """tokens, positions [B, T]; mask [B, T, T] over this step's tokens (with `invariant`,
     batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
@@ -110,20 +118,32 @@ class Transformer(nnx.Module):
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
-    x, k_new, v_new = self.hidden_and_kv(tokens, positions, mask, cache, invariant=invariant, unroll=unroll,
-                                         kept=kept, sparse=sparse)
+    x, k_new, v_new = self.hidden_and_kv(
+      tokens, positions, mask, cache, invariant=invariant, unroll=unroll, kept=kept, sparse=sparse
+    )
     if cache is not None:
       # The cache is only read inside the layer scan; all layers' new K/V are written
       # after it, in place, so no layer ever copies the cache.
       cache = KVCache(
-          k=write_block(cache.k, cache.lengths, k_new),
-          v=write_block(cache.v, cache.lengths, v_new),
-          lengths=cache.lengths,
+        k=write_block(cache.k, cache.lengths, k_new),
+        v=write_block(cache.v, cache.lengths, v_new),
+        lengths=cache.lengths,
       )
     return x, cache
 
-  def hidden_and_kv(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
-                    unroll: bool = False, any_slot: bool = False, kept=None, sparse: SparseVerify | None = None):
+  def hidden_and_kv(
+    self,
+    tokens,
+    positions,
+    mask,
+    cache: KVCache | None = None,
+    *,
+    invariant: bool = False,
+    unroll: bool = False,
+    any_slot: bool = False,
+    kept=None,
+    sparse: SparseVerify | None = None,
+  ):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
     cache the attention is the masked pass alone (not differentiable with pallas). With
@@ -132,8 +152,9 @@ class Transformer(nnx.Module):
     With `kept` [B, K, ceil(S / sparse.chunk)] (or one per layer, [L, B, K, C]) the cache
     is read sparsely, those chunks only, in the layers from `sparse.dense_layers` on
     (`SparseVerify`: lossy)."""
-    x, k_new, v_new, _ = self._layers(tokens, positions, mask, cache, invariant=invariant, unroll=unroll,
-                                      any_slot=any_slot, kept=kept, sparse=sparse)
+    x, k_new, v_new, _ = self._layers(
+      tokens, positions, mask, cache, invariant=invariant, unroll=unroll, any_slot=any_slot, kept=kept, sparse=sparse
+    )
     return x, k_new, v_new
 
   def causal_hidden_and_kv(self, tokens, positions):
@@ -151,9 +172,20 @@ class Transformer(nnx.Module):
     layer would make from its own attention, which a draft's only approximates."""
     return self._layers(tokens, positions, mask, cache, mass_chunk=chunk)[3]
 
-  def _layers(self, tokens, positions, mask, cache: KVCache | None = None, *, invariant: bool = False,
-              unroll: bool = False, any_slot: bool = False, kept=None, sparse: SparseVerify | None = None,
-              mass_chunk: int = 0):
+  def _layers(
+    self,
+    tokens,
+    positions,
+    mask,
+    cache: KVCache | None = None,
+    *,
+    invariant: bool = False,
+    unroll: bool = False,
+    any_slot: bool = False,
+    kept=None,
+    sparse: SparseVerify | None = None,
+    mass_chunk: int = 0,
+  ):
     """`hidden_and_kv`, and with `mass_chunk` each layer's prefix mass per chunk
     (`prefix_masses`; else None)."""
     c = self.config
@@ -184,16 +216,29 @@ class Transformer(nnx.Module):
       else:
         # The whole stacked cache goes in with the layer's index, not a slice of it.
         sparsely = {} if layer_kept is None else dict(kept=layer_kept, chunk=sparse.chunk)
-        out = attention.hybrid_attention(q, cache.k, cache.v, cache.lengths, k, v, mask, positions,
-                                         window=window, layer=index, impl=self.attention,
-                                         invariance=invariance, **sparsely)
+        out = attention.hybrid_attention(
+          q,
+          cache.k,
+          cache.v,
+          cache.lengths,
+          k,
+          v,
+          mask,
+          positions,
+          window=window,
+          layer=index,
+          impl=self.attention,
+          invariance=invariance,
+          **sparsely,
+        )
         if mass_chunk:
           _, lse = attention.prefix_attention(q, cache.k, cache.v, cache.lengths, layer=index, impl=self.attention)
           mass = attention.prefix_chunk_mass(q, cache.k, lse, cache.lengths, mass_chunk, layer=index)
       return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v, mass)
 
-    x, (k_new, v_new, mass) = jax.lax.scan(block, x, (layer_state, jnp.arange(c.num_layers), kept),
-                                           unroll=unroll)  # k_new [L, B, T, K, D]
+    x, (k_new, v_new, mass) = jax.lax.scan(
+      block, x, (layer_state, jnp.arange(c.num_layers), kept), unroll=unroll
+    )  # k_new [L, B, T, K, D]
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new, mass
 
   def _head(self) -> tuple[jax.Array, bool]:

@@ -86,8 +86,9 @@ def head_top_log_probs(hidden: jax.Array, head: jax.Array, k: int, *, transposed
 
   lead, e = hidden.shape[:-1], hidden.shape[-1]
   vocab = head.shape[0] if transposed else head.shape[1]
-  candidates = lambda rows, head: head_candidates(rows, head, k, transposed=transposed,
-                                                  interpret=jax.default_backend() != "gpu")
+  candidates = lambda rows, head: head_candidates(
+    rows, head, k, transposed=transposed, interpret=jax.default_backend() != "gpu"
+  )
   rows = hidden.reshape(-1, e)
   if sharding.splits("vocab", vocab) > 1:  # each device's candidates and normalizer, gathered
 

@@ -77,9 +77,14 @@ class Tree:
     if extra <= 0:
       return self
     pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
-    return Tree(tokens=pad(self.tokens, 0), parents=pad(self.parents, -1), depths=pad(self.depths, 0),
-                valid=pad(self.valid, False),
-                ancestors=jnp.pad(self.ancestor_mask(), ((0, 0), (0, extra), (0, extra))), kept=self.kept)
+    return Tree(
+      tokens=pad(self.tokens, 0),
+      parents=pad(self.parents, -1),
+      depths=pad(self.depths, 0),
+      valid=pad(self.valid, False),
+      ancestors=jnp.pad(self.ancestor_mask(), ((0, 0), (0, extra), (0, extra))),
+      kept=self.kept,
+    )
 
 
 def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -> Tree:
@@ -91,10 +96,10 @@ def chain(root: jax.Array, drafted: jax.Array, valid: jax.Array | None = None) -
   drafted_valid = jnp.ones((batch, gamma), bool) if valid is None else jnp.cumprod(valid, axis=1).astype(bool)
   node_valid = jnp.concatenate([jnp.ones((batch, 1), bool), drafted_valid], axis=1)
   return Tree(
-      tokens=tokens.astype(jnp.int32),
-      parents=jnp.where(node_valid, jnp.broadcast_to(steps - 1, (batch, gamma + 1)), -1).astype(jnp.int32),
-      depths=jnp.broadcast_to(steps, (batch, gamma + 1)).astype(jnp.int32),
-      valid=node_valid,
+    tokens=tokens.astype(jnp.int32),
+    parents=jnp.where(node_valid, jnp.broadcast_to(steps - 1, (batch, gamma + 1)), -1).astype(jnp.int32),
+    depths=jnp.broadcast_to(steps, (batch, gamma + 1)).astype(jnp.int32),
+    valid=node_valid,
   )
 
 
@@ -138,12 +143,12 @@ def graft_chains(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
   room = tree.padded(size)
   flat = lambda x: x.reshape(batch, m * g)
   return Tree(
-      tokens=room.tokens.at[:, n:].set(flat(drafted).astype(jnp.int32)),
-      parents=room.parents.at[:, n:].set(jnp.where(flat(placed), flat(parents), -1).astype(jnp.int32)),
-      depths=room.depths.at[:, n:].set(jnp.broadcast_to(jnp.tile(jnp.arange(1, g + 1), m), (batch, m * g))),
-      valid=room.valid.at[:, n:].set(flat(placed)),
-      ancestors=room.ancestors.at[:, n:].set(rows),
-      kept=tree.kept,
+    tokens=room.tokens.at[:, n:].set(flat(drafted).astype(jnp.int32)),
+    parents=room.parents.at[:, n:].set(jnp.where(flat(placed), flat(parents), -1).astype(jnp.int32)),
+    depths=room.depths.at[:, n:].set(jnp.broadcast_to(jnp.tile(jnp.arange(1, g + 1), m), (batch, m * g))),
+    valid=room.valid.at[:, n:].set(flat(placed)),
+    ancestors=room.ancestors.at[:, n:].set(rows),
+    kept=tree.kept,
   )
 
 
@@ -170,8 +175,9 @@ def cape_tree(root: jax.Array, top_tokens: jax.Array, confidence: jax.Array, cap
   most = cape.most
   position = np.repeat(np.arange(gamma), most)  # each expansion place's chain position (0-based)
   rank = np.tile(np.arange(1, most + 1), gamma)  # its rank among that position's tokens (0: the chain's)
-  sizes = jnp.asarray(cape.sizes, jnp.int32)[jnp.searchsorted(jnp.asarray(cape.edges, confidence.dtype),
-                                                                confidence, side="left")]  # [B, gamma]
+  sizes = jnp.asarray(cape.sizes, jnp.int32)[
+    jnp.searchsorted(jnp.asarray(cape.edges, confidence.dtype), confidence, side="left")
+  ]  # [B, gamma]
   expanded = rank[None, :] <= sizes[:, position]  # [B, gamma * most]
   line = chain(root, top_tokens[:, :, 0])
   # Static layout: chain node i's ancestors are nodes 0..i; an expansion's, the chain
@@ -185,12 +191,11 @@ def cape_tree(root: jax.Array, top_tokens: jax.Array, confidence: jax.Array, cap
     ancestors[node, node] = True
   valid = jnp.concatenate([line.valid, expanded], axis=1)  # [B, N]
   return Tree(
-      tokens=jnp.concatenate([line.tokens, top_tokens[:, position, rank].astype(jnp.int32)], axis=1),
-      parents=jnp.where(valid, jnp.asarray(parents, jnp.int32)[None], -1),
-      depths=jnp.broadcast_to(jnp.asarray(np.concatenate([np.arange(gamma + 1), position + 1]), jnp.int32),
-                              (batch, n)),
-      valid=valid,
-      ancestors=jnp.asarray(ancestors)[None] & valid[:, :, None] & valid[:, None, :],
+    tokens=jnp.concatenate([line.tokens, top_tokens[:, position, rank].astype(jnp.int32)], axis=1),
+    parents=jnp.where(valid, jnp.asarray(parents, jnp.int32)[None], -1),
+    depths=jnp.broadcast_to(jnp.asarray(np.concatenate([np.arange(gamma + 1), position + 1]), jnp.int32), (batch, n)),
+    valid=valid,
+    ancestors=jnp.asarray(ancestors)[None] & valid[:, :, None] & valid[:, None, :],
   )
 
 
@@ -217,8 +222,9 @@ def beam_offsets(widths: tuple[int, ...]) -> tuple[int, ...]:
   return (0,) + tuple(int(x) for x in np.cumsum((1,) + tuple(widths)))
 
 
-def best_children(top_lp: jax.Array, top_tokens: jax.Array, scores: jax.Array,
-                  width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def best_children(
+  top_lp: jax.Array, top_tokens: jax.Array, scores: jax.Array, width: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One depth of LongSpec's dynamic beam search: of all children of the frontier nodes,
   the `width` with the highest cumulative log-probability. A frontier node may get many
   children or none; nodes left without children simply stop growing (nothing moves).

@@ -29,8 +29,9 @@ from longspec_jax.target import Transformer
 from longspec_jax.tree import Tree
 
 
-def verify(model: Transformer, tree: Tree, cache: KVCache,
-           sparse: SparseVerify | None = None) -> tuple[jax.Array, jax.Array, KVCache]:
+def verify(
+  model: Transformer, tree: Tree, cache: KVCache, sparse: SparseVerify | None = None
+) -> tuple[jax.Array, jax.Array, KVCache]:
   """Runs the target over all tree nodes (node i at slot lengths + i, position lengths +
   depth i). Returns float32 logits [B, N, V], the ancestor mask [B, N, N] and the cache
   with the nodes' K/V written after the prefix (lengths unchanged). With the model's
@@ -42,8 +43,15 @@ def verify(model: Transformer, tree: Tree, cache: KVCache,
   if tree.kept is not None and sparse is None:
     raise ValueError("a tree with kept chunks is verified sparsely: give its SparseVerify.")
   reads = {} if tree.kept is None else dict(kept=tree.kept, sparse=sparse)
-  hidden, cache = model(tree.tokens, tree.positions(cache.lengths), ancestors, cache, invariant=invariant,
-                        unroll=model.unrolled_rounds, **reads)
+  hidden, cache = model(
+    tree.tokens,
+    tree.positions(cache.lengths),
+    ancestors,
+    cache,
+    invariant=invariant,
+    unroll=model.unrolled_rounds,
+    **reads,
+  )
   return model.logits(hidden, invariant=invariant), ancestors, cache
 
 
@@ -78,8 +86,11 @@ def accept_greedy(tree: Tree, target_tokens: jax.Array, ancestors: jax.Array) ->
   """
   if tree.size == 1:  # the root alone (AR decoding): nothing to accept but the bonus
     batch = target_tokens.shape[0]
-    return Acceptance(path=jnp.zeros((batch, 1), jnp.int32), count=jnp.ones((batch,), jnp.int32),
-                      bonus=target_tokens[:, 0].astype(jnp.int32))
+    return Acceptance(
+      path=jnp.zeros((batch, 1), jnp.int32),
+      count=jnp.ones((batch,), jnp.int32),
+      bonus=target_tokens[:, 0].astype(jnp.int32),
+    )
   parent_choice = jnp.take_along_axis(target_tokens, jnp.maximum(tree.parents, 0), axis=1)
   matches = tree.valid & (tree.tokens == parent_choice)
   matches = matches.at[:, 0].set(True)  # the root is already chosen
@@ -88,8 +99,13 @@ def accept_greedy(tree: Tree, target_tokens: jax.Array, ancestors: jax.Array) ->
   return _accept_up_to(tree, ancestors, best, jnp.take_along_axis(target_tokens, best[:, None], axis=1)[:, 0])
 
 
-def walk_outcomes(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, draft_probs: jax.Array | None = None,
-                  sampled: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def walk_outcomes(
+  tree: Tree,
+  target_probs: jax.Array,
+  ancestors: jax.Array,
+  draft_probs: jax.Array | None = None,
+  sampled: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
   """The exact law of the sampled verification walk (module docstring).
 
   target_probs [B, N, V]: the target's processed next-token distribution after each node.
@@ -128,8 +144,9 @@ def _deterministic_moves(tree: Tree, target_probs: jax.Array, earlier_sibling: j
   return move, stay, left / jnp.maximum(stay, 1e-30)[..., None]
 
 
-def _sequential_moves(tree: Tree, target_probs: jax.Array, earlier_sibling: jax.Array, draft_probs: jax.Array,
-                      sampled: jax.Array | None):
+def _sequential_moves(
+  tree: Tree, target_probs: jax.Array, earlier_sibling: jax.Array, draft_probs: jax.Array, sampled: jax.Array | None
+):
   """The walk's steps with children drawn from the draft among them: each parent tests its
   children in order, the residual after each test feeding the next (recursive rejection
   for sampled children, removal for deterministic ones). Returns (move, stay, residual)
@@ -165,8 +182,14 @@ def _sequential_moves(tree: Tree, target_probs: jax.Array, earlier_sibling: jax.
   return move, stay, residual
 
 
-def accept_sampled(tree: Tree, target_probs: jax.Array, ancestors: jax.Array, key: jax.Array,
-                   draft_probs: jax.Array | None = None, sampled: jax.Array | None = None) -> Acceptance:
+def accept_sampled(
+  tree: Tree,
+  target_probs: jax.Array,
+  ancestors: jax.Array,
+  key: jax.Array,
+  draft_probs: jax.Array | None = None,
+  sampled: jax.Array | None = None,
+) -> Acceptance:
   """A draw of the sampled verification walk: the node it stops at, then the bonus token
   from the residual there (`walk_outcomes` gives their exact law)."""
   stop, residual = walk_outcomes(tree, target_probs, ancestors, draft_probs, sampled)

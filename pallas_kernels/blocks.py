@@ -41,8 +41,20 @@ def per_row(x: jax.Array, g: int, rows: int) -> jax.Array:
   return jnp.pad(x, pad, mode="edge")
 
 
-def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int, visible, scale: float,
-                  full=(0, 0), lead=(), starts=None):
+def attend_blocks(
+  q,
+  k_ref,
+  v_ref,
+  begin,
+  num_blocks,
+  block_k: int,
+  seq_len: int,
+  visible,
+  scale: float,
+  full=(0, 0),
+  lead=(),
+  starts=None,
+):
   """Online softmax of q [R, D] over key blocks begin, begin + block_k, ... (num_blocks of
   them; with `starts`, block i starts at slot starts(i) instead: a list of blocks) of
   k_ref/v_ref [*lead, S, D] at the leading indices `lead` (e.g. a layer of a stacked
@@ -78,12 +90,16 @@ def attend_blocks(q, k_ref, v_ref, begin, num_blocks, block_k: int, seq_len: int
       v = load(v_ref)
       acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v, allow_tf32=not exact)
       return acc, m_new, denom * correction + jnp.sum(p, axis=1)
+
     return step
 
   first_full = jnp.clip(full[0], 0, num_blocks)
   end_full = jnp.clip(full[1], first_full, num_blocks) if seq_len >= block_k else first_full  # (no whole block fits)
-  carry = (jnp.zeros((rows, dim), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
-           jnp.zeros((rows,), jnp.float32))
+  carry = (
+    jnp.zeros((rows, dim), jnp.float32),
+    jnp.full((rows,), NEG_INF, jnp.float32),
+    jnp.zeros((rows,), jnp.float32),
+  )
   carry = jax.lax.fori_loop(0, first_full, body(masked=True), carry)
   if seq_len >= block_k:
     carry = jax.lax.fori_loop(first_full, end_full, body(masked=False), carry)

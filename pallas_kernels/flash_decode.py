@@ -43,9 +43,21 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, s
   full_begin = pl.cdiv(jnp.maximum(jnp.max(lo) - begin, 0), block_keys)
   full_end = jnp.maximum(jnp.minimum(split_end, jnp.min(hi)) - begin, 0) // block_keys
   visible = lambda slots, i: (
-      (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end))
-  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, begin, num_blocks, block_keys, seq_len, visible, scale,
-                                  full=(full_begin, full_end), lead=(layer,))
+    (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end)
+  )
+  out, lse = blocks.attend_blocks(
+    q_ref[...],
+    k_ref,
+    v_ref,
+    begin,
+    num_blocks,
+    block_keys,
+    seq_len,
+    visible,
+    scale,
+    full=(full_begin, full_end),
+    lead=(layer,),
+  )
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -76,11 +88,16 @@ class SplitK:
   @property
   def inputs(self) -> list:
     """The layer index [1], the program's row block and its KV head's stacked K and V."""
-    cache = pl.BlockSpec((self.num_layers, None, self.seq_len, None, self.head_dim),
-                         lambda bh, i, s: (0, self.head(bh)[0], 0, self.head(bh)[1], 0))
-    return [pl.BlockSpec((1,), lambda bh, i, s: (0,)),
-            pl.BlockSpec((None, None, self.block_rows, self.head_dim), lambda bh, i, s: (*self.head(bh), i, 0)),
-            cache, cache]
+    cache = pl.BlockSpec(
+      (self.num_layers, None, self.seq_len, None, self.head_dim),
+      lambda bh, i, s: (0, self.head(bh)[0], 0, self.head(bh)[1], 0),
+    )
+    return [
+      pl.BlockSpec((1,), lambda bh, i, s: (0,)),
+      pl.BlockSpec((None, None, self.block_rows, self.head_dim), lambda bh, i, s: (*self.head(bh), i, 0)),
+      cache,
+      cache,
+    ]
 
   @property
   def per_row(self) -> pl.BlockSpec:
@@ -89,9 +106,10 @@ class SplitK:
 
   @property
   def outputs(self) -> list:
-    return [pl.BlockSpec((None, None, None, self.block_rows, self.head_dim),
-                         lambda bh, i, s: (s, *self.head(bh), i, 0)),
-            pl.BlockSpec((None, None, None, self.block_rows), lambda bh, i, s: (s, *self.head(bh), i))]
+    return [
+      pl.BlockSpec((None, None, None, self.block_rows, self.head_dim), lambda bh, i, s: (s, *self.head(bh), i, 0)),
+      pl.BlockSpec((None, None, None, self.block_rows), lambda bh, i, s: (s, *self.head(bh), i)),
+    ]
 
   @property
   def out_shape(self) -> list:
@@ -113,19 +131,18 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
     layer %= num_layers  # (-1: the last layer)
   split_len = split_length(seq_len, params)
   splits = pl.cdiv(seq_len, split_len)
-  kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len,
-                             scale=d**-0.5)
+  kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len, scale=d**-0.5)
   grid = SplitK(b, kv_heads, r, d, num_layers, seq_len, params.block_rows, splits)
   return pl.pallas_call(
-      kernel,
-      grid=grid.grid,
-      in_specs=[*grid.inputs, grid.per_row, grid.per_row] + ([] if initial is None else grid.outputs),
-      out_specs=grid.outputs,
-      out_shape=grid.out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      input_output_aliases={} if initial is None else {6: 0, 7: 1},
-      interpret=interpret,
-      name="flash_decode",
+    kernel,
+    grid=grid.grid,
+    in_specs=[*grid.inputs, grid.per_row, grid.per_row] + ([] if initial is None else grid.outputs),
+    out_specs=grid.outputs,
+    out_shape=grid.out_shape,
+    compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+    input_output_aliases={} if initial is None else {6: 0, 7: 1},
+    interpret=interpret,
+    name="flash_decode",
   )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, lo, hi, *(initial or ()))
 
 
@@ -144,8 +161,18 @@ def bounds(lengths, q_positions, window, t: int):
   return lo.astype(jnp.int32), hi.astype(jnp.int32)
 
 
-def flash_decode(q, k, v, lengths, q_positions=None, window=None, *, layer=None, params: KernelParams | None = None,
-                 interpret: bool | None = None):
+def flash_decode(
+  q,
+  k,
+  v,
+  lengths,
+  q_positions=None,
+  window=None,
+  *,
+  layer=None,
+  params: KernelParams | None = None,
+  interpret: bool | None = None,
+):
   """q [B, T, K, G, D] over k, v [B, S, K, D] (or layer `layer` of [L, B, S, K, D]) at
   slots < lengths ([B], or [B, T] per query) and, with `window`, > q_positions - window.
   Returns (out f32 [B, T, K, G, D], lse [B, T, K, G])."""

@@ -48,8 +48,24 @@ def head_top_k_reference(x: jax.Array, w: jax.Array, k: int, *, transposed: bool
   return values, tokens, jax.nn.logsumexp(logits, axis=-1)
 
 
-def _kernel(x_ref, w_ref, values_ref, tokens_ref, max_ref, sum_ref, *, k: int, chunk: int, block_k: int,
-            steps: int, e: int, v: int, transposed: bool, exact: bool, dtype):
+def _kernel(
+  x_ref,
+  w_ref,
+  values_ref,
+  tokens_ref,
+  max_ref,
+  sum_ref,
+  *,
+  k: int,
+  chunk: int,
+  block_k: int,
+  steps: int,
+  e: int,
+  v: int,
+  transposed: bool,
+  exact: bool,
+  dtype,
+):
   # x_ref [R_pad, E_pad]; w_ref [E, V] or [V, E]; values/tokens [k, R_pad]; max/sum [R_pad].
   c = pl.program_id(0)
   cols = pl.ds(c * chunk, chunk)
@@ -79,8 +95,15 @@ def _kernel(x_ref, w_ref, values_ref, tokens_ref, max_ref, sum_ref, *, k: int, c
 
 
 @functools.partial(jax.jit, static_argnames=("k", "transposed", "params", "interpret"))
-def head_candidates(x: jax.Array, w: jax.Array, k: int, *, transposed: bool,
-                    params: HeadTopKParams = HeadTopKParams(), interpret: bool = False):
+def head_candidates(
+  x: jax.Array,
+  w: jax.Array,
+  k: int,
+  *,
+  transposed: bool,
+  params: HeadTopKParams = HeadTopKParams(),
+  interpret: bool = False,
+):
   """The fused pass (module docstring): x [R, E] and the head w [E, V] (or [V, E] with
   `transposed`, a tied embedding). Returns (values [R, C * k] f32, tokens [R, C * k]
   int32, lse [R] f32): each of the C chunks' k best logits, chunk after chunk, best
@@ -92,27 +115,37 @@ def head_candidates(x: jax.Array, w: jax.Array, k: int, *, transposed: bool,
   steps = pl.cdiv(e, params.block_k)
   rows = jnp.pad(x, ((0, r_pad - r), (0, steps * params.block_k - e)))  # x is small; w is never padded
   chunks = pl.cdiv(v, params.chunk)
-  kernel = functools.partial(_kernel, k=k, chunk=params.chunk, block_k=params.block_k, steps=steps, e=e, v=v,
-                             transposed=transposed, exact=x.dtype == jnp.float32, dtype=x.dtype)
+  kernel = functools.partial(
+    _kernel,
+    k=k,
+    chunk=params.chunk,
+    block_k=params.block_k,
+    steps=steps,
+    e=e,
+    v=v,
+    transposed=transposed,
+    exact=x.dtype == jnp.float32,
+    dtype=x.dtype,
+  )
   values, tokens, peak, total = pl.pallas_call(
-      kernel,
-      grid=(chunks,),
-      in_specs=[pl.BlockSpec(rows.shape, lambda c: (0, 0)), pl.BlockSpec(w.shape, lambda c: (0, 0))],
-      out_specs=[
-          pl.BlockSpec((None, k, r_pad), lambda c: (c, 0, 0)),
-          pl.BlockSpec((None, k, r_pad), lambda c: (c, 0, 0)),
-          pl.BlockSpec((None, r_pad), lambda c: (c, 0)),
-          pl.BlockSpec((None, r_pad), lambda c: (c, 0)),
-      ],
-      out_shape=[
-          jax.ShapeDtypeStruct((chunks, k, r_pad), jnp.float32),
-          jax.ShapeDtypeStruct((chunks, k, r_pad), jnp.int32),
-          jax.ShapeDtypeStruct((chunks, r_pad), jnp.float32),
-          jax.ShapeDtypeStruct((chunks, r_pad), jnp.float32),
-      ],
-      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      interpret=interpret,
-      name="head_top_k",
+    kernel,
+    grid=(chunks,),
+    in_specs=[pl.BlockSpec(rows.shape, lambda c: (0, 0)), pl.BlockSpec(w.shape, lambda c: (0, 0))],
+    out_specs=[
+      pl.BlockSpec((None, k, r_pad), lambda c: (c, 0, 0)),
+      pl.BlockSpec((None, k, r_pad), lambda c: (c, 0, 0)),
+      pl.BlockSpec((None, r_pad), lambda c: (c, 0)),
+      pl.BlockSpec((None, r_pad), lambda c: (c, 0)),
+    ],
+    out_shape=[
+      jax.ShapeDtypeStruct((chunks, k, r_pad), jnp.float32),
+      jax.ShapeDtypeStruct((chunks, k, r_pad), jnp.int32),
+      jax.ShapeDtypeStruct((chunks, r_pad), jnp.float32),
+      jax.ShapeDtypeStruct((chunks, r_pad), jnp.float32),
+    ],
+    compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+    interpret=interpret,
+    name="head_top_k",
   )(rows, w)
   top = jnp.max(peak, axis=0)  # [R_pad]
   lse = top + jnp.log(jnp.sum(total * jnp.exp(peak - top), axis=0))

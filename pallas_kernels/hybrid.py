@@ -30,8 +30,21 @@ from pallas_kernels.tuning import Pass, invariant_prefix_params, params_for
 RECENT = 32
 
 
-def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *, layer=None,
-                     split_keys: int = 0, interpret: bool | None = None):
+def hybrid_attention(
+  q,
+  k_cache,
+  v_cache,
+  lengths,
+  k_new,
+  v_new,
+  mask,
+  q_positions,
+  window=None,
+  *,
+  layer=None,
+  split_keys: int = 0,
+  interpret: bool | None = None,
+):
   """q [B, T, K, G, D] over the cache k/v [B, S, K, D] (or layer `layer` of the stacked
   [L, B, S, K, D], read in place; slots < lengths [B], within `window` of each query's
   position) and the step's own k_new/v_new [B, T, K, D] under mask [B, T, T]. Returns
@@ -39,14 +52,16 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
   partials merged in order (the bits then do not depend on S), else one from the shape."""
   b, t, kv_heads, g, d = q.shape
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-  prefix = dataclasses.replace(params_for(Pass.PREFIX, t * g, d, k_cache.shape[-3], b * kv_heads),
-                               split_keys=split_keys)
+  prefix = dataclasses.replace(
+    params_for(Pass.PREFIX, t * g, d, k_cache.shape[-3], b * kv_heads), split_keys=split_keys
+  )
   tree = params_for(Pass.TREE, t * g, d, t, b * kv_heads)
   block_rows = max(prefix.block_rows, tree.block_rows)  # one row layout for both passes
   rows = blocks.to_rows(q, block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
-  prefix_part = prefix_partials(rows, k_cache, v_cache, lo, hi, dataclasses.replace(prefix, block_rows=block_rows),
-                                interpret, layer=layer)
+  prefix_part = prefix_partials(
+    rows, k_cache, v_cache, lo, hi, dataclasses.replace(prefix, block_rows=block_rows), interpret, layer=layer
+  )
   mask_rows = blocks.per_row(mask, g, rows.shape[2])
   tree_part = tree_partial(rows, k_new, v_new, mask_rows, dataclasses.replace(tree, block_rows=block_rows), interpret)
   # Fixed splits: as many as the cache allows, merged one by one (those past a query's keys add zeros).
@@ -54,8 +69,20 @@ def hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positio
   return merge([prefix_part, tree_part], t, g)[0]
 
 
-def invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, window=None, *,
-                               layer=None, interpret: bool | None = None):
+def invariant_hybrid_attention(
+  q,
+  k_cache,
+  v_cache,
+  lengths,
+  k_new,
+  v_new,
+  mask,
+  q_positions,
+  window=None,
+  *,
+  layer=None,
+  interpret: bool | None = None,
+):
   """`hybrid_attention` (same arguments; `mask` must be the tree's ancestor mask, node
   itself included, and the step's tokens sit at depths q_positions - lengths < RECENT),
   computed so that a query's output depends only on its position, its path and the
@@ -104,6 +131,7 @@ def invariant_hybrid_attention(q, k_cache, v_cache, lengths, k_new, v_new, mask,
   near_mask = blocks.per_row(visible.reshape(b * t, 1, RECENT), g, near_rows.shape[2])
   near_out, near_lse = tree_partial(near_rows, near(k_cache, k_new), near(v_cache, v_new), near_mask, tree, interpret)
   near_out = blocks.to_rows(blocks.from_rows(near_out[0], 1, g).reshape(b, t, kv_heads, g, d), params.block_rows)
-  near_lse = blocks.to_rows(blocks.from_rows(near_lse[0, ..., None], 1, g).reshape(b, t, kv_heads, g, 1),
-                            params.block_rows)[..., 0]
+  near_lse = blocks.to_rows(
+    blocks.from_rows(near_lse[0, ..., None], 1, g).reshape(b, t, kv_heads, g, 1), params.block_rows
+  )[..., 0]
   return blocks.merge_in_order([(far_out, far_lse), (near_out[None], near_lse[None])], t, g)[0]

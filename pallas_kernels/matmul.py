@@ -66,8 +66,21 @@ def default_params(k: int, n: int, programs: int = 132) -> MatmulParams:
   return MatmulParams(block_n=block_n, block_k=block_k, splits=splits)
 
 
-def _kernel(layer_ref, x_ref, w_ref, out_ref, *, block_k: int, block_n: int, steps: int, steps_per_split: int,
-            k: int, n: int, transposed: bool, exact: bool):
+def _kernel(
+  layer_ref,
+  x_ref,
+  w_ref,
+  out_ref,
+  *,
+  block_k: int,
+  block_n: int,
+  steps: int,
+  steps_per_split: int,
+  k: int,
+  n: int,
+  transposed: bool,
+  exact: bool,
+):
   # x_ref [M_pad, K_pad] (zero-padded); w_ref [L, K, N] or [L, N, K]; out_ref [M_pad, block_n] f32.
   layer = layer_ref[0]
   j, s = pl.program_id(0), pl.program_id(1)
@@ -84,19 +97,31 @@ def _kernel(layer_ref, x_ref, w_ref, out_ref, *, block_k: int, block_n: int, ste
       tile, mask = w_ref.at[layer, ks, cols], k_ok[:, None] & col_ok[None, :]  # [block_k, block_n]
     w = plgpu.load(tile, mask=mask, other=0.0) if k % block_k or n % block_n else tile[...]
     return tuple(
-        acc + plgpu.dot(x_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), ks], w, trans_b=transposed, allow_tf32=not exact)
-        for r, acc in enumerate(accs))
+      acc + plgpu.dot(x_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), ks], w, trans_b=transposed, allow_tf32=not exact)
+      for r, acc in enumerate(accs)
+    )
 
   first = s * steps_per_split
-  accs = jax.lax.fori_loop(first, jnp.minimum(first + steps_per_split, steps), step,
-                           tuple(jnp.zeros((BLOCK_ROWS, block_n), jnp.float32) for _ in range(row_blocks)))
+  accs = jax.lax.fori_loop(
+    first,
+    jnp.minimum(first + steps_per_split, steps),
+    step,
+    tuple(jnp.zeros((BLOCK_ROWS, block_n), jnp.float32) for _ in range(row_blocks)),
+  )
   for r, acc in enumerate(accs):
     out_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), :] = acc
 
 
 @functools.partial(jax.jit, static_argnames=("transposed", "params", "interpret"))
-def matmul(x: jax.Array, w: jax.Array, layer=None, *, transposed: bool = False, params: MatmulParams | None = None,
-           interpret: bool = False) -> jax.Array:
+def matmul(
+  x: jax.Array,
+  w: jax.Array,
+  layer=None,
+  *,
+  transposed: bool = False,
+  params: MatmulParams | None = None,
+  interpret: bool = False,
+) -> jax.Array:
   """x [..., K] @ w -> [..., N] in x's dtype, float32 accumulation, batch-invariant (see
   the module docstring). w is [K, N], or [N, K] with `transposed`; with `layer` (an int
   or an int32 scalar), w is a stack [L, ...] of such weights and `layer` names the one
@@ -113,22 +138,30 @@ def matmul(x: jax.Array, w: jax.Array, layer=None, *, transposed: bool = False, 
   steps_per_split = pl.cdiv(steps, params.splits)
   rows = jnp.pad(rows, ((0, m_pad - m), (0, steps * params.block_k - k)))  # x is small; w is never padded
   n_pad = pl.cdiv(n, params.block_n) * params.block_n
-  kernel = functools.partial(_kernel, block_k=params.block_k, block_n=params.block_n, steps=steps,
-                             steps_per_split=steps_per_split, k=k, n=n, transposed=transposed,
-                             exact=x.dtype == jnp.float32)
+  kernel = functools.partial(
+    _kernel,
+    block_k=params.block_k,
+    block_n=params.block_n,
+    steps=steps,
+    steps_per_split=steps_per_split,
+    k=k,
+    n=n,
+    transposed=transposed,
+    exact=x.dtype == jnp.float32,
+  )
   partials = pl.pallas_call(
-      kernel,
-      grid=(n_pad // params.block_n, params.splits),
-      in_specs=[
-          pl.BlockSpec((1,), lambda j, s: (0,)),
-          pl.BlockSpec(rows.shape, lambda j, s: (0, 0)),
-          pl.BlockSpec(w.shape, lambda j, s: (0, 0, 0)),
-      ],
-      out_specs=pl.BlockSpec((None, m_pad, params.block_n), lambda j, s: (s, 0, j)),
-      out_shape=jax.ShapeDtypeStruct((params.splits, m_pad, n_pad), jnp.float32),
-      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      interpret=interpret,
-      name="matmul",
+    kernel,
+    grid=(n_pad // params.block_n, params.splits),
+    in_specs=[
+      pl.BlockSpec((1,), lambda j, s: (0,)),
+      pl.BlockSpec(rows.shape, lambda j, s: (0, 0)),
+      pl.BlockSpec(w.shape, lambda j, s: (0, 0, 0)),
+    ],
+    out_specs=pl.BlockSpec((None, m_pad, params.block_n), lambda j, s: (s, 0, j)),
+    out_shape=jax.ShapeDtypeStruct((params.splits, m_pad, n_pad), jnp.float32),
+    compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+    interpret=interpret,
+    name="matmul",
   )(jnp.asarray(layer, jnp.int32).reshape(1), rows, w)
   out = partials[0]
   for s in range(1, params.splits):  # in split order, whatever M is

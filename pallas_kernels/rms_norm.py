@@ -51,17 +51,17 @@ def rms_norm(x: jax.Array, gain: jax.Array, eps: float, layer=None, *, interpret
   *lead, k = x.shape
   rows = x.reshape(-1, k)
   out = pl.pallas_call(
-      functools.partial(_kernel, k=k, width=pl.next_power_of_2(k), eps=eps),
-      grid=(rows.shape[0],),
-      in_specs=[
-          pl.BlockSpec((1,), lambda r: (0,)),
-          pl.BlockSpec(rows.shape, lambda r: (0, 0)),
-          pl.BlockSpec(gain.shape, lambda r: (0, 0)),
-      ],
-      out_specs=pl.BlockSpec(rows.shape, lambda r: (0, 0)),
-      out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret,
-      name="rms_norm",
+    functools.partial(_kernel, k=k, width=pl.next_power_of_2(k), eps=eps),
+    grid=(rows.shape[0],),
+    in_specs=[
+      pl.BlockSpec((1,), lambda r: (0,)),
+      pl.BlockSpec(rows.shape, lambda r: (0, 0)),
+      pl.BlockSpec(gain.shape, lambda r: (0, 0)),
+    ],
+    out_specs=pl.BlockSpec(rows.shape, lambda r: (0, 0)),
+    out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype),
+    compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+    interpret=interpret,
+    name="rms_norm",
   )(jnp.asarray(layer, jnp.int32).reshape(1), rows, gain)
   return out.reshape(*lead, k)

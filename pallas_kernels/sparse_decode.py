@@ -35,13 +35,17 @@ def compact(kept: jax.Array) -> tuple[jax.Array, jax.Array]:
   chunks = kept.shape[-1]
   index = jnp.broadcast_to(jnp.arange(chunks, dtype=jnp.int32), kept.shape)
   b, k = jnp.indices(kept.shape[:2])
-  lists = jnp.zeros(kept.shape, jnp.int32).at[b[..., None], k[..., None], jnp.where(kept, place, chunks)].set(
-      index, mode="drop")
+  lists = (
+    jnp.zeros(kept.shape, jnp.int32)
+    .at[b[..., None], k[..., None], jnp.where(kept, place, chunks)]
+    .set(index, mode="drop")
+  )
   return lists, jnp.sum(kept, axis=-1, keepdims=True, dtype=jnp.int32)
 
 
-def _kernel(layer_ref, q_ref, k_ref, v_ref, hi_ref, list_ref, count_ref, out_ref, lse_ref, *, splits, chunk,
-            seq_len, scale):
+def _kernel(
+  layer_ref, q_ref, k_ref, v_ref, hi_ref, list_ref, count_ref, out_ref, lse_ref, *, splits, chunk, seq_len, scale
+):
   layer = layer_ref[0]  # k_ref, v_ref [L, S, D]; list_ref [C] this head's chunks; count_ref [2]
   hi = hi_ref[...]  # [block_rows]
   count, inside = count_ref[0], count_ref[1]  # entries on the list; the first `inside` need no mask
@@ -52,8 +56,20 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, hi_ref, list_ref, count_ref, out_ref
   first = pl.program_id(2) * per_split
   entries = jnp.clip(count - first, 0, per_split)
   visible = lambda slots, i: slots[None, :] < hi[:, None]
-  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, 0, entries, chunk, seq_len, visible, scale,
-                                  full=(0, inside - first), lead=(layer,), starts=lambda i: list_ref[first + i] * chunk)
+  out, lse = blocks.attend_blocks(
+    q_ref[...],
+    k_ref,
+    v_ref,
+    0,
+    entries,
+    chunk,
+    seq_len,
+    visible,
+    scale,
+    full=(0, inside - first),
+    lead=(layer,),
+    starts=lambda i: list_ref[first + i] * chunk,
+  )
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -70,8 +86,9 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
   b, t, kv_heads, g, d = q.shape
   num_layers, _, seq_len = k.shape[:3]
   if kept.shape != (b, kv_heads, pl.cdiv(seq_len, chunk)):
-    raise ValueError(f"kept must be [B, K, ceil(S / {chunk})] = {(b, kv_heads, pl.cdiv(seq_len, chunk))},"
-                     f" got {kept.shape}.")
+    raise ValueError(
+      f"kept must be [B, K, ceil(S / {chunk})] = {(b, kv_heads, pl.cdiv(seq_len, chunk))}, got {kept.shape}."
+    )
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   params = params_for(Pass.PREFIX, t * g, d, seq_len, b * kv_heads)
   rows = blocks.to_rows(q, params.block_rows)
@@ -87,13 +104,13 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
   grid = SplitK(b, kv_heads, rows.shape[2], d, num_layers, seq_len, params.block_rows, splits)
   per_head = lambda size: pl.BlockSpec((None, None, size), lambda bh, i, s: (*grid.head(bh), 0))  # [B, K, size]
   out, lse = pl.pallas_call(
-      functools.partial(_kernel, splits=splits, chunk=chunk, seq_len=seq_len, scale=d**-0.5),
-      grid=grid.grid,
-      in_specs=[*grid.inputs, grid.per_row, per_head(chunks), per_head(2)],
-      out_specs=grid.outputs,
-      out_shape=grid.out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      interpret=interpret,
-      name="sparse_flash_decode",
+    functools.partial(_kernel, splits=splits, chunk=chunk, seq_len=seq_len, scale=d**-0.5),
+    grid=grid.grid,
+    in_specs=[*grid.inputs, grid.per_row, per_head(chunks), per_head(2)],
+    out_specs=grid.outputs,
+    out_shape=grid.out_shape,
+    compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+    interpret=interpret,
+    name="sparse_flash_decode",
   )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, hi, lists, counts)
   return blocks.merge([(out, lse)], t, g)

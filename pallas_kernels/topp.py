@@ -98,13 +98,13 @@ def select_chunks(mass: jax.Array, p: float, halvings: int = HALVINGS, *, interp
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   rows, chunks = mass.shape
   kept = pl.pallas_call(
-      functools.partial(_kernel, chunks=chunks, width=pl.next_power_of_2(chunks), p=p, halvings=halvings),
-      grid=(rows,),
-      in_specs=[pl.BlockSpec(mass.shape, lambda r: (0, 0))],
-      out_specs=pl.BlockSpec(mass.shape, lambda r: (0, 0)),
-      out_shape=jax.ShapeDtypeStruct(mass.shape, jnp.int32),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret,
-      name="topp_select",
+    functools.partial(_kernel, chunks=chunks, width=pl.next_power_of_2(chunks), p=p, halvings=halvings),
+    grid=(rows,),
+    in_specs=[pl.BlockSpec(mass.shape, lambda r: (0, 0))],
+    out_specs=pl.BlockSpec(mass.shape, lambda r: (0, 0)),
+    out_shape=jax.ShapeDtypeStruct(mass.shape, jnp.int32),
+    compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+    interpret=interpret,
+    name="topp_select",
   )(mass.astype(jnp.float32))
   return kept.astype(bool)

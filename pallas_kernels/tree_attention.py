@@ -27,8 +27,9 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, *refs, block_keys, num_keys, scale):
     cols = pl.ds(i * block_keys, block_keys)
     return plgpu.load(mask_ref.at[:, cols], mask=(slots < num_keys)[None, :], other=False)
 
-  out, lse = blocks.attend_blocks(q_ref[...], k_ref, v_ref, 0, pl.cdiv(num_keys, block_keys), block_keys,
-                                  num_keys, visible, scale)
+  out, lse = blocks.attend_blocks(
+    q_ref[...], k_ref, v_ref, 0, pl.cdiv(num_keys, block_keys), block_keys, num_keys, visible, scale
+  )
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -42,27 +43,28 @@ def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool, i
   kernel = functools.partial(_kernel, block_keys=params.block_keys, num_keys=n, scale=d**-0.5)
   head = lambda bh: (bh // kv_heads, bh % kv_heads)
   out_specs = [
-      pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i: (*head(bh), i, 0)),
-      pl.BlockSpec((None, None, params.block_rows), lambda bh, i: (*head(bh), i)),
+    pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i: (*head(bh), i, 0)),
+    pl.BlockSpec((None, None, params.block_rows), lambda bh, i: (*head(bh), i)),
   ]
   out, lse = pl.pallas_call(
-      kernel,
-      grid=(b * kv_heads, r // params.block_rows),
-      in_specs=[
-          pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i: (*head(bh), i, 0)),
-          pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
-          pl.BlockSpec((None, params.block_rows, n), lambda bh, i: (head(bh)[0], i, 0)),
-      ] + ([] if initial is None else out_specs),
-      out_specs=out_specs,
-      out_shape=[
-          jax.ShapeDtypeStruct((b, kv_heads, r, d), jnp.float32),
-          jax.ShapeDtypeStruct((b, kv_heads, r), jnp.float32),
-      ],
-      compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-      input_output_aliases={} if initial is None else {4: 0, 5: 1},
-      interpret=interpret,
-      name="tree_attention",
+    kernel,
+    grid=(b * kv_heads, r // params.block_rows),
+    in_specs=[
+      pl.BlockSpec((None, None, params.block_rows, d), lambda bh, i: (*head(bh), i, 0)),
+      pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
+      pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
+      pl.BlockSpec((None, params.block_rows, n), lambda bh, i: (head(bh)[0], i, 0)),
+    ]
+    + ([] if initial is None else out_specs),
+    out_specs=out_specs,
+    out_shape=[
+      jax.ShapeDtypeStruct((b, kv_heads, r, d), jnp.float32),
+      jax.ShapeDtypeStruct((b, kv_heads, r), jnp.float32),
+    ],
+    compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
+    input_output_aliases={} if initial is None else {4: 0, 5: 1},
+    interpret=interpret,
+    name="tree_attention",
   )(rows, k, v, mask_rows, *(initial or ()))
   return out[None], lse[None]
 

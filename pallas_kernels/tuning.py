@@ -55,18 +55,18 @@ class KernelParams:
 # 256+ query rows per KV head were swept at 16k-32k (T = 1 and 64 with G = 4); the others
 # hold the defaults the first grid ran with.
 TABLE: dict[Pass, list[tuple[int, int, tuple[int, int, int, int]]]] = {
-    Pass.PREFIX: [
-        (16, 64, (16, 128, 4, 3)),
-        (16, 128, (16, 64, 4, 3)),  # T = 1: (16, 128, 4, 3) within 3%
-        (64, 64, (64, 64, 4, 3)),
-        (64, 128, (64, 64, 4, 3)),
-        (1 << 30, 64, (64, 64, 4, 3)),
-        (1 << 30, 128, (128, 64, 8, 3)),  # sweeps at 16k-32k, T = 64 (G = 4): (128, 128, 8, 3) within 1%
-    ],
-    Pass.TREE: [
-        (1 << 30, 64, (32, 32, 4, 2)),
-        (1 << 30, 128, (32, 32, 4, 2)),
-    ],
+  Pass.PREFIX: [
+    (16, 64, (16, 128, 4, 3)),
+    (16, 128, (16, 64, 4, 3)),  # T = 1: (16, 128, 4, 3) within 3%
+    (64, 64, (64, 64, 4, 3)),
+    (64, 128, (64, 64, 4, 3)),
+    (1 << 30, 64, (64, 64, 4, 3)),
+    (1 << 30, 128, (128, 64, 8, 3)),  # sweeps at 16k-32k, T = 64 (G = 4): (128, 128, 8, 3) within 1%
+  ],
+  Pass.TREE: [
+    (1 << 30, 64, (32, 32, 4, 2)),
+    (1 << 30, 128, (32, 32, 4, 2)),
+  ],
 }
 
 
@@ -74,7 +74,8 @@ def params_for(kind: Pass, rows: int, head_dim: int, seq_len: int, batch_heads: 
   """Launch parameters of pass `kind` for `rows` query rows per KV head over `seq_len`
   keys, with batch * kv_heads independent heads."""
   block_rows, block_keys, warps, stages = next(
-      (launch for max_rows, dim, launch in TABLE[kind] if rows <= max_rows and head_dim == dim), (32, 32, 4, 2))
+    (launch for max_rows, dim, launch in TABLE[kind] if rows <= max_rows and head_dim == dim), (32, 32, 4, 2)
+  )
   block_rows = max(16, min(block_rows, pl.next_power_of_2(rows)))
   splits = 1
   if kind is Pass.PREFIX:

@@ -53,8 +53,8 @@ def real_texts(min_chars: int = 4000, limit: int = 40) -> list[str]:
   import sysconfig
 
   patterns = [
-      "/usr/share/common-licenses/*",
-      os.path.join(sysconfig.get_paths()["stdlib"], "*.py"),
+    "/usr/share/common-licenses/*",
+    os.path.join(sysconfig.get_paths()["stdlib"], "*.py"),
   ]
   texts = []
   for pattern in patterns:
@@ -113,25 +113,40 @@ def save_tiny_hf_model(kind: str, path: Path, **overrides) -> Path:
   import transformers
 
   common = dict(
-      vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
-      rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    vocab_size=211,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
   )
   configs = {
-      "llama": lambda: transformers.LlamaConfig(
-          **common, rope_theta=500000.0,
-          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-      ),
-      "qwen2": lambda: transformers.Qwen2Config(**{**common, "tie_word_embeddings": True}, rope_theta=10000.0),
-      "mistral": lambda: transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None),
-      "yarn": lambda: transformers.Qwen2Config(
-          **common, rope_theta=10000.0,
-          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-      ),
-      "linear": lambda: transformers.LlamaConfig(
-          **common, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}
-      ),
+    "llama": lambda: transformers.LlamaConfig(
+      **common,
+      rope_theta=500000.0,
+      rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+      },
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(**{**common, "tie_word_embeddings": True}, rope_theta=10000.0),
+    "mistral": lambda: transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None),
+    "yarn": lambda: transformers.Qwen2Config(
+      **common,
+      rope_theta=10000.0,
+      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    ),
+    "linear": lambda: transformers.LlamaConfig(
+      **common, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    ),
   }
   config = configs[kind]()
   for key, value in overrides.items():

@@ -16,4 +16,3 @@ def random_attention_inputs(rng, batch, steps, seq_len, kv_heads, group, head_di
   q = rng.standard_normal((batch, steps, kv_heads, group, head_dim))
   k, v = (rng.standard_normal((batch, seq_len, kv_heads, head_dim)) for _ in "kv")
   return tuple(jnp.asarray(x, dtype) for x in (q, k, v))
-

@@ -42,18 +42,28 @@ def draft_for(target, widths=(2, 2), **config):
 AR, COPY, DRAFT = 0, 1, 2
 
 
-def state_with(copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0,
-               last=-1, chain=3) -> AdaptiveState:
+def state_with(
+  copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0, last=-1, chain=3
+) -> AdaptiveState:
   """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none);
   since_draft and explore_after: both cases' (a number) or each's [2]."""
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
-  return AdaptiveState(ring=None, copy_gain=copy_gain, chain_gain=jnp.copy(copy_gain), draft_gain=draft_gain,
-                       costs=jnp.asarray(costs, jnp.float32),
-                       switch=jnp.float32(switch), force=jnp.int32(force), last=jnp.int32(last),
-                       next_kind=jnp.int32(COPY), since_draft=by_case(since_draft),
-                       explore_after=by_case(explore_after),
-                       rounds_by_kind=jnp.zeros((len(costs),), jnp.int32), **no_pending(len(copy_gain), chain))
+  return AdaptiveState(
+    ring=None,
+    copy_gain=copy_gain,
+    chain_gain=jnp.copy(copy_gain),
+    draft_gain=draft_gain,
+    costs=jnp.asarray(costs, jnp.float32),
+    switch=jnp.float32(switch),
+    force=jnp.int32(force),
+    last=jnp.int32(last),
+    next_kind=jnp.int32(COPY),
+    since_draft=by_case(since_draft),
+    explore_after=by_case(explore_after),
+    rounds_by_kind=jnp.zeros((len(costs),), jnp.int32),
+    **no_pending(len(copy_gain), chain),
+  )
 
 
 def by_case(value) -> jax.Array:
@@ -62,10 +72,13 @@ def by_case(value) -> jax.Array:
 
 
 def no_pending(batch, chain, matches=1):
-  return dict(pending=jnp.zeros((batch, matches, chain), jnp.int32),
-              pending_valid=jnp.zeros((batch, matches, chain), bool),
-              pending_ngram=jnp.zeros((batch,), jnp.int32), pending_at=jnp.zeros((batch,), jnp.int32),
-              pending_chained=jnp.zeros((batch,), bool))
+  return dict(
+    pending=jnp.zeros((batch, matches, chain), jnp.int32),
+    pending_valid=jnp.zeros((batch, matches, chain), bool),
+    pending_ngram=jnp.zeros((batch,), jnp.int32),
+    pending_at=jnp.zeros((batch,), jnp.int32),
+    pending_chained=jnp.zeros((batch,), bool),
+  )
 
 
 def plan_of(kind, copies, ngram, at, valid=None):
@@ -77,14 +90,28 @@ def plan_of(kind, copies, ngram, at, valid=None):
     valid = None if valid is None else jnp.asarray(valid)[:, None]
   ngram = jnp.asarray(ngram)
   cases = jnp.any((ngram > 0)[:, None] == jnp.arange(2), axis=0)
-  return Plan(kind=jnp.int32(kind), copies=copies, copy_valid=jnp.ones(copies.shape, bool) if valid is None else
-              jnp.asarray(valid), ngram=ngram, at=jnp.asarray(at), cases=cases, explored=jnp.asarray(False),
-              displaced=jnp.float32(0), draft_price=jnp.float32(1))
+  return Plan(
+    kind=jnp.int32(kind),
+    copies=copies,
+    copy_valid=jnp.ones(copies.shape, bool) if valid is None else jnp.asarray(valid),
+    ngram=ngram,
+    at=jnp.asarray(at),
+    cases=cases,
+    explored=jnp.asarray(False),
+    displaced=jnp.float32(0),
+    draft_price=jnp.float32(1),
+  )
 
 
 def observe(proposer, state, plan, count, active, history, lengths):
-  return proposer.observe(state, plan, jnp.asarray(count), jnp.asarray(active),
-                          history=jnp.asarray(history, jnp.int32), lengths=jnp.asarray(lengths, jnp.int32))
+  return proposer.observe(
+    state,
+    plan,
+    jnp.asarray(count),
+    jnp.asarray(active),
+    history=jnp.asarray(history, jnp.int32),
+    lengths=jnp.asarray(lengths, jnp.int32),
+  )
 
 
 def plan_for(proposer, state, history, lengths, done=None):
@@ -128,8 +155,9 @@ def test_chain_rounds_come_with_several_continuations_and_win_where_the_others_a
   plan = plan_for(proposer, state, HISTORY[:1], [6])
   assert int(plan.kind) == chain
   # The trie gives 5: the trie. Without a match both are an AR step at a higher price.
-  assert int(plan_for(proposer, dataclasses.replace(state, copy_gain=jnp.full((1, 3), 5.0)), HISTORY[:1],
-                      [6]).kind) == copy
+  assert (
+    int(plan_for(proposer, dataclasses.replace(state, copy_gain=jnp.full((1, 3), 5.0)), HISTORY[:1], [6]).kind) == copy
+  )
   assert int(plan_for(proposer, state, HISTORY[1:], [6]).kind) == ar
 
 
@@ -142,19 +170,20 @@ def test_a_copy_round_shows_its_first_continuations_gain_and_a_chain_round_keeps
   state = dataclasses.replace(state_with([np.nan], [1, 1, 1]), **no_pending(1, 3, matches=2))
   prefix = [5, 6, 1, 5]  # the root at index 3; the continuations' first tokens at 4
   continuations = [[[7, 8, 9], [7, 4, 4]]]
-  after = observe(proposer, state, plan_of(copy, continuations, [2], [4]), [4], [True], [prefix + [7, 4, 4, 2, 0]],
-                  [7])
+  after = observe(proposer, state, plan_of(copy, continuations, [2], [4]), [4], [True], [prefix + [7, 4, 4, 2, 0]], [7])
   assert float(after.copy_gain[0, 1]) == 4.0 and float(after.chain_gain[0, 1]) == 2.0
   assert int(after.pending_ngram[0]) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
   # A CHAIN round of 7 3 3 that emitted 7 and the target's 4 (2 tokens): the first
   # continuation broke after 1; the second (7 4 4) goes on, and the next round emits its 4.
   continuations = [[[7, 3, 3], [7, 4, 4]]]
-  after = observe(proposer, state, plan_of(chain, continuations, [2], [4]), [2], [True], [prefix + [7, 4, 0, 0, 0]],
-                  [5])
+  after = observe(
+    proposer, state, plan_of(chain, continuations, [2], [4]), [2], [True], [prefix + [7, 4, 0, 0, 0]], [5]
+  )
   assert float(after.chain_gain[0, 1]) == 2.0 and np.isnan(float(after.copy_gain[0, 1]))
   assert bool(after.pending_chained[0])
-  after = observe(proposer, after, plan_of(0, [[[1, 1, 1]] * 2], [2], [6]), [1], [True], [prefix + [7, 4, 4, 0, 0]],
-                  [6])
+  after = observe(
+    proposer, after, plan_of(0, [[[1, 1, 1]] * 2], [2], [6]), [1], [True], [prefix + [7, 4, 4, 0, 0]], [6]
+  )
   # The trie would have given 1 + 3; the chain's gain is not learnt twice from one round.
   assert float(after.copy_gain[0, 1]) == 4.0 and float(after.chain_gain[0, 1]) == 2.0
 
@@ -216,8 +245,15 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
   assert gains == [[1.0, 2.0], [1.0, 1.5], [2.5, 1.25]]
   np.testing.assert_array_equal(np.asarray(state.pending_ngram), [0, 0])
   unseen = dataclasses.replace(state_with([np.nan, np.nan], [1, 1]))
-  shown = observe(proposer, unseen, plan_of(AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]), [1, 1], [True, True],
-                  [prefix + [4, 0, 0, 0, 0]] * 2, [4, 4])
+  shown = observe(
+    proposer,
+    unseen,
+    plan_of(AR, [[7, 8, 9]] * 2, [2, 2], [4, 4]),
+    [1, 1],
+    [True, True],
+    [prefix + [4, 0, 0, 0, 0]] * 2,
+    [4, 4],
+  )
   np.testing.assert_array_equal(np.asarray(shown.copy_gain[:, 1]), [1, 1])
 
 
@@ -230,11 +266,9 @@ def test_kept_continuations_show_their_gain_once_each_has_broken_or_ended():
   plan = plan_of(AR, [[[7, 8, 9], [7, 4, 4]]], [2], [4])
   state = observe(proposer, state, plan, [1], [True], [prefix + [7] + [0] * 4], [4])
   assert np.isnan(float(state.copy_gain[0, 1]))  # both still agree
-  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [5]), [1], [True], [prefix + [7, 8] + [0] * 3],
-                  [5])
+  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [5]), [1], [True], [prefix + [7, 8] + [0] * 3], [5])
   assert np.isnan(float(state.copy_gain[0, 1]))  # the second broke, the first goes on
-  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [6]), [1], [True],
-                  [prefix + [7, 8, 3] + [0] * 2], [6])
+  state = observe(proposer, state, plan_of(AR, [[1, 1, 1]], [2], [6]), [1], [True], [prefix + [7, 8, 3] + [0] * 2], [6])
   assert float(state.copy_gain[0, 1]) == 3.0  # the first broke after 2: 1 + 2 tokens a copy round would have given
 
 
@@ -348,8 +382,9 @@ def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_
   prompt = rng.integers(3, 211, size=40).tolist()
   cache, _ = prefill(tiny, [prompt], 64)
   history = jnp.asarray([prompt + [0] * 24], jnp.int32)
-  behind = proposer.start(params, target=tiny, cache=dataclasses.replace(cache, lengths=cache.lengths - 13),
-                          history=history)
+  behind = proposer.start(
+    params, target=tiny, cache=dataclasses.replace(cache, lengths=cache.lengths - 13), history=history
+  )
   cache = dataclasses.replace(cache, lengths=cache.lengths - 1)  # the last token is the root
   hidden, ring = proposer.catch_up(draft, tiny, cache, history, behind, lagging=True)
   fresh = proposer.start(params, target=tiny, cache=cache, history=history)
@@ -386,9 +421,11 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkey
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
-@pytest.mark.parametrize("one_program, cape",
-                         [(False, None), (True, None), (False, CapeConfig(gamma=3, sizes=(2,) * 4))],
-                         ids=["program-per-kind", "one-program", "cape-draft"])
+@pytest.mark.parametrize(
+  "one_program, cape",
+  [(False, None), (True, None), (False, CapeConfig(gamma=3, sizes=(2,) * 4))],
+  ids=["program-per-kind", "one-program", "cape-draft"],
+)
 def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_program, cape, monkeypatch):
   """A chunk goes on across changes of kind until its rounds have run: each run of rounds
   of one kind a call of that kind's program, which stops where the choice changes kind
@@ -408,8 +445,9 @@ def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_progra
   state, tokens, finished = engine.decode_chunk(tiny, state, decoding, params, max_new_tokens=30, rounds=7)
   assert int(state.rounds) == 7 and not bool(finished)
   np.testing.assert_array_equal(np.asarray(state.proposal.rounds_by_kind), [3, 2, 2])
-  emitted = [[int(started.first[b])] + [int(t) for t in row if t != engine.PAD_ID] for b, row in
-             enumerate(np.asarray(tokens))]
+  emitted = [
+    [int(started.first[b])] + [int(t) for t in row if t != engine.PAD_ID] for b, row in enumerate(np.asarray(tokens))
+  ]
   assert all(len(row) >= 8 and row == ref[: len(row)] for row, ref in zip(emitted, reference))
 
 
@@ -443,8 +481,9 @@ class FakeChunks:
       last = ran[-1]
     self.clock += self.fixed
     self.budget -= len(ran)
-    proposal = dataclasses.replace(proposal, last=jnp.int32(last),
-                                   rounds_by_kind=proposal.rounds_by_kind + np.bincount(ran, minlength=kinds))
+    proposal = dataclasses.replace(
+      proposal, last=jnp.int32(last), rounds_by_kind=proposal.rounds_by_kind + np.bincount(ran, minlength=kinds)
+    )
     return Holder(proposal), np.zeros((1, 4), np.int32), self.budget <= 0
 
 
@@ -538,9 +577,11 @@ def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
   generate(tiny, prompts, 60, decoding)
   compiles = []
+
   def listener(event, seconds, **kwargs):
     if "backend_compile" in event:
       compiles.append(event)
+
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
     for _ in range(2):

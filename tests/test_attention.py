@@ -24,13 +24,13 @@ def dense_attention(q, k, v, visible):
 
 @settings(max_examples=15, deadline=None)
 @given(
-    seed=SEEDS,
-    batch=st.integers(1, 3),
-    steps=st.integers(1, 9),
-    cache_len=st.integers(1, 37),
-    kv_heads=st.sampled_from([1, 2]),
-    group=st.sampled_from([1, 4]),
-    head_dim=st.sampled_from([8, 16]),
+  seed=SEEDS,
+  batch=st.integers(1, 3),
+  steps=st.integers(1, 9),
+  cache_len=st.integers(1, 37),
+  kv_heads=st.sampled_from([1, 2]),
+  group=st.sampled_from([1, 4]),
+  head_dim=st.sampled_from([8, 16]),
 )
 def test_hybrid_equals_dense(seed, batch, steps, cache_len, kv_heads, group, head_dim):
   rng = np.random.default_rng(seed)
@@ -41,14 +41,24 @@ def test_hybrid_equals_dense(seed, batch, steps, cache_len, kv_heads, group, hea
   mask = random_ancestor_mask(rng, batch, steps)
   positions = lengths[:, None] + np.arange(steps)
   out = attention.hybrid_attention(
-      jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache), jnp.asarray(lengths, jnp.int32),
-      jnp.asarray(k_new), jnp.asarray(v_new), jnp.asarray(mask), jnp.asarray(positions), impl=attention.Impl.REFERENCE,
+    jnp.asarray(q),
+    jnp.asarray(k_cache),
+    jnp.asarray(v_cache),
+    jnp.asarray(lengths, jnp.int32),
+    jnp.asarray(k_new),
+    jnp.asarray(v_new),
+    jnp.asarray(mask),
+    jnp.asarray(positions),
+    impl=attention.Impl.REFERENCE,
   )
-  prefix_visible = np.broadcast_to((np.arange(cache_len)[None, :] < lengths[:, None])[:, None, :],
-                                   (batch, steps, cache_len))
+  prefix_visible = np.broadcast_to(
+    (np.arange(cache_len)[None, :] < lengths[:, None])[:, None, :], (batch, steps, cache_len)
+  )
   expected = dense_attention(
-      q, np.concatenate([k_cache, k_new], 1), np.concatenate([v_cache, v_new], 1),
-      np.concatenate([prefix_visible, mask], axis=2),
+    q,
+    np.concatenate([k_cache, k_new], 1),
+    np.concatenate([v_cache, v_new], 1),
+    np.concatenate([prefix_visible, mask], axis=2),
   )
   np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5)
 
@@ -59,7 +69,7 @@ def test_sliding_window_hides_old_prefix_slots():
   k, v = (rng.standard_normal((1, 12, 1, 8)).astype(np.float32) for _ in "kv")
   positions = np.array([[10, 11]])
   out, lse = attention.prefix_attention_reference(
-      jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.array([10]), jnp.asarray(positions), window=4
+    jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.array([10]), jnp.asarray(positions), window=4
   )
   slots = np.arange(12)
   visible = (slots[None, :] < 10) & (positions[0][:, None] - slots[None, :] < 4)
@@ -104,9 +114,16 @@ def test_causal_block_mask(window):
 
 
 @settings(max_examples=6, deadline=None)
-@given(seed=SEEDS, batch=st.integers(1, 3), length=st.integers(1, 29), kv_heads=st.sampled_from([1, 2]),
-       group=st.sampled_from([1, 3]), window=st.sampled_from([None, 1, 5, 64]), max_delay=st.integers(0, 6),
-       block=st.integers(1, 6))
+@given(
+  seed=SEEDS,
+  batch=st.integers(1, 3),
+  length=st.integers(1, 29),
+  kv_heads=st.sampled_from([1, 2]),
+  group=st.sampled_from([1, 3]),
+  window=st.sampled_from([None, 1, 5, 64]),
+  max_delay=st.integers(0, 6),
+  block=st.integers(1, 6),
+)
 def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads, group, window, max_delay, block):
   """The draft's structured training passes (causal within a window; a per-sequence delay;
   GLIDE's blocks) by `Impl.FLASH`: the reference's outputs and gradients, GQA and odd
@@ -117,9 +134,11 @@ def test_flash_training_passes_equal_the_reference(seed, batch, length, kv_heads
   q = jnp.asarray(rng.standard_normal((batch, length, kv_heads, group, 8)), jnp.float32)
   k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, 8)), jnp.float32) for _ in "kv")
   delay = jnp.asarray(rng.integers(0, max_delay + 1, batch), jnp.int32)
-  passes = {"causal": lambda q, k, v, impl: attention.causal_attention(q, k, v, window, impl=impl),
-            "delayed": lambda q, k, v, impl: attention.delayed_attention(q, k, v, delay, impl=impl),
-            "blockwise": lambda q, k, v, impl: attention.blockwise_attention(q, k, v, block, impl=impl)}
+  passes = {
+    "causal": lambda q, k, v, impl: attention.causal_attention(q, k, v, window, impl=impl),
+    "delayed": lambda q, k, v, impl: attention.delayed_attention(q, k, v, delay, impl=impl),
+    "blockwise": lambda q, k, v, impl: attention.blockwise_attention(q, k, v, block, impl=impl),
+  }
   for name, fn in passes.items():
     loss = lambda q, k, v, impl: jnp.sum(jnp.sin(fn(q, k, v, impl).astype(jnp.float32)))
     # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
@@ -161,9 +180,12 @@ def test_a_sparse_prefix_sees_only_the_kept_chunks(impl):
   out = attention.hybrid_attention(*args, impl=impl, kept=jnp.asarray(kept), chunk=chunk)
   for head in range(kv_heads):
     visible = (np.arange(cache_len)[None] < lengths[:, None]) & kept[:, head, np.arange(cache_len) // chunk]
-    expected = dense_attention(q[:, :, head : head + 1], np.concatenate([k_cache, k_new], 1)[:, :, head : head + 1],
-                               np.concatenate([v_cache, v_new], 1)[:, :, head : head + 1],
-                               np.concatenate([np.broadcast_to(visible[:, None], (batch, steps, cache_len)), mask], 2))
+    expected = dense_attention(
+      q[:, :, head : head + 1],
+      np.concatenate([k_cache, k_new], 1)[:, :, head : head + 1],
+      np.concatenate([v_cache, v_new], 1)[:, :, head : head + 1],
+      np.concatenate([np.broadcast_to(visible[:, None], (batch, steps, cache_len)), mask], 2),
+    )
     np.testing.assert_allclose(np.asarray(out[:, :, head : head + 1]), expected, atol=2e-5)
   every = attention.hybrid_attention(*args, impl=impl, kept=jnp.ones((batch, kv_heads, 6), bool), chunk=chunk)
   dense = attention.hybrid_attention(*args, impl=attention.Impl.REFERENCE)
@@ -187,7 +209,8 @@ def test_the_chunk_mass_is_the_prefix_passs_attention_summed_per_chunk():
     scores = np.einsum("kgd,skd->kgs", np.asarray(q[b, t], np.float64), np.asarray(k[2, b], np.float64)) / np.sqrt(8)
     weights = np.exp(scores - scores.max(-1, keepdims=True)) * visible[b, t]
     weights /= weights.sum(-1, keepdims=True)
-    alone = attention.prefix_chunk_mass(q[b : b + 1, t : t + 1], k[:, b : b + 1], lse[b : b + 1, t : t + 1],
-                                        limits[b : b + 1, t : t + 1], 16, layer=2)
+    alone = attention.prefix_chunk_mass(
+      q[b : b + 1, t : t + 1], k[:, b : b + 1], lse[b : b + 1, t : t + 1], limits[b : b + 1, t : t + 1], 16, layer=2
+    )
     expected = np.pad(weights.sum(1), ((0, 0), (0, 14))).reshape(2, 4, 16).sum(-1)
     np.testing.assert_allclose(np.asarray(alone[0]), expected, rtol=1e-5, atol=1e-7)

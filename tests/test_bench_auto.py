@@ -20,15 +20,42 @@ PROG = "python -m infer.bench_auto"
 
 def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "auto.json"
-  args = ["--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code", "--length", "64",
-          "--num-prompts", "1", "--new-tokens", "5", "--repeats", "1", "--dtype", "float32", "--copy-tokens", "3",
-          "--copy-matches", "2", "--out", str(out)]
+  args = [
+    "--target",
+    str(tiny_with_tokenizer),
+    "--draft",
+    "random",
+    "--sets",
+    "code",
+    "--length",
+    "64",
+    "--num-prompts",
+    "1",
+    "--new-tokens",
+    "5",
+    "--repeats",
+    "1",
+    "--dtype",
+    "float32",
+    "--copy-tokens",
+    "3",
+    "--copy-matches",
+    "2",
+    "--out",
+    str(out),
+  ]
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
   assert (result["copy_tokens"], result["copy_matches"]) == (3, 2)  # (pld's and auto's alike)
   rows = result["sets"]["code"]["summary"]
-  assert list(rows) == ["pld", "auto", "auto, copy only", "auto, draft only", "auto, no draft",
-                        "auto, no draft, copy only"]
+  assert list(rows) == [
+    "pld",
+    "auto",
+    "auto, copy only",
+    "auto, draft only",
+    "auto, no draft",
+    "auto, no draft, copy only",
+  ]
   assert rows["pld"]["ms_per_round_vs_pld"] == 1.0 and rows["pld"]["rounds_by_kind"] is None
   assert all(len(g) == 1 for g in result["sets"]["code"]["generations"].values())  # 1 prompt x 1 repeat
   assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "chain", "copy"}  # (two continuations)
@@ -51,8 +78,12 @@ def test_one_kind_runs_only_its_kind_and_stays_lossless(tmp_path, monkeypatch):
 
 
 def test_summary_pairs_each_generation_with_prompt_lookups():
-  run = lambda seconds, rounds: {"seconds": seconds, "rounds": rounds, "new_tokens": 2 * rounds + 1,
-                                 "rounds_by_kind": None}
+  run = lambda seconds, rounds: {
+    "seconds": seconds,
+    "rounds": rounds,
+    "new_tokens": 2 * rounds + 1,
+    "rounds_by_kind": None,
+  }
   rows = summary({"pld": [run(1.0, 10), run(4.0, 10)], "auto": [run(1.5, 10), run(4.0, 10)]})
   assert rows["auto"]["ms_per_round_vs_pld"] == 1.25 and rows["auto"]["ms_per_round"] == 275.0
   assert rows["auto"]["tau"] == 2.0 and rows["auto"]["ms_per_round_over_prices"] is None

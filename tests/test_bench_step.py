@@ -16,8 +16,17 @@ from train.step import TrainConfig
 
 from conftest import run_cli
 
-TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=8, max_position_embeddings=512, tie_word_embeddings=True)
+TARGET = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=512,
+  tie_word_embeddings=True,
+)
 
 
 def test_the_floor_is_a_draft_that_is_the_target():
@@ -28,8 +37,9 @@ def test_the_floor_is_a_draft_that_is_the_target():
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, 97, (3, 37)), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(37), (3, 37))
   config = TrainConfig(compute_dtype="float32", loss_chunk=16)  # (three chunks, the last one partial)
-  loss = functools.partial(floor_loss, tokens=tokens, positions=positions, target_params=params,
-                           target_graphdef=graphdef, config=config)
+  loss = functools.partial(
+    floor_loss, tokens=tokens, positions=positions, target_params=params, target_graphdef=graphdef, config=config
+  )
   delta = jnp.zeros((32,), jnp.float32)
   hidden, k, _ = target_forward(tokens, positions, params, target_graphdef=graphdef)
   probs = jax.nn.softmax(model.logits(hidden[:, :-1]), axis=-1)
@@ -43,8 +53,11 @@ def test_the_floor_is_a_draft_that_is_the_target():
 def test_the_cli_times_the_step_and_writes_json_and_a_plot(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(train.bench_step, "SHAPES", {"tiny": TARGET})
   out = tmp_path / "step.json"
-  code = run_cli(main, ["--shape", "tiny", "--sizes", "2x24", "--iters", "1", "--dtype", "float32",
-                        "--out", str(out)], "python -m train.bench_step")
+  code = run_cli(
+    main,
+    ["--shape", "tiny", "--sizes", "2x24", "--iters", "1", "--dtype", "float32", "--out", str(out)],
+    "python -m train.bench_step",
+  )
   assert code == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
   assert result["kind"] == "train_step" and [(r["batch"], r["length"]) for r in result["rows"]] == [(2, 24)]

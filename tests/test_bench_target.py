@@ -11,8 +11,16 @@ from longspec_jax.heads import random_heads
 from longspec_jax.proposers import TokenSwift
 from longspec_jax.target import random_model
 
-TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=8, max_position_embeddings=512)
+TARGET = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=512,
+)
 
 
 def test_tokenswifts_drafting_pass_is_timed_steady_and_selecting():

@@ -10,15 +10,39 @@ PROG = "python -m infer.benchmark"
 
 
 def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, capsys):
-  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld:3x2", "longspec", "--draft", "random",
-            "--sets", "code", "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32",
-            "--cape-gamma", "2"]
-  greedy = common + ["--tree-widths", "2,2", "cape", "--copy-tokens", "0", "4",
-                     "--out", str(tmp_path / "greedy.json")]
+  common = [
+    "--target",
+    str(tiny_with_tokenizer),
+    "--methods",
+    "ar",
+    "pld:3x2",
+    "longspec",
+    "--draft",
+    "random",
+    "--sets",
+    "code",
+    "--lengths",
+    "64",
+    "--num-prompts",
+    "1",
+    "--new-tokens",
+    "4",
+    "--dtype",
+    "float32",
+    "--cape-gamma",
+    "2",
+  ]
+  greedy = common + ["--tree-widths", "2,2", "cape", "--copy-tokens", "0", "4", "--out", str(tmp_path / "greedy.json")]
   assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
-  assert [r["method"] for r in rows] == ["ar", "pld+copy3x2", "longspec[2,2]", "longspec[2,2]+copy4", "longspec[cape]",
-                                         "longspec[cape]+copy4"]
+  assert [r["method"] for r in rows] == [
+    "ar",
+    "pld+copy3x2",
+    "longspec[2,2]",
+    "longspec[2,2]+copy4",
+    "longspec[cape]",
+    "longspec[cape]+copy4",
+  ]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
   assert rows[2]["tree_widths"] == [2, 2] and rows[3]["copy_tokens"] == 4
   assert rows[1]["copy_tokens"] == 3 and rows[1]["copy_matches"] == 2
@@ -29,9 +53,26 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
     shares = [row[f"{phase}_seconds_share"] for phase in ("draft", "verify", "other")]
     assert all(0 <= s <= 1 for s in shares) and abs(sum(shares) - 1) < 1e-9
   assert (tmp_path / "greedy.png").stat().st_size > 0  # the plot beside the JSON
-  sampled = common + ["--tree-widths", "2,2", "--methods", "ar", "longspec", "glide", "tokenswift", "auto",
-                      "--glide-draft", "random", "--heads", "random", "--temperature", "1.0",
-                      "--top-k", "50", "--out", str(tmp_path / "sampled.json")]
+  sampled = common + [
+    "--tree-widths",
+    "2,2",
+    "--methods",
+    "ar",
+    "longspec",
+    "glide",
+    "tokenswift",
+    "auto",
+    "--glide-draft",
+    "random",
+    "--heads",
+    "random",
+    "--temperature",
+    "1.0",
+    "--top-k",
+    "50",
+    "--out",
+    str(tmp_path / "sampled.json"),
+  ]
   assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err
   result = json.loads((tmp_path / "sampled.json").read_text())
   assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] is None for r in result["rows"])
@@ -46,8 +87,22 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
 
 def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, capsys):
   """longspec takes the shipped draft by default (none here: an error), auto none."""
-  common = ["--target", str(tiny_with_tokenizer), "--sets", "code", "--lengths", "64", "--num-prompts", "1",
-            "--new-tokens", "4", "--dtype", "float32", "--out", str(tmp_path / "auto.json")]
+  common = [
+    "--target",
+    str(tiny_with_tokenizer),
+    "--sets",
+    "code",
+    "--lengths",
+    "64",
+    "--num-prompts",
+    "1",
+    "--new-tokens",
+    "4",
+    "--dtype",
+    "float32",
+    "--out",
+    str(tmp_path / "auto.json"),
+  ]
   assert run_cli(main, common + ["--methods", "ar", "auto"], PROG) == 0, capsys.readouterr().err
   result = json.loads((tmp_path / "auto.json").read_text())
   assert result["draft"] is None and set(result["rows"][-1]["rounds_by_kind"]) == {"ar", "copy"}
@@ -59,8 +114,26 @@ def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, caps
 
 
 def test_sparse_verification_runs_beside_the_dense_one(tiny_with_tokenizer, tmp_path, capsys):
-  common = ["--target", str(tiny_with_tokenizer), "--methods", "longspec", "--draft", "random", "--sets", "code",
-            "--lengths", "64", "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32", "--tree-widths", "2,2"]
+  common = [
+    "--target",
+    str(tiny_with_tokenizer),
+    "--methods",
+    "longspec",
+    "--draft",
+    "random",
+    "--sets",
+    "code",
+    "--lengths",
+    "64",
+    "--num-prompts",
+    "1",
+    "--new-tokens",
+    "4",
+    "--dtype",
+    "float32",
+    "--tree-widths",
+    "2,2",
+  ]
   out = tmp_path / "sparse.json"
   assert run_cli(main, common + ["--sparse-verify", "0.5", "--out", str(out)], PROG) == 0, capsys.readouterr().err
   rows = json.loads(out.read_text())["rows"]
@@ -92,8 +165,16 @@ def test_a_generation_that_compiled_is_timed_again():
   from longspec_jax.engine import Decoding
   from longspec_jax.target import random_model
 
-  config = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+  config = TargetConfig(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position_embeddings=512,
+  )
   target = types.SimpleNamespace(model=random_model(config, jnp.float32))
   row = run_config(target, Decoding(), None, [[5] * 6, [7] * 70], 3, seed=0)
   first, second = row["per_prompt"]

@@ -87,8 +87,9 @@ def test_commit_path_moves_accepted_nodes_into_the_prefix():
 
 
 def test_ring_keeps_the_latest_window_positions():
-  config = DraftConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1,
-                       head_dim=4, num_layers=2, window=5)
+  config = DraftConfig(
+    vocab_size=10, hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1, head_dim=4, num_layers=2, window=5
+  )
   ring = RingCache.create(config, 2, jnp.float32, config.window)
   rng = np.random.default_rng(0)
   written = {}  # (b, position) -> k
@@ -161,8 +162,9 @@ def test_the_partial_cache_fills_its_empty_slots_then_the_least_important_at_a_f
   where it left some empty, then over the least important selected ones from the last
   slot down; the held slots stay a prefix; a selection is due when the appended would
   reach the sink; the cache's bytes never change."""
-  config = TargetConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
-                        head_dim=4)
+  config = TargetConfig(
+    vocab_size=11, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4
+  )
   full = KVCache.create(config, 2, 64, jnp.float32)
   values = jnp.arange(64, dtype=jnp.float32)[None, None, :, None, None] + jnp.zeros(full.k.shape)
   full = KVCache(k=values, v=-values, lengths=jnp.asarray([20, 6], jnp.int32))  # longer and shorter than the budget

@@ -15,8 +15,16 @@ from longspec_jax.target import random_model
 from train.checkpoint import Checkpoints
 from train.step import TrainConfig, make_optimizer, make_train_step
 
-TARGET = TargetConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, max_position_embeddings=2048)
+TARGET = TargetConfig(
+  vocab_size=128,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=2048,
+)
 BATCHES = jnp.asarray(np.random.default_rng(0).integers(0, 128, (6, 2, 16)), jnp.int32)  # the data, in order
 
 
@@ -41,8 +49,9 @@ def run(steps, checkpoints=None, start=None):
     first = loop["step"]
   for step in range(first, steps):
     tokens = BATCHES[step]
-    params, opt_state, _ = step_fn(params, opt_state, jax.random.fold_in(jax.random.key(0), step), tokens,
-                                   jnp.ones_like(tokens), target_params)
+    params, opt_state, _ = step_fn(
+      params, opt_state, jax.random.fold_in(jax.random.key(0), step), tokens, jnp.ones_like(tokens), target_params
+    )
     if checkpoints:
       checkpoints.maybe_save(step + 1, params, opt_state, {"step": step + 1})
   return params

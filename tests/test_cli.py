@@ -18,7 +18,9 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
   return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module, argv, message", [
+@pytest.mark.parametrize(
+  "module, argv, message",
+  [
     ("infer.benchmark", ["--num-prompts", "0"], "--num-prompts: expected an integer >= 1, got '0'"),
     ("infer.benchmark", ["--lengths", "0"], "--lengths: expected an integer >= 1, got '0'"),
     ("infer.benchmark", ["--new-tokens", "-3"], "--new-tokens: expected an integer >= 1"),
@@ -29,8 +31,11 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ("infer.benchmark", ["--methods", "pld:16"], "expected pld:TOKENSxMATCHES with two integers >= 1, got 'pld:16'"),
     ("infer.benchmark", ["--methods", "ar", "--copy-matches", "2"], "--copy-matches shapes prompt lookup's"),
     ("infer.benchmark", ["--methods", "longspec", "--draft", "/no/such"], "the draft '/no/such' does not exist"),
-    ("infer.benchmark", ["--methods", "longspec", "--tree-widths", "cape", "--cape-bins", "0.5:1,0.9:2"],
-     "the last CAPE bin must end at confidence 1"),
+    (
+      "infer.benchmark",
+      ["--methods", "longspec", "--tree-widths", "cape", "--cape-bins", "0.5:1,0.9:2"],
+      "the last CAPE bin must end at confidence 1",
+    ),
     ("infer.benchmark", ["--out", "/"], "the output / is a directory"),
     ("infer.benchmark", ["--temperature", "inf"], "--temperature: expected a finite number >= 0"),
     ("infer.profile", ["--out", "/etc/hostname"], "the output /etc/hostname is a file; give a directory"),
@@ -47,7 +52,8 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ("infer.bench_kernels", ["--batches", "0"], "--batches: expected an integer >= 1"),
     ("infer.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
     ("infer.plots", ["/no/such.json"], "is not a readable result JSON"),
-])
+  ],
+)
 def test_bad_input_is_one_line_with_exit_2(module, argv, message, capsys, smollm2_gguf):
   # (the default model fetched first: its fetch prints a line of progress the first time)
   code, err = run(module, argv, capsys)
@@ -63,8 +69,10 @@ def test_missing_optional_package_is_one_line(monkeypatch, capsys):
   with pytest.raises(SystemExit) as e:
     run_main(main, "python -m train.run")
   assert e.value.code == 2
-  assert capsys.readouterr().err == ("python -m train.run: error: this command needs the package 'optax', which is not"
-                                     " installed (pip install 'longspec-jax[train]').\n")
+  assert capsys.readouterr().err == (
+    "python -m train.run: error: this command needs the package 'optax', which is not"
+    " installed (pip install 'longspec-jax[train]').\n"
+  )
 
 
 def test_methods_are_the_engine_methods():
@@ -87,10 +95,13 @@ def test_gemm_choices_are_the_gemms():
   assert set(GEMM) == {gemm.value for gemm in Gemm}
 
 
-@pytest.mark.parametrize("module, argv", [
+@pytest.mark.parametrize(
+  "module, argv",
+  [
     ("infer.generate", ["--prompt", "x"]),
     ("train.run", ["--stage", "pretrain", "--data", "x", "--out", "y"]),
-])
+  ],
+)
 def test_flags_are_parsed_before_jax_loads(module, argv):
   """A bad flag is reported in a fraction of a second: parsing imports no JAX."""
   import subprocess

@@ -31,9 +31,17 @@ def test_code_files_pack_into_rows(tokenizer, tmp_path):
 
 def test_chat_records_mask_only_the_assistant(tokenizer, tmp_path):
   path = tmp_path / "sft.jsonl"
-  rows = [{"prompt": "What is a list?", "response": "An ordered, mutable sequence."},
-          {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                        {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye."}]}]
+  rows = [
+    {"prompt": "What is a list?", "response": "An ordered, mutable sequence."},
+    {
+      "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Goodbye."},
+      ]
+    },
+  ]
   path.write_text("\n".join(json.dumps(r) for r in rows))
   records = load_records(str(path))
   tokens, targets = chat_tokens(tokenizer, records[1]["messages"])

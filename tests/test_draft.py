@@ -14,8 +14,16 @@ from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.target import random_model
 
-TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
-                      num_kv_heads=2, head_dim=8, rope=RopeConfig(theta=500.0, kind="linear", factor=2.0))
+TARGET = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=3,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope=RopeConfig(theta=500.0, kind="linear", factor=2.0),
+)
 
 
 def test_config_follows_the_target_and_round_trips():
@@ -29,12 +37,15 @@ def test_config_follows_the_target_and_round_trips():
   wider.check_matches(TARGET)
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize(
+  "change, message",
+  [
     (dict(vocab_size=98), "vocab_size is 98"),
     (dict(head_dim=16), "head_dim is 16"),
     (dict(rope=RopeConfig(theta=10000.0)), "its rope is"),
     (dict(cross_layer=3), "cross-attends to target layers 3"),
-])
+  ],
+)
 def test_mismatched_drafts_are_refused(change, message):
   config = dataclasses.replace(DraftConfig.for_target(TARGET), **change)
   with pytest.raises(UserError, match=message):
@@ -65,8 +76,9 @@ def test_each_glide_layer_cross_attends_to_its_own_target_layer():
 
   def changes(draft, layer):
     """Whether the draft's output moves when target layer `layer`'s values do."""
-    run = lambda v: np.asarray(draft(target, tokens, positions, SelfAttend(mask=None),
-                                     CrossAttend(k=k, v=v, limits=jnp.full((1, 5), 16)))[0])
+    run = lambda v: np.asarray(
+      draft(target, tokens, positions, SelfAttend(mask=None), CrossAttend(k=k, v=v, limits=jnp.full((1, 5), 16)))[0]
+    )
     return bool(np.any(np.abs(run(v.at[layer].multiply(3.0)) - run(v)) > 1e-5))
 
   for cross_layer, read in [(None, {1, 2}), (0, {0, 1})]:
@@ -87,8 +99,9 @@ def test_the_ablated_draft_has_no_cross_attention_and_ignores_the_target_cache()
   rng = np.random.default_rng(5)
   tokens, positions = jnp.asarray(rng.integers(0, 97, size=(1, 4))), jnp.arange(4)[None]
   k, v = (jnp.asarray(rng.standard_normal((TARGET.num_layers, 1, 8, 2, 8)), jnp.float32) for _ in "kv")
-  run = lambda v: np.asarray(draft(target, tokens, positions, SelfAttend(mask=None),
-                                   CrossAttend(k=k, v=v, limits=jnp.full((1, 4), 8)))[0])
+  run = lambda v: np.asarray(
+    draft(target, tokens, positions, SelfAttend(mask=None), CrossAttend(k=k, v=v, limits=jnp.full((1, 4), 8)))[0]
+  )
   np.testing.assert_array_equal(run(v), run(v * 3.0))
 
 
@@ -108,8 +121,13 @@ def test_cross_attention_sees_only_slots_below_its_limits():
   limits = jnp.asarray([[20, 20, 21, 23, 23, 26]])
 
   def run(k, v):
-    hidden, _ = draft(target, tokens, positions, SelfAttend(mask=causal_block_mask(positions, jnp.ones((1, 6), bool))),
-                      CrossAttend(k=k, v=v, limits=limits))
+    hidden, _ = draft(
+      target,
+      tokens,
+      positions,
+      SelfAttend(mask=causal_block_mask(positions, jnp.ones((1, 6), bool))),
+      CrossAttend(k=k, v=v, limits=limits),
+    )
     return np.asarray(hidden[0])
 
   base = run(target_k, target_v)

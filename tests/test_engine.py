@@ -41,7 +41,7 @@ def naive_greedy(model, prompt, steps):
     positions = jnp.arange(len(tokens))[None]
     hidden, _ = model(x, positions, causal_block_mask(positions, jnp.ones(x.shape, bool)))
     tokens.append(int(jnp.argmax(model.logits(hidden[0, -1]))))
-  return tokens[len(prompt):]
+  return tokens[len(prompt) :]
 
 
 def test_greedy_equals_naive_recompute(tiny):
@@ -137,8 +137,12 @@ class Oracle:
     tokens = tokens.at[:, 0].set(root)
     batch = root.shape[0]
     tile = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(parents)))
-    return Tree(tokens=tokens.astype(jnp.int32), parents=tile(parents), depths=tile(depths),
-                valid=jnp.ones((batch, len(parents)), bool)), state
+    return Tree(
+      tokens=tokens.astype(jnp.int32),
+      parents=tile(parents),
+      depths=tile(depths),
+      valid=jnp.ones((batch, len(parents)), bool),
+    ), state
 
   @staticmethod
   def _ancestors(parents, i):
@@ -181,8 +185,9 @@ def test_acceptance_by_depth_is_each_depth_given_the_one_before():
 def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, cape=None, **draft_config):
   """A LongSpec proposer (with `copy_tokens` of prompt lookup grafted in; CAPE's tree
   with `cape`) and its random draft's params."""
-  draft = random_draft(DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed,
-                       attention=attention)
+  draft = random_draft(
+    DraftConfig.for_target(target.config, **draft_config), target.dtype, seed=seed, attention=attention
+  )
   graphdef, params = nnx.split(draft)
   return LongSpecDraft(graphdef, widths, copy_tokens, cape), params
 
@@ -190,10 +195,17 @@ def longspec(target, widths=(2, 3, 3), seed=0, attention=None, copy_tokens=0, ca
 CAPE = CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))
 
 
-@pytest.mark.parametrize("kind, cape, cross", [(DraftKind.LONGSPEC, None, True), (DraftKind.LONGSPEC, CAPE, True),
-                                               (DraftKind.GLIDE, None, True), (DraftKind.GLIDE, CAPE, True),
-                                               (DraftKind.GLIDE, CAPE, False)],
-                         ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape", "glide-no-cross-cape"])
+@pytest.mark.parametrize(
+  "kind, cape, cross",
+  [
+    (DraftKind.LONGSPEC, None, True),
+    (DraftKind.LONGSPEC, CAPE, True),
+    (DraftKind.GLIDE, None, True),
+    (DraftKind.GLIDE, CAPE, True),
+    (DraftKind.GLIDE, CAPE, False),
+  ],
+  ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape", "glide-no-cross-cape"],
+)
 def test_a_random_draft_is_lossless(tiny, kind, cape, cross):
   """Either draft with either tree (and GLIDE's ablation without cross-attention) emits
   the AR tokens; GLIDE's own cache holds every position of the context (it never wraps,
@@ -331,15 +343,17 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert glide_run.token_ids == reference and glide_run.stats.mean_accepted_length > 1.5
   heads = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.TOKENSWIFT)
   proposer, params = make_proposer("tokenswift", heads)  # (its shipped heads; a partial cache, fewer n-grams)
-  swift = generate(target.model, prompts, 48, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4,
-                                                                                    lag=64)), params)
+  swift = generate(
+    target.model, prompts, 48, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4, lag=64)), params
+  )
   assert swift.token_ids == reference and swift.stats.mean_accepted_length > 1.5
   proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2), copy_matches=2)
   auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference
   assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed
-  oracle = Oracle(tuple(map(tuple, reference)), (640,) * len(prompts), branching=(3, 1, 1, 1, 1),
-                  vocab=target.config.vocab_size)
+  oracle = Oracle(
+    tuple(map(tuple, reference)), (640,) * len(prompts), branching=(3, 1, 1, 1, 1), vocab=target.config.vocab_size
+  )
   result = generate(target.model, prompts, 48, Decoding(proposer=oracle))
   assert result.token_ids == reference
   assert result.stats.mean_accepted_length > 5.5  # depth 5 + bonus, less the last round
@@ -347,16 +361,29 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
 
 def tokenswift(target, **options):
   """TokenSwift with untrained heads (they predict what the target predicts) on `target`."""
-  graphdef, params = nnx.split(random_heads(HeadsConfig.for_target(target.config, **options.pop("heads", {})),
-                                            jnp.float32))
+  graphdef, params = nnx.split(
+    random_heads(HeadsConfig.for_target(target.config, **options.pop("heads", {})), jnp.float32)
+  )
   return TokenSwift(graphdef, **options), params
 
 
 def speculative_methods(target):
   """name -> (proposer, its params)."""
-  return {"pld": (PromptLookup(num_tokens=4), None), "longspec": longspec(target, widths=(2, 2), window=8),
-          "tokenswift": tokenswift(target, heads={"gamma": 2, "tree_widths": (1, 2, 2)}, tree_widths=(1, 2, 2),
-                                   budget=16, sink=2, ngrams=2, ngram_slots=4, n=3, lag=0)}
+  return {
+    "pld": (PromptLookup(num_tokens=4), None),
+    "longspec": longspec(target, widths=(2, 2), window=8),
+    "tokenswift": tokenswift(
+      target,
+      heads={"gamma": 2, "tree_widths": (1, 2, 2)},
+      tree_widths=(1, 2, 2),
+      budget=16,
+      sink=2,
+      ngrams=2,
+      ngram_slots=4,
+      n=3,
+      lag=0,
+    ),
+  }
 
 
 @pytest.mark.parametrize("budget, lag", [(96, 0), (12, 8)], ids=["whole-context", "partial-lagging"])
@@ -424,9 +451,12 @@ def test_sampled_speculation_matches_ar_statistically(tiny):
       assert_same_law(reference[:, position], got[:, position], (name, position))
 
 
-REAL_CONFIGS = {"t1": SamplingConfig(temperature=1.0), "t07-top-k": SamplingConfig(temperature=0.7, top_k=40),
-                "top-p-min-p": SamplingConfig(temperature=1.0, top_p=0.9, min_p=0.05),
-                "penalty": SamplingConfig(temperature=1.0, penalty=1.3, penalty_window=32)}
+REAL_CONFIGS = {
+  "t1": SamplingConfig(temperature=1.0),
+  "t07-top-k": SamplingConfig(temperature=0.7, top_k=40),
+  "top-p-min-p": SamplingConfig(temperature=1.0, top_p=0.9, min_p=0.05),
+  "penalty": SamplingConfig(temperature=1.0, penalty=1.3, penalty_window=32),
+}
 
 
 @pytest.mark.slow

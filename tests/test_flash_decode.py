@@ -16,8 +16,15 @@ from kernel_inputs import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, random_at
 
 
 @settings(max_examples=6, deadline=None)
-@given(seed=SEEDS, steps=st.integers(1, 5), seq_len=st.integers(1, 150), group=GROUPS, head_dim=HEAD_DIMS,
-       dtype=DTYPES, splits=st.integers(1, 4))
+@given(
+  seed=SEEDS,
+  steps=st.integers(1, 5),
+  seq_len=st.integers(1, 150),
+  group=GROUPS,
+  head_dim=HEAD_DIMS,
+  dtype=DTYPES,
+  splits=st.integers(1, 4),
+)
 def test_matches_reference(seed, steps, seq_len, group, head_dim, dtype, splits):
   """Odd lengths, per-sequence lengths (empty ones too), GQA 1/4/8, several splits."""
   rng = np.random.default_rng(seed)
@@ -77,5 +84,6 @@ def test_layer_of_a_stacked_cache():
     ref, _ = prefix_attention_reference(q, k[layer], v[layer], lengths)
     np.testing.assert_allclose(np.asarray(traced(jnp.int32(layer))), np.asarray(ref), atol=2e-5)
   out, _ = flash_decode(q, k, v, lengths, layer=-1, params=params, interpret=True)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(prefix_attention_reference(q, k[2], v[2], lengths)[0]),
-                             atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(out), np.asarray(prefix_attention_reference(q, k[2], v[2], lengths)[0]), atol=2e-5
+  )

@@ -10,8 +10,17 @@ from longspec_jax.engine import generate
 from longspec_jax.gemm import Compilation, Gemm
 from longspec_jax.target import random_model
 
-TINY = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                    head_dim=8, max_position_embeddings=128, tie_word_embeddings=True)
+TINY = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=128,
+  tie_word_embeddings=True,
+)
 
 
 def test_one_compilation_per_choice_computes_the_same():
@@ -29,8 +38,10 @@ def test_options_and_default():
   assert Gemm.XLA.compiler_options() is None
   assert Gemm.CUBLAS.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
   assert Compilation(Gemm.XLA).compiler_options() is None
-  assert Compilation(Gemm.CUBLAS, exact=True).compiler_options() == {"xla_gpu_enable_triton_gemm": False,
-                                                                     "xla_allow_excess_precision": False}
+  assert Compilation(Gemm.CUBLAS, exact=True).compiler_options() == {
+    "xla_gpu_enable_triton_gemm": False,
+    "xla_allow_excess_precision": False,
+  }
   assert Gemm.default() is (Gemm.CUBLAS if jax.default_backend() == "gpu" else Gemm.XLA)
 
 

@@ -20,8 +20,15 @@ def fused(x, w, k, transposed):
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=SEEDS, rows=st.integers(1, 20), e=st.integers(1, 70), v=st.integers(16, 300), k=st.integers(1, 16),
-       transposed=st.booleans(), dtype=DTYPES)
+@given(
+  seed=SEEDS,
+  rows=st.integers(1, 20),
+  e=st.integers(1, 70),
+  v=st.integers(16, 300),
+  k=st.integers(1, 16),
+  transposed=st.booleans(),
+  dtype=DTYPES,
+)
 def test_integer_logits_give_the_reference_exactly(seed, rows, e, v, k, transposed, dtype):
   """Small integer inputs: every logit is exact, so values, tokens, the order of ties
   (lower token first, across chunks and within one) and lse must all agree; odd sizes

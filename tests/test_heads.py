@@ -15,8 +15,16 @@ from longspec_jax.layers import rms_norm
 from longspec_jax.target import random_model
 from longspec_jax.weights.drafts import load_draft, save_draft
 
-TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=8, max_position_embeddings=512)
+TARGET = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=512,
+)
 
 
 def test_each_head_adds_its_linear_map_to_the_one_before():
@@ -24,8 +32,10 @@ def test_each_head_adds_its_linear_map_to_the_one_before():
   normalised again for the LM head."""
   heads = random_heads(HeadsConfig.for_target(TARGET, gamma=3), jnp.float32)
   rng = np.random.default_rng(0)
-  weights = {name: jnp.asarray(rng.standard_normal(getattr(heads, name)[...].shape) * 0.3, jnp.float32)
-             for name in ("input_norm", "linear", "output_norm")}
+  weights = {
+    name: jnp.asarray(rng.standard_normal(getattr(heads, name)[...].shape) * 0.3, jnp.float32)
+    for name in ("input_norm", "linear", "output_norm")
+  }
   for name, value in weights.items():
     getattr(heads, name)[...] = value
   hidden = jnp.asarray(rng.standard_normal((2, 5, 32)), jnp.float32)  # [B, T, E]
@@ -34,9 +44,12 @@ def test_each_head_adds_its_linear_map_to_the_one_before():
   h = hidden
   for i in range(3):
     h = h + rms_norm(h, weights["input_norm"][i], TARGET.rms_norm_eps) @ weights["linear"][i]
-    np.testing.assert_allclose(np.asarray(states[:, :, i]),
-                               np.asarray(rms_norm(h, weights["output_norm"][i], TARGET.rms_norm_eps)),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+      np.asarray(states[:, :, i]),
+      np.asarray(rms_norm(h, weights["output_norm"][i], TARGET.rms_norm_eps)),
+      rtol=1e-5,
+      atol=1e-5,
+    )
 
 
 def test_untrained_heads_predict_what_the_target_predicts():
@@ -64,8 +77,11 @@ def test_config_checks_and_round_trip():
   with pytest.raises(UserError, match="unknown TokenSwift heads config keys: window"):
     HeadsConfig.from_dict({**config.to_dict(), "window": 512})
   with pytest.raises(UserError, match="their hidden_size is 32, the target's is 64"):
-    config.check_matches(TargetConfig(vocab_size=97, hidden_size=64, intermediate_size=48, num_layers=2, num_heads=4,
-                                      num_kv_heads=2, head_dim=16))
+    config.check_matches(
+      TargetConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16
+      )
+    )
 
 
 def test_heads_save_and_load_as_a_draft_of_their_kind(tmp_path):

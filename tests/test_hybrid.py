@@ -38,8 +38,10 @@ def test_layer_of_a_stacked_cache():
   lengths = jnp.asarray([63, 20], jnp.int32)
   mask = random_ancestor_mask(rng, 2, 7)
   positions = lengths[:, None] + jnp.arange(7)[None]
-  run = jax.jit(lambda layer, impl: hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions, layer=layer,
-                                                     impl=impl), static_argnums=1)
+  run = jax.jit(
+    lambda layer, impl: hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions, layer=layer, impl=impl),
+    static_argnums=1,
+  )
   for layer in (0, 3):
     ref = hybrid_attention(q, k[layer], v[layer], lengths, k_new, v_new, mask, positions, impl=Impl.REFERENCE)
     for impl in Impl:
@@ -51,8 +53,14 @@ def _depths(mask):
 
 
 @settings(max_examples=4, deadline=None)
-@given(seed=SEEDS, nodes=st.integers(1, 24), cache_len=st.integers(1, 300), group=GROUPS, dtype=DTYPES,
-       window=st.sampled_from([None, 40]))
+@given(
+  seed=SEEDS,
+  nodes=st.integers(1, 24),
+  cache_len=st.integers(1, 300),
+  group=GROUPS,
+  dtype=DTYPES,
+  window=st.sampled_from([None, 40]),
+)
 def test_invariant_hybrid_matches_reference(seed, nodes, cache_len, group, dtype, window):
   """The batch-invariant pass computes the hybrid attention: the far prefix, the near
   lanes gathered from cache and ancestors, a sliding window."""
@@ -92,8 +100,16 @@ def test_invariant_node_computes_the_bits_of_its_ar_step(lengths):
       for depth, a in path:
         k_ar = k_ar.at[b, lengths[b] + depth].set(k_new[b, a])
         v_ar = v_ar.at[b, lengths[b] + depth].set(v_new[b, a])
-    alone = run(q[:, n : n + 1], k_ar, v_ar, lengths + depths[:, n], k_new[:, n : n + 1], v_new[:, n : n + 1],
-                jnp.ones((2, 1, 1), bool), positions[:, n : n + 1])
+    alone = run(
+      q[:, n : n + 1],
+      k_ar,
+      v_ar,
+      lengths + depths[:, n],
+      k_new[:, n : n + 1],
+      v_new[:, n : n + 1],
+      jnp.ones((2, 1, 1), bool),
+      positions[:, n : n + 1],
+    )
     np.testing.assert_array_equal(np.asarray(alone)[:, 0], many[:, n])
   # The same cache contents allocated longer (a speculative run leaves room for its tree).
   longer = [jnp.pad(x, ((0, 0), (0, 333), (0, 0), (0, 0))) for x in (k_cache, v_cache)]

@@ -13,8 +13,16 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}  # relative to the output's 
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=SEEDS, rows=st.integers(1, 128), k=st.integers(1, 300), n=st.integers(1, 200), dtype=DTYPES,
-       splits=st.integers(1, 3), transposed=st.booleans(), stacked=st.booleans())
+@given(
+  seed=SEEDS,
+  rows=st.integers(1, 128),
+  k=st.integers(1, 300),
+  n=st.integers(1, 200),
+  dtype=DTYPES,
+  splits=st.integers(1, 3),
+  transposed=st.booleans(),
+  stacked=st.booleans(),
+)
 def test_matches_reference(seed, rows, k, n, dtype, splits, transposed, stacked):
   """Odd sizes: rows 1..128, contraction and columns not multiples of the blocks; weights
   plain or transposed, alone or a layer of a stack."""
@@ -24,8 +32,11 @@ def test_matches_reference(seed, rows, k, n, dtype, splits, transposed, stacked)
   w = jnp.asarray(rng.standard_normal((3, *shape)) / np.sqrt(k), dtype)
   params = MatmulParams(block_n=32, block_k=32, splits=splits)
   layer = int(rng.integers(3))
-  got = matmul(x, w, layer, transposed=transposed, params=params, interpret=True) if stacked else (
-      matmul(x, w[layer], transposed=transposed, params=params, interpret=True))
+  got = (
+    matmul(x, w, layer, transposed=transposed, params=params, interpret=True)
+    if stacked
+    else (matmul(x, w[layer], transposed=transposed, params=params, interpret=True))
+  )
   want = np.asarray(matmul_reference(x, w[layer], transposed=transposed), np.float32)
   assert got.shape == (rows, n) and got.dtype == dtype
   np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=TOLERANCE[dtype] * 4, rtol=TOLERANCE[dtype])
@@ -35,8 +46,9 @@ def test_leading_axes_and_default_params():
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((2, 3, 96)), jnp.float32)
   w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
-  np.testing.assert_allclose(np.asarray(matmul(x, w, interpret=True)), np.asarray(matmul_reference(x, w)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(matmul(x, w, interpret=True)), np.asarray(matmul_reference(x, w)), rtol=1e-5, atol=1e-5
+  )
   # The parameters come from the weight's shape only, and fill about one wave of programs.
   assert default_params(4096, 14336) == default_params(4096, 14336)
   params = default_params(14336, 4096)

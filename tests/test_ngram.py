@@ -29,8 +29,12 @@ def reference_lookup(tokens, max_ngram, gamma, matches=1):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 6), max_ngram=st.integers(1, 4),
-       matches=st.sampled_from([1, 1, 2, 4]))
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  vocab=st.integers(2, 6),
+  max_ngram=st.integers(1, 4),
+  matches=st.sampled_from([1, 1, 2, 4]),
+)
 def test_lookup_matches_reference(seed, vocab, max_ngram, matches):
   rng = np.random.default_rng(seed)
   size, batch, gamma = 40, 3, 5
@@ -47,8 +51,12 @@ def test_lookup_matches_reference(seed, vocab, max_ngram, matches):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), size=st.sampled_from([1, 7, COUNT_BLOCK, 3 * COUNT_BLOCK + 5, 1000]),
-       k=st.sampled_from([1, 2, 16]), density=st.sampled_from([0.0, 0.01, 0.3, 1.0]))
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  size=st.sampled_from([1, 7, COUNT_BLOCK, 3 * COUNT_BLOCK + 5, 1000]),
+  k=st.sampled_from([1, 2, 16]),
+  density=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
+)
 def test_latest_are_the_last_true_positions_latest_first(seed, size, k, density):
   mask = np.random.default_rng(seed).random((2, 3, size)) < density  # [..., L]: leading axes kept
   got = np.asarray(latest(jnp.asarray(mask), k))
@@ -91,16 +99,23 @@ def table_rows(table, b, vocab):
   """The table's sequence b as reference_table's dictionary."""
   rows = {}
   for token in range(vocab):
-    row = [None if c == 0 else [t.tolist(), int(c)]
-           for t, c in zip(np.asarray(table.continuations[b, token]), np.asarray(table.counts[b, token]))]
+    row = [
+      None if c == 0 else [t.tolist(), int(c)]
+      for t, c in zip(np.asarray(table.continuations[b, token]), np.asarray(table.counts[b, token]))
+    ]
     if any(entry is not None for entry in row):
       rows[token] = row
   return rows
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 5), n=st.integers(2, 4), slots=st.integers(1, 4),
-       size=st.sampled_from([1, 3, 17, 40]))
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  vocab=st.integers(2, 5),
+  n=st.integers(2, 4),
+  slots=st.integers(1, 4),
+  size=st.sampled_from([1, 3, 17, 40]),
+)
 def test_ngram_table_builds_and_adds_like_a_dictionary(seed, vocab, n, slots, size):
   """TokenSwift's n-gram table against a plain dictionary: built from each sequence's
   text, then the n-grams of more text added a few at a time; `top` lists each first
@@ -110,17 +125,18 @@ def test_ngram_table_builds_and_adds_like_a_dictionary(seed, vocab, n, slots, si
   history = rng.integers(0, vocab, size=(batch, size + 12))
   count = rng.integers(0, size + 1, size=batch)
   # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
-  table = jax.jit(NGramTable.build, static_argnums=(2, 3, 4))(jnp.asarray(history, jnp.int32),
-                                                              jnp.asarray(count, jnp.int32), vocab, slots, n)
+  table = jax.jit(NGramTable.build, static_argnums=(2, 3, 4))(
+    jnp.asarray(history, jnp.int32), jnp.asarray(count, jnp.int32), vocab, slots, n
+  )
   expected = [reference_table(history[b, : count[b]].tolist(), n, slots) for b in range(batch)]
   for b in range(batch):
     assert table_rows(table, b, vocab) == expected[b]
   start = np.maximum(count - n + 1, 0)  # the n-grams that end in the text added next
   for added in (2, 5):
     stop = np.minimum(start + rng.integers(0, added + 1, size=batch), history.shape[1] - n + 1)
-    table = jax.jit(NGramTable.add, static_argnames="most")(table, jnp.asarray(history, jnp.int32),
-                                                           jnp.asarray(start, jnp.int32), jnp.asarray(stop, jnp.int32),
-                                                           most=added)
+    table = jax.jit(NGramTable.add, static_argnames="most")(
+      table, jnp.asarray(history, jnp.int32), jnp.asarray(start, jnp.int32), jnp.asarray(stop, jnp.int32), most=added
+    )
     for b in range(batch):
       for s in range(start[b], stop[b]):
         reference_add(expected[b], history[b, s : s + n].tolist(), slots)

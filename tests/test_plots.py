@@ -9,8 +9,18 @@ from infer.plots import _methods, joined  # noqa: E402
 
 
 def rows(lengths, state):
-  return [{"set": "code", "method": method, "prefill_tokens": length, "speedup_vs_ar": 1.5, "tau": 2.0,
-           "draft_state_mib": state(method, length)} for method in ("ar", "longspec", "glide") for length in lengths]
+  return [
+    {
+      "set": "code",
+      "method": method,
+      "prefill_tokens": length,
+      "speedup_vs_ar": 1.5,
+      "tau": 2.0,
+      "draft_state_mib": state(method, length),
+    }
+    for method in ("ar", "longspec", "glide")
+    for length in lengths
+  ]
 
 
 def test_methods_over_several_lengths_also_draw_the_drafts_state():

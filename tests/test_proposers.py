@@ -39,17 +39,26 @@ def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
   target slots < p; the root and path tokens see the committed cache. The sequence is
   padded to `padded` tokens (after it, so causally invisible) to compile once."""
   assert len(tokens) <= padded
-  return np.asarray(_reference_log_probs(
-      target, draft, jnp.asarray([tokens + [0] * (padded - len(tokens))]), len(tokens) - 1,
-      cache.k[:, b : b + 1], cache.v[:, b : b + 1], cache.lengths[b]))
+  return np.asarray(
+    _reference_log_probs(
+      target,
+      draft,
+      jnp.asarray([tokens + [0] * (padded - len(tokens))]),
+      len(tokens) - 1,
+      cache.k[:, b : b + 1],
+      cache.v[:, b : b + 1],
+      cache.lengths[b],
+    )
+  )
 
 
 @nnx.jit
 def _reference_log_probs(target, draft, tokens, last, k, v, length):
   positions = jnp.arange(tokens.shape[1])[None]
   mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.self_window)
-  hidden, _ = draft(target, tokens, positions, SelfAttend(mask=mask),
-                    CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length)))
+  hidden, _ = draft(
+    target, tokens, positions, SelfAttend(mask=mask), CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length))
+  )
   return jax.nn.log_softmax(target.logits(hidden[0, last]))
 
 
@@ -79,8 +88,9 @@ def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
   rng = np.random.default_rng(0)
   texts = [rng.integers(3, 211, size=40).tolist(), rng.integers(3, 211, size=40).tolist()]
   history = jnp.asarray(texts, jnp.int32)
-  propose = jax.jit(lambda ring, cache, root: proposer.propose(
-      params, ring, target=target, cache=cache, history=history, root=root))
+  propose = jax.jit(
+    lambda ring, cache, root: proposer.propose(params, ring, target=target, cache=cache, history=history, root=root)
+  )
 
   # Round 1 after prefill; round 2 after the longest possible commit (depth + bonus tokens).
   first = [20, 11]
@@ -112,8 +122,9 @@ def test_cape_tree_matches_recomputed_reference_over_two_rounds(models):
   rng = np.random.default_rng(1)
   texts = [rng.integers(3, 211, size=40).tolist(), rng.integers(3, 211, size=40).tolist()]
   history = jnp.asarray(texts, jnp.int32)
-  propose = jax.jit(lambda ring, cache, root: proposer.propose(
-      params, ring, target=target, cache=cache, history=history, root=root))
+  propose = jax.jit(
+    lambda ring, cache, root: proposer.propose(params, ring, target=target, cache=cache, history=history, root=root)
+  )
   first, ring = [20, 11], None
   for step, lengths in enumerate([first, [n + cape.gamma + 1 for n in first]]):
     cache, _ = prefill(target, [t[:n] for t, n in zip(texts, lengths)], 64, 16)
@@ -150,9 +161,12 @@ def test_longspec_state_does_not_grow_with_context_and_glides_does(models):
     history = jax.ShapeDtypeStruct((1, context), jnp.int32)
     start = lambda c, h: proposer.start(params, target=target, cache=c, history=h)
     ring = jax.eval_shape(start, cache, history)
-    _, ring = jax.eval_shape(lambda c, h, r: proposer.propose(
-        params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32)),
-        cache, history, ring)
+    _, ring = jax.eval_shape(
+      lambda c, h, r: proposer.propose(params, r, target=target, cache=c, history=h, root=jnp.zeros((1,), jnp.int32)),
+      cache,
+      history,
+      ring,
+    )
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ring))
 
   if draft.config.kind is DraftKind.LONGSPEC:
@@ -211,12 +225,18 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
   np.testing.assert_array_equal(np.asarray(passes.length), np.asarray(whole.length))
   held = np.asarray(whole.positions)[:, None, :, None, None] >= 0  # [B, 1, W, 1, 1]: slots written
   for got, want in ((passes.k, whole.k), (passes.v, whole.v)):
-    np.testing.assert_allclose(np.where(held.swapaxes(0, 1), np.asarray(got), 0),
-                               np.where(held.swapaxes(0, 1), np.asarray(want), 0), atol=2e-5)
+    np.testing.assert_allclose(
+      np.where(held.swapaxes(0, 1), np.asarray(got), 0), np.where(held.swapaxes(0, 1), np.asarray(want), 0), atol=2e-5
+    )
 
 
 def test_draft_methods_default_to_the_shipped_draft_and_auto_to_none():
   assert [proposers.draft_spec(m, None) for m in ("longspec", "glide", "auto", "pld", "ar")] == [
-      "default", "default", None, None, None]
+    "default",
+    "default",
+    None,
+    None,
+    None,
+  ]
   assert [proposers.draft_spec(m, "dir") for m in ("longspec", "auto", "pld")] == ["dir", "dir", None]
   assert proposers.draft_spec("auto", "none") is None

@@ -29,8 +29,7 @@ def test_matches_reference(seed, rows, k, dtype, stacked):
   x = hidden_states(rng, rows, k, dtype)
   gains = jnp.asarray(rng.standard_normal((3, k)), dtype)
   layer = int(rng.integers(3))
-  got = rms_norm(x, gains, 1e-5, layer, interpret=True) if stacked else rms_norm(x, gains[layer], 1e-5,
-                                                                                   interpret=True)
+  got = rms_norm(x, gains, 1e-5, layer, interpret=True) if stacked else rms_norm(x, gains[layer], 1e-5, interpret=True)
   want = np.asarray(reference(x, gains[layer], 1e-5), np.float32)
   assert got.shape == (rows, k) and got.dtype == dtype
   ulp = 2.0**-7 if dtype == jnp.bfloat16 else 2.0**-22

@@ -15,19 +15,33 @@ from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
 
 HEAD_DIM = 64
 SCALINGS = {
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
-    "yarn_mscale": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707,
-                    "original_max_position_embeddings": 4096, "beta_fast": 16.0},
+  "linear": {"rope_type": "linear", "factor": 4.0},
+  "llama3": {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+  },
+  "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+  "yarn_mscale": {
+    "rope_type": "yarn",
+    "factor": 40.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.707,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 16.0,
+  },
 }
 
 
 def hf_config(scaling):
   return transformers.LlamaConfig(
-      hidden_size=HEAD_DIM * 4, num_attention_heads=4, rope_theta=500000.0, rope_scaling=dict(scaling),
-      max_position_embeddings=131072,
+    hidden_size=HEAD_DIM * 4,
+    num_attention_heads=4,
+    rope_theta=500000.0,
+    rope_scaling=dict(scaling),
+    max_position_embeddings=131072,
   )
 
 
@@ -69,9 +83,14 @@ def test_rotation_matches_transformers_at_arbitrary_positions():
 
 def test_unsupported_scaling_is_a_user_error():
   with pytest.raises(UserError, match="dynamic"):
-    TargetConfig.from_hf({**hf_config({"rope_type": "linear", "factor": 2.0}).to_dict(),
-                          "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
-                          "intermediate_size": 1, "vocab_size": 1})
+    TargetConfig.from_hf(
+      {
+        **hf_config({"rope_type": "linear", "factor": 2.0}).to_dict(),
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+        "intermediate_size": 1,
+        "vocab_size": 1,
+      }
+    )
 
 
 def test_anchor_offset_positions():

@@ -19,10 +19,32 @@ def run(argv):
 
 def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "run"
-  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "64",
-            "--batch", "2",
-            "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--save-every", "2",
-            "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000", "--draft-intermediate-size", "80"]
+  common = [
+    "--stage",
+    "pretrain",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--out",
+    str(out),
+    "--length",
+    "64",
+    "--batch",
+    "2",
+    "--data",
+    f"{sysconfig.get_paths()['stdlib']}/json/*.py",
+    "--dtype",
+    "float32",
+    "--save-every",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--window",
+    "16",
+    "--max-tokens",
+    "3000",
+    "--draft-intermediate-size",
+    "80",
+  ]
   assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
   assert json.loads((out / "draft" / "draft_config.json").read_text())["intermediate_size"] == 80  # (a wider MLP)
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -30,8 +52,13 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert (out / "loss.png").stat().st_size > 0
   assert (out / "complete").read_text() == "3\n"  # (all --steps taken)
   held_out = f"{sysconfig.get_paths()['stdlib']}/email/*.py"
-  assert run(common + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3",
-                       "--eval-every", "2"]) == 0
+  assert (
+    run(
+      common
+      + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3", "--eval-every", "2"]
+    )
+    == 0
+  )
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # continued after the final checkpoint of step 3
   assert all(0 <= r["hit_rate"] <= 1 for r in records)
@@ -42,15 +69,48 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   curve = [json.loads(line) for line in (out / "eval_curve.jsonl").read_text().splitlines()]
   assert [c["step"] for c in curve] == [4, 5] and curve[-1]["by_depth"] == report["by_depth"]  # (every 2, the end)
   # Stopped by --time-limit short of --steps: a draft and its evaluation, not complete.
-  assert run(common + ["--steps", "9", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3",
-                       "--time-limit", "1e-9"]) == 0
+  assert (
+    run(
+      common
+      + [
+        "--steps",
+        "9",
+        "--resume",
+        "--eval",
+        held_out,
+        "--eval-length",
+        "48",
+        "--eval-rows",
+        "3",
+        "--time-limit",
+        "1e-9",
+      ]
+    )
+    == 0
+  )
   assert json.loads((out / "eval.json").read_text())["step"] == 6 and not (out / "complete").exists()
 
   from infer.generate import main as generate
 
-  code = run_cli(generate, ["--target", str(tiny_with_tokenizer), "--method", "longspec", "--draft", str(out / "draft"),
-                            "--prompt", "import json", "--max-new-tokens", "4", "--tree-widths", "2,3", "--json"],
-                 "python -m infer.generate")
+  code = run_cli(
+    generate,
+    [
+      "--target",
+      str(tiny_with_tokenizer),
+      "--method",
+      "longspec",
+      "--draft",
+      str(out / "draft"),
+      "--prompt",
+      "import json",
+      "--max-new-tokens",
+      "4",
+      "--tree-widths",
+      "2,3",
+      "--json",
+    ],
+    "python -m infer.generate",
+  )
   captured = capsys.readouterr()
   assert code == 0, captured.err
   assert json.loads(captured.out.strip().splitlines()[-1])["method"] == "longspec"
@@ -58,15 +118,65 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
 
 def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "glide"
-  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "40",
-              "--batch", "2", "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32",
-              "--steps", "2", "--warmup-steps", "1", "--max-tokens", "2000", "--draft-kind", "glide",
-              "--draft-layers", "2", "--cross-block", "4", "--cross-layer", "0"]) == 0, capsys.readouterr().err
+  assert (
+    run(
+      [
+        "--stage",
+        "pretrain",
+        "--target",
+        str(tiny_with_tokenizer),
+        "--out",
+        str(out),
+        "--length",
+        "40",
+        "--batch",
+        "2",
+        "--data",
+        f"{sysconfig.get_paths()['stdlib']}/json/*.py",
+        "--dtype",
+        "float32",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--max-tokens",
+        "2000",
+        "--draft-kind",
+        "glide",
+        "--draft-layers",
+        "2",
+        "--cross-block",
+        "4",
+        "--cross-layer",
+        "0",
+      ]
+    )
+    == 0
+  ), capsys.readouterr().err
   config = json.loads((out / "draft" / "draft_config.json").read_text())
   assert config["kind"] == "glide" and config["num_layers"] == 2 and config["cross_layer"] == 0
-  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--length", "40", "--batch", "2", "--data",
-            f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--steps", "1", "--warmup-steps",
-            "0", "--max-tokens", "2000", "--init-draft", str(out / "draft")]
+  common = [
+    "--stage",
+    "pretrain",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--length",
+    "40",
+    "--batch",
+    "2",
+    "--data",
+    f"{sysconfig.get_paths()['stdlib']}/json/*.py",
+    "--dtype",
+    "float32",
+    "--steps",
+    "1",
+    "--warmup-steps",
+    "0",
+    "--max-tokens",
+    "2000",
+    "--init-draft",
+    str(out / "draft"),
+  ]
   assert run(common + ["--out", str(tmp_path / "next"), "--draft-kind", "glide"]) == 0, capsys.readouterr().err
   assert run(common + ["--out", str(tmp_path / "wrong")]) == 2
   assert "holds glide's draft, where longspec's is needed" in capsys.readouterr().err
@@ -79,19 +189,77 @@ def test_tokenswift_heads_train_and_report_each_head(tiny_with_tokenizer, tmp_pa
   draft of their kind, and reports held-out agreement per head."""
   out = tmp_path / "heads"
   data = f"{sysconfig.get_paths()['stdlib']}/json/*.py"
-  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "40",
-              "--batch", "2", "--data", data, "--dtype", "float32", "--steps", "2", "--warmup-steps", "1",
-              "--max-tokens", "2000", "--draft-kind", "tokenswift", "--eval", data, "--eval-rows", "2",
-              "--eval-length", "32"]) == 0, capsys.readouterr().err
+  assert (
+    run(
+      [
+        "--stage",
+        "pretrain",
+        "--target",
+        str(tiny_with_tokenizer),
+        "--out",
+        str(out),
+        "--length",
+        "40",
+        "--batch",
+        "2",
+        "--data",
+        data,
+        "--dtype",
+        "float32",
+        "--steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--max-tokens",
+        "2000",
+        "--draft-kind",
+        "tokenswift",
+        "--eval",
+        data,
+        "--eval-rows",
+        "2",
+        "--eval-length",
+        "32",
+      ]
+    )
+    == 0
+  ), capsys.readouterr().err
   config = json.loads((out / "draft" / "draft_config.json").read_text())
   assert config["kind"] == "tokenswift" and config["gamma"] == 3
   report = json.loads((out / "eval.json").read_text())
   assert [d["depth"] for d in report["by_depth"]] == [1, 2, 3]
   assert report["tokens"] == 2 * (31 - 1)  # head 1 scores the positions whose token two ahead is in the row
-  assert run(["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(tmp_path / "more"),
-              "--length", "40", "--batch", "2", "--data", data, "--dtype", "float32", "--steps", "1",
-              "--warmup-steps", "0", "--max-tokens", "2000", "--draft-kind", "tokenswift", "--init-draft",
-              str(out / "draft")]) == 0, capsys.readouterr().err
+  assert (
+    run(
+      [
+        "--stage",
+        "pretrain",
+        "--target",
+        str(tiny_with_tokenizer),
+        "--out",
+        str(tmp_path / "more"),
+        "--length",
+        "40",
+        "--batch",
+        "2",
+        "--data",
+        data,
+        "--dtype",
+        "float32",
+        "--steps",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--max-tokens",
+        "2000",
+        "--draft-kind",
+        "tokenswift",
+        "--init-draft",
+        str(out / "draft"),
+      ]
+    )
+    == 0
+  ), capsys.readouterr().err
 
 
 def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
@@ -102,28 +270,36 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
   (tmp_path / "used").mkdir()
   (tmp_path / "used" / "metrics.jsonl").write_text("")
   (tmp_path / "notes.txt").write_text("x")
-  base = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--data", f"{stdlib}/json/*.py", "--dtype",
-          "float32"]
+  base = [
+    "--stage",
+    "pretrain",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--data",
+    f"{stdlib}/json/*.py",
+    "--dtype",
+    "float32",
+  ]
   out = ["--out", str(tmp_path / "new")]
   cases = [
-      (base + out + ["--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
-      (base + out + ["--batch", "0"], "--batch: expected an integer >= 1"),
-      (base + out + ["--length", "0"], "--length: expected an integer >= 2"),
-      (base + out + ["--length", "1"], "--length: expected an integer >= 2"),
-      (base + out + ["--learning-rate", "-1"], "--learning-rate: expected a finite number > 0"),
-      (base + out + ["--learning-rate", "0"], "--learning-rate: expected a finite number > 0"),
-      (base + out + ["--time-limit", "0"], "--time-limit: expected a finite number > 0"),
-      (base + out + ["--warmup-steps", "10", "--steps", "5"], "--warmup-steps (10) must be fewer than --steps (5)"),
-      (base + out + ["--length", "100000"], "--length 100000 exceeds the target's context of 512 tokens"),
-      (base + out + ["--resume", "--overwrite"], "give one"),
-      (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
-      (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
-      (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),
-      (base + out + ["--init-draft", "/no/such/draft"], "--init-draft: the draft '/no/such/draft' does not exist"),
-      (["--stage", "pretrain", "--data", str(binary)] + out, "the data holds only binary files"),
-      (["--stage", "pretrain", "--data", f"{stdlib}/json/*.py", str(binary)] + out, "1 of the data files are binary"),
-      (["--stage", "pretrain", "--data", "/no/such/*.py"] + out, "no training files match"),
-      (["--stage", "sft", "--data", f"{stdlib}/json/*.py"] + out, "--stage sft trains on chat records"),
+    (base + out + ["--steps", "0"], "--steps: expected an integer >= 1, got '0'"),
+    (base + out + ["--batch", "0"], "--batch: expected an integer >= 1"),
+    (base + out + ["--length", "0"], "--length: expected an integer >= 2"),
+    (base + out + ["--length", "1"], "--length: expected an integer >= 2"),
+    (base + out + ["--learning-rate", "-1"], "--learning-rate: expected a finite number > 0"),
+    (base + out + ["--learning-rate", "0"], "--learning-rate: expected a finite number > 0"),
+    (base + out + ["--time-limit", "0"], "--time-limit: expected a finite number > 0"),
+    (base + out + ["--warmup-steps", "10", "--steps", "5"], "--warmup-steps (10) must be fewer than --steps (5)"),
+    (base + out + ["--length", "100000"], "--length 100000 exceeds the target's context of 512 tokens"),
+    (base + out + ["--resume", "--overwrite"], "give one"),
+    (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
+    (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
+    (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),
+    (base + out + ["--init-draft", "/no/such/draft"], "--init-draft: the draft '/no/such/draft' does not exist"),
+    (["--stage", "pretrain", "--data", str(binary)] + out, "the data holds only binary files"),
+    (["--stage", "pretrain", "--data", f"{stdlib}/json/*.py", str(binary)] + out, "1 of the data files are binary"),
+    (["--stage", "pretrain", "--data", "/no/such/*.py"] + out, "no training files match"),
+    (["--stage", "sft", "--data", f"{stdlib}/json/*.py"] + out, "--stage sft trains on chat records"),
   ]
   for argv, message in cases:
     assert run(argv) == 2, argv
@@ -134,9 +310,30 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
 
 def test_overwrite_replaces_a_run_and_resume_keeps_each_step_once(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "run"
-  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--out", str(out), "--length", "32", "--batch",
-            "2", "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--save-every", "2",
-            "--warmup-steps", "1", "--window", "16", "--max-tokens", "2000"]
+  common = [
+    "--stage",
+    "pretrain",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--out",
+    str(out),
+    "--length",
+    "32",
+    "--batch",
+    "2",
+    "--data",
+    f"{sysconfig.get_paths()['stdlib']}/json/*.py",
+    "--dtype",
+    "float32",
+    "--save-every",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--window",
+    "16",
+    "--max-tokens",
+    "2000",
+  ]
   assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
   # A crash after step 3's metrics but before its checkpoint: the newest checkpoint is step 2.
   import shutil
@@ -164,16 +361,54 @@ def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
   from longspec_jax.config import TargetConfig
   from longspec_jax.weights.drafts import load_draft
 
-  common = ["--stage", "pretrain", "--target", str(tiny_with_tokenizer), "--length", "40", "--batch", "4",
-            "--data", f"{sysconfig.get_paths()['stdlib']}/json/*.py", "--dtype", "float32", "--steps", "3",
-            "--warmup-steps", "1", "--window", "16", "--max-tokens", "3000"]
+  common = [
+    "--stage",
+    "pretrain",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--length",
+    "40",
+    "--batch",
+    "4",
+    "--data",
+    f"{sysconfig.get_paths()['stdlib']}/json/*.py",
+    "--dtype",
+    "float32",
+    "--steps",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--window",
+    "16",
+    "--max-tokens",
+    "3000",
+  ]
   with socket.socket() as s:  # a free port for the coordinator
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   two = tmp_path / "two"
-  procs = [subprocess.Popen([sys.executable, "-m", "train.run", *common, "--out", str(two), "--coordinator",
-                             f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        "train.run",
+        *common,
+        "--out",
+        str(two),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+        "--process-id",
+        str(i),
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   assert run(common + ["--out", str(tmp_path / "one")]) == 0, capsys.readouterr().err
   for proc in procs:
     _, err = proc.communicate(timeout=600)

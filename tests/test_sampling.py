@@ -29,11 +29,16 @@ def reference_probs(logits, seen, c: SamplingConfig):
   return p
 
 
-@pytest.mark.parametrize("config", [
-    SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0, top_k=5),
-    SamplingConfig(temperature=1.3, top_p=0.6), SamplingConfig(temperature=1.0, min_p=0.2),
+@pytest.mark.parametrize(
+  "config",
+  [
+    SamplingConfig(temperature=0.7),
+    SamplingConfig(temperature=1.0, top_k=5),
+    SamplingConfig(temperature=1.3, top_p=0.6),
+    SamplingConfig(temperature=1.0, min_p=0.2),
     SamplingConfig(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, penalty=1.3),
-])
+  ],
+)
 def test_processors_match_their_definitions(config):
   rng = np.random.default_rng(0)
   logits = rng.normal(0, 3, (4, 97)).astype(np.float32)
@@ -63,11 +68,17 @@ def test_recent_tokens_window_spans_history_and_path():
       assert set(np.flatnonzero(seen[b, n])) == set(context[-6:]), (b, n)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("top_p", 0.0, "top_p must be"), ("min_p", 1.0, "min_p must be"), ("penalty", 0.5, "penalty must be"),
-    ("top_k", -1, "top_k must be"), ("temperature", float("inf"), "temperature must be finite"),
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
+    ("top_p", 0.0, "top_p must be"),
+    ("min_p", 1.0, "min_p must be"),
+    ("penalty", 0.5, "penalty must be"),
+    ("top_k", -1, "top_k must be"),
+    ("temperature", float("inf"), "temperature must be finite"),
     ("penalty", float("inf"), "penalty must be finite"),
-])
+  ],
+)
 def test_bad_settings_are_refused(field, value, message):
   with pytest.raises(UserError, match=message):
     SamplingConfig(**{field: value})

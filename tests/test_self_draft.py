@@ -12,8 +12,16 @@ from longspec_jax.engine import prefill
 from longspec_jax.self_draft import draft_pass
 from longspec_jax.target import random_model
 
-TARGET = TargetConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=8, max_position_embeddings=512)
+TARGET = TargetConfig(
+  vocab_size=97,
+  hidden_size=32,
+  intermediate_size=48,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  max_position_embeddings=512,
+)
 
 
 def full_hidden(model, tokens):
@@ -43,11 +51,19 @@ def test_with_room_for_everything_the_pass_is_the_targets_own_step(impl):
     advance = [1 + step % 3, 3 - step % 3]  # the next round commits the root and some of its tree
     new = [tokens[b, n : n + a] for b, (n, a) in enumerate(zip(lengths, advance))]
     for b, block in enumerate(new):
-      _, cache = model(block[None], jnp.arange(lengths[b], lengths[b] + len(block))[None],
-                       causal_block_mask(jnp.arange(len(block))[None], jnp.ones((1, len(block)), bool)),
-                       jax.tree.map(lambda x, b=b: x[:, b : b + 1] if x.ndim == 5 else x[b : b + 1], full))
-      full = jax.tree.map(lambda whole, one, b=b: whole.at[:, b : b + 1].set(one) if whole.ndim == 5
-                          else whole.at[b].set(one[0] + len(block)), full, cache)
+      _, cache = model(
+        block[None],
+        jnp.arange(lengths[b], lengths[b] + len(block))[None],
+        causal_block_mask(jnp.arange(len(block))[None], jnp.ones((1, len(block)), bool)),
+        jax.tree.map(lambda x, b=b: x[:, b : b + 1] if x.ndim == 5 else x[b : b + 1], full),
+      )
+      full = jax.tree.map(
+        lambda whole, one, b=b: (
+          whole.at[:, b : b + 1].set(one) if whole.ndim == 5 else whole.at[b].set(one[0] + len(block))
+        ),
+        full,
+        cache,
+      )
     lengths = [n + a for n, a in zip(lengths, advance)]
 
 

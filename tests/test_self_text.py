@@ -16,11 +16,33 @@ PROG = "python -m train.self_text"
 def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, capsys):
   corpus = tmp_path / "corpus.jsonl"
   texts = real_texts(limit=6)
-  corpus.write_text("".join(json.dumps({"text": t, "domain": d, "source": f"/doc/{i}"}) + "\n"
-                            for i, (t, d) in enumerate(zip(texts, ["python", "markdown"] * 3))))
-  common = ["--data", str(corpus), "--target", str(tiny_with_tokenizer), "--samples", "5", "--batch", "2",
-            "--prompt-tokens", "24", "--new-tokens", "5", "--temperatures", "0", "1", "--dtype", "float32",
-            "--draft", "none"]
+  corpus.write_text(
+    "".join(
+      json.dumps({"text": t, "domain": d, "source": f"/doc/{i}"}) + "\n"
+      for i, (t, d) in enumerate(zip(texts, ["python", "markdown"] * 3))
+    )
+  )
+  common = [
+    "--data",
+    str(corpus),
+    "--target",
+    str(tiny_with_tokenizer),
+    "--samples",
+    "5",
+    "--batch",
+    "2",
+    "--prompt-tokens",
+    "24",
+    "--new-tokens",
+    "5",
+    "--temperatures",
+    "0",
+    "1",
+    "--dtype",
+    "float32",
+    "--draft",
+    "none",
+  ]
   from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
   from longspec_jax.draft import random_draft
   from longspec_jax.weights.drafts import save_draft
@@ -28,11 +50,14 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
   config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
   save_draft(tmp_path / "glide", random_draft(DraftConfig.for_target(config, kind=DraftKind.GLIDE), jnp.float32))
   runs = {}
-  for method, flags in (("ar", []), ("pld", []), ("glide", ["--draft", str(tmp_path / "glide")]),
-                        ("tokenswift", ["--draft", "random"])):
+  for method, flags in (
+    ("ar", []),
+    ("pld", []),
+    ("glide", ["--draft", str(tmp_path / "glide")]),
+    ("tokenswift", ["--draft", "random"]),
+  ):
     out = tmp_path / f"{method}.jsonl"
-    assert run_cli(main, common + ["--method", method, "--out", str(out)] + flags, PROG) == 0, \
-        capsys.readouterr().err
+    assert run_cli(main, common + ["--method", method, "--out", str(out)] + flags, PROG) == 0, capsys.readouterr().err
     runs[method] = [json.loads(line) for line in out.read_text().splitlines()]
   records = runs["ar"]
   assert len(records) == 5 and [r["temperature"] for r in records] == [0.0, 0.0, 1.0, 1.0, 0.0]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
@@ -69,7 +69,7 @@ SCRIPT = textwrap.dedent('''
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)  # Adam amplifies summation order
     np.testing.assert_allclose(float(single_metrics["loss"]), float(sharded_metrics["loss"]), rtol=1e-5)
     print("ok")
-''')
+""")
 
 
 def test_sharded_step_equals_single_device():
@@ -77,7 +77,7 @@ def test_sharded_step_equals_single_device():
   assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
-DECODING = textwrap.dedent('''
+DECODING = textwrap.dedent("""
     import jax
     jax.config.update("jax_num_cpu_devices", 4)
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -148,7 +148,7 @@ DECODING = textwrap.dedent('''
         assert run(target, "longspec", sampled).token_ids == one["sampled"]  # (the same draws)
         assert run(pallas, "longspec").token_ids == one["pallas"]  # the kernels per device, on its KV heads
     print("ok")
-''')
+""")
 
 
 def test_tensor_parallel_decoding_is_token_identical():

@@ -18,8 +18,9 @@ def inputs(rng, b, t, kv, g, d, s, layers=None):
   return q, k, v
 
 
-@pytest.mark.parametrize("b, t, kv, g, d, s, chunk", [(2, 1, 2, 3, 16, 77, 16), (1, 5, 3, 2, 32, 200, 16),
-                                                     (3, 2, 1, 4, 16, 100, 32)])
+@pytest.mark.parametrize(
+  "b, t, kv, g, d, s, chunk", [(2, 1, 2, 3, 16, 77, 16), (1, 5, 3, 2, 32, 200, 16), (3, 2, 1, 4, 16, 100, 32)]
+)
 def test_the_kernel_reads_the_kept_chunks_as_its_reference(b, t, kv, g, d, s, chunk):
   rng = np.random.default_rng(s + t)
   q, k, v = inputs(rng, b, t, kv, g, d, s)

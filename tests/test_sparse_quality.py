@@ -37,28 +37,63 @@ def test_teacher_forcing_matches_one_pass_and_every_chunk_kept_is_dense(tmp_path
   log_probs = jax.nn.log_softmax(model.logits(hidden), axis=-1)
   start, forced = 60, dense["nll"].shape[1]
   assert forced == 28  # whole blocks of 4 with a next token after each
-  expected = -np.take_along_axis(np.asarray(log_probs[:, start : start + forced]),
-                                 documents[:, start + 1 : start + 1 + forced, None], axis=-1)[..., 0]
+  expected = -np.take_along_axis(
+    np.asarray(log_probs[:, start : start + forced]), documents[:, start + 1 : start + 1 + forced, None], axis=-1
+  )[..., 0]
   np.testing.assert_allclose(dense["nll"], expected, rtol=1e-4, atol=1e-4)
   assert dense["kv_fraction_read"] == 1.0
-  whole = teacher_forced(model, dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16, dense_layers=1)),
-                         params, documents, 30, 4)
+  whole = teacher_forced(
+    model, dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16, dense_layers=1)), params, documents, 30, 4
+  )
   np.testing.assert_allclose(whole["nll"], dense["nll"], rtol=1e-4, atol=1e-4)
   assert whole["kv_fraction_read"] == 1.0
-  whole_oracle = teacher_forced(model, dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16)), params,
-                                documents, 30, 4, oracle=True)  # (each layer's own attention, all of it)
+  whole_oracle = teacher_forced(
+    model, dataclasses.replace(proposer, sparse=SparseVerify(1.0, chunk=16)), params, documents, 30, 4, oracle=True
+  )  # (each layer's own attention, all of it)
   np.testing.assert_allclose(whole_oracle["nll"], dense["nll"], rtol=1e-4, atol=1e-4)
   assert whole_oracle["layer_similarity"].shape == (1, config.num_layers)
 
 
 def test_quality_rows_and_plot(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "quality.json"
-  assert run_cli(main, ["--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code", "--length", "80",
-                        "--eval-tokens", "25", "--num-docs", "2", "--block", "4", "--p", "0.5", "--chunks", "16",
-                        "--oracle", "--dtype", "float32", "--out", str(out)], PROG) == 0, capsys.readouterr().err
+  assert (
+    run_cli(
+      main,
+      [
+        "--target",
+        str(tiny_with_tokenizer),
+        "--draft",
+        "random",
+        "--sets",
+        "code",
+        "--length",
+        "80",
+        "--eval-tokens",
+        "25",
+        "--num-docs",
+        "2",
+        "--block",
+        "4",
+        "--p",
+        "0.5",
+        "--chunks",
+        "16",
+        "--oracle",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+      ],
+      PROG,
+    )
+    == 0
+  ), capsys.readouterr().err
   rows = json.loads(out.read_text())["rows"]
-  assert [(r["guide"], r["chunk"], r["p"]) for r in rows] == [(None, None, None), ("draft", 16, 0.5),
-                                                               ("oracle", 16, 0.5)]
+  assert [(r["guide"], r["chunk"], r["p"]) for r in rows] == [
+    (None, None, None),
+    ("draft", 16, 0.5),
+    ("oracle", 16, 0.5),
+  ]
   assert rows[0]["relative_increase"] == 0 and rows[0]["top1_differs"] == 0 and rows[0]["kv_fraction_read"] == 1
   assert rows[1]["kv_fraction_read"] < 1 and rows[1]["tokens"] == 2 * 24
   assert rows[2]["kv_fraction_read"] < 1 and "layer_similarity" not in rows[1]

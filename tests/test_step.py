@@ -33,7 +33,7 @@ def test_delayed_cross_attention_matches_the_papers_slicing():
     shift = int(delays[b])
     assert 1 <= shift <= 4
     causal = jnp.arange(1, length - shift + 1)[None]  # query m of the slice sees keys 0..m
-    sliced, _ = prefix_attention_reference(q[b:b + 1, shift:], k[b:b + 1, :-shift], v[b:b + 1, :-shift], causal)
+    sliced, _ = prefix_attention_reference(q[b : b + 1, shift:], k[b : b + 1, :-shift], v[b : b + 1, :-shift], causal)
     explicit = np.concatenate([np.zeros((shift, 2, 2, 8)), np.asarray(sliced[0])], axis=0)
     np.testing.assert_allclose(np.asarray(out[b]), explicit, atol=1e-6)
 
@@ -51,14 +51,26 @@ def test_delays_are_drawn_with_their_weights():
   assert tree_delays(5) == (1.0,) * 5
 
 
-TARGET = TargetConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+TARGET = TargetConfig(
+  vocab_size=211,
+  hidden_size=64,
+  intermediate_size=96,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  max_position_embeddings=4096,
+)
 
 
-@pytest.mark.parametrize("positions,labels,kind",
-                         [(Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC),
-                          (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC),
-                          (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE)])
+@pytest.mark.parametrize(
+  "positions,labels,kind",
+  [
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC),
+    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC),
+    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE),
+  ],
+)
 def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
   """LongSpec's draft with flash noisy training, GLIDE's (two layers: each reads its own
   target layer) with its block-wise cross mask."""
@@ -69,15 +81,24 @@ def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
   target_graphdef, target_params = nnx.split(target)
   text = real_texts(limit=1)[0].encode()
   tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)  # real bytes
-  config = TrainConfig(learning_rate=3e-3, warmup_steps=2, total_steps=30, loss_chunk=16, compute_dtype="float32",
-                       positions=positions, max_position=4096, labels=labels)
+  config = TrainConfig(
+    learning_rate=3e-3,
+    warmup_steps=2,
+    total_steps=30,
+    loss_chunk=16,
+    compute_dtype="float32",
+    positions=positions,
+    max_position=4096,
+    labels=labels,
+  )
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(draft_params)
   step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
   losses, hits = [], []
   for i in range(12):
-    draft_params, opt_state, metrics = step(draft_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens),
-                                            target_params)
+    draft_params, opt_state, metrics = step(
+      draft_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens), target_params
+    )
     losses.append(float(metrics["loss"]))
     hits.append(float(metrics["hit_rate"]))
   assert int(metrics["tokens"]) == 4 * 47
@@ -96,15 +117,23 @@ def test_tokenswift_heads_learn_the_tokens_further_ahead(labels):
   target_graphdef, target_params = nnx.split(target)
   text = real_texts(limit=1)[0].encode()
   tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)
-  config = TrainConfig(learning_rate=3e-3, warmup_steps=2, total_steps=30, loss_chunk=16, compute_dtype="float32",
-                       positions=Positions.VANILLA, labels=labels)
+  config = TrainConfig(
+    learning_rate=3e-3,
+    warmup_steps=2,
+    total_steps=30,
+    loss_chunk=16,
+    compute_dtype="float32",
+    positions=Positions.VANILLA,
+    labels=labels,
+  )
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(heads_params)
   step = make_train_step(heads_graphdef, target_graphdef, optimizer, config)
   losses = []
   for i in range(12):
-    heads_params, opt_state, metrics = step(heads_params, opt_state, jax.random.key(i), tokens,
-                                            jnp.ones_like(tokens), target_params)
+    heads_params, opt_state, metrics = step(
+      heads_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens), target_params
+    )
     losses.append(float(metrics["loss"]))
   assert int(metrics["tokens"]) == 4 * (46 + 45 + 44)
   assert losses[-1] < losses[0] - (0.5 if labels is Labels.DATA else 0.0), losses
@@ -120,12 +149,14 @@ def test_accumulation_applies_one_update_per_k_micro_batches():
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 16)), jnp.int32)
   before = jax.tree.map(jnp.copy, draft_params)
   step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
-  draft_params, opt_state, _ = step(draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens),
-                                    target_params)
+  draft_params, opt_state, _ = step(
+    draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens), target_params
+  )
   unchanged = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params))
   assert all(unchanged)  # the first micro-batch only accumulates
-  draft_params, opt_state, _ = step(draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens),
-                                    target_params)
+  draft_params, opt_state, _ = step(
+    draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens), target_params
+  )
   assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params)))
 
 
@@ -143,8 +174,9 @@ def test_the_targets_pallas_forward_gives_the_same_step():
 
   def loss_and_grads(impl):
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
-    return nnx.jit(grad_fn, static_argnums=(1, 7))(draft_params, draft_graphdef, with_impl(target, impl), tokens,
-                                                   jnp.ones_like(tokens), positions, delays, config)
+    return nnx.jit(grad_fn, static_argnums=(1, 7))(
+      draft_params, draft_graphdef, with_impl(target, impl), tokens, jnp.ones_like(tokens), positions, delays, config
+    )
 
   (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
   (got, _), got_grads = loss_and_grads(Impl.PALLAS)
@@ -166,11 +198,13 @@ def test_the_drafts_flash_attention_gives_the_same_step(weights):
   delays = noisy_delays(jax.random.key(3), 3, weights)
 
   def loss_and_grads(impl):
-    graphdef, params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=4,
-                                              attention=impl))
+    graphdef, params = nnx.split(
+      random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=4, attention=impl)
+    )
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
-    return jax.jit(grad_fn, static_argnums=(1, 7))(params, graphdef, target, tokens, jnp.ones_like(tokens),
-                                                   positions, delays, config)
+    return jax.jit(grad_fn, static_argnums=(1, 7))(
+      params, graphdef, target, tokens, jnp.ones_like(tokens), positions, delays, config
+    )
 
   (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
   (got, _), got_grads = loss_and_grads(Impl.FLASH)

@@ -64,7 +64,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   ids = target.tokenizer(real_texts()[0]).input_ids[:600]
   assert len(ids) >= 512
   hf = transformers.AutoModelForCausalLM.from_pretrained(
-      smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+    smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
   ).eval()
   tokens = np.asarray([ids])
   with torch.no_grad():
@@ -75,7 +75,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   assert np.abs(got - expected).max() < 1e-5 * scale * 50, np.abs(got - expected).max()
   assert (got.argmax(-1) == expected.argmax(-1)).all()
   ours = generate(target.model, [ids], 32).token_ids[0]
-  assert ours == hf_greedy[0, len(ids):].tolist()
+  assert ours == hf_greedy[0, len(ids) :].tolist()
 
 
 def test_bfloat16_close_to_float32(tmp_path):
@@ -97,8 +97,17 @@ def test_the_whole_sequence_forward_is_the_causal_masked_pass(window):
   from longspec_jax.rope import anchor_offset_positions
   from longspec_jax.target import random_model
 
-  config = TargetConfig(vocab_size=101, hidden_size=48, intermediate_size=80, num_layers=2, num_heads=6,
-                        num_kv_heads=2, head_dim=8, max_position_embeddings=512, sliding_window=window)
+  config = TargetConfig(
+    vocab_size=101,
+    hidden_size=48,
+    intermediate_size=80,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position_embeddings=512,
+    sliding_window=window,
+  )
   model = random_model(config, jnp.float32, seed=4, attention=Impl.REFERENCE)
   tokens = jnp.asarray(np.random.default_rng(6).integers(0, 101, (3, 29)), jnp.int32)
   positions = anchor_offset_positions(jax.random.key(2), 3, 29, 512)
@@ -160,8 +169,9 @@ def test_a_sparse_read_of_the_cache_keeps_its_first_layers_dense(tmp_path):
   rng = np.random.default_rng(6)
   prefix = jnp.asarray(rng.integers(0, config.vocab_size, size=(1, 48)))
   positions = jnp.arange(48)[None]
-  _, cache = model(prefix, positions, causal_block_mask(positions, jnp.ones((1, 48), bool)),
-                   KVCache.create(config, 1, 64, jnp.float32))
+  _, cache = model(
+    prefix, positions, causal_block_mask(positions, jnp.ones((1, 48), bool)), KVCache.create(config, 1, 64, jnp.float32)
+  )
   cache = KVCache(k=cache.k, v=cache.v, lengths=jnp.asarray([48], jnp.int32))
   step, step_positions = jnp.asarray([[3, 5]]), jnp.asarray([[48, 49]])
   mask = causal_block_mask(step_positions, jnp.ones((1, 2), bool))
@@ -171,16 +181,15 @@ def test_a_sparse_read_of_the_cache_keeps_its_first_layers_dense(tmp_path):
   short = run(KVCache(k=cache.k, v=cache.v, lengths=jnp.asarray([32], jnp.int32)))
   sparse = lambda kept, layers: run(cache, kept=kept, sparse=SparseVerify(0.9, chunk=16, dense_layers=layers))
   np.testing.assert_allclose(np.asarray(sparse(first_half, 0)), np.asarray(short), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(sparse(first_half, config.num_layers)), np.asarray(dense), rtol=1e-5,
-                             atol=1e-5)
-  np.testing.assert_allclose(np.asarray(sparse(jnp.ones_like(first_half), 0)), np.asarray(dense), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(sparse(first_half, config.num_layers)), np.asarray(dense), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(sparse(jnp.ones_like(first_half), 0)), np.asarray(dense), rtol=1e-5, atol=1e-5)
   assert not np.allclose(np.asarray(sparse(first_half, 1)), np.asarray(dense), atol=1e-5)
   # One kept set per layer: every layer's own = the shared one; layer 0's whole = dense_layers 1.
   per_layer = jnp.broadcast_to(first_half, (config.num_layers, *first_half.shape))
   np.testing.assert_allclose(np.asarray(sparse(per_layer, 0)), np.asarray(short), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(sparse(per_layer.at[0].set(True), 0)), np.asarray(sparse(first_half, 1)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(sparse(per_layer.at[0].set(True), 0)), np.asarray(sparse(first_half, 1)), rtol=1e-5, atol=1e-5
+  )
   # A dense pass's attention per layer and chunk: each query's and head's weights over the
   # prefix sum to 1, nothing falls past its length.
   masses = model.prefix_masses(step, step_positions, mask, cache, 16)  # [L, B, K, C]

@@ -15,8 +15,14 @@ from conftest import save_tiny_hf_model
 
 
 def test_loop_seconds_chains_pytrees():
-  seconds = loop_seconds(lambda carry, w: (carry[0] @ w, carry[1] + 1), (jnp.ones((8, 8)), jnp.int32(0)),
-                         jnp.eye(8), iters=4, unroll=2, repeats=2)
+  seconds = loop_seconds(
+    lambda carry, w: (carry[0] @ w, carry[1] + 1),
+    (jnp.ones((8, 8)), jnp.int32(0)),
+    jnp.eye(8),
+    iters=4,
+    unroll=2,
+    repeats=2,
+  )
   assert seconds > 0
 
 

@@ -47,17 +47,45 @@ def test_smollm2_chat_template_and_special_tokens(smollm2_pair):
   ours, theirs = smollm2_pair
   messages = [{"role": "user", "content": "Summarize the GNU GPL in one line."}]
   for prompt in (True, False):
-    assert (ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
-            == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt))
-  assert ((ours.bos_token, ours.eos_token, ours.unk_token, ours.pad_token)
-          == (theirs.bos_token, theirs.eos_token, theirs.unk_token, theirs.pad_token))
+    assert ours.apply_chat_template(
+      messages, tokenize=False, add_generation_prompt=prompt
+    ) == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+  assert (ours.bos_token, ours.eos_token, ours.unk_token, ours.pad_token) == (
+    theirs.bos_token,
+    theirs.eos_token,
+    theirs.unk_token,
+    theirs.pad_token,
+  )
   assert len(ours) == len(theirs) == 49152
   assert ours("<|im_start|>user").input_ids[0] == 1  # a control token is matched whole
   assert ours.decode(ours("<|im_start|>hi").input_ids, skip_special_tokens=True) == "hi"
 
 
-SPM_PIECES = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "▁h", "▁he", "llo", "▁hello", "▁w", "or",
-              "▁wor", "ld", "▁world", "▁the", "t", "▁t", "th"]
+SPM_PIECES = [
+  "▁",
+  "h",
+  "e",
+  "l",
+  "o",
+  "w",
+  "r",
+  "d",
+  "he",
+  "ll",
+  "▁h",
+  "▁he",
+  "llo",
+  "▁hello",
+  "▁w",
+  "or",
+  "▁wor",
+  "ld",
+  "▁world",
+  "▁the",
+  "t",
+  "▁t",
+  "th",
+]
 
 
 def write_spm_gguf(path, with_merges: bool = False):

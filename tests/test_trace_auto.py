@@ -16,9 +16,27 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
   auto = {"method": "auto", "round_ms_by_kind": PRICES_MS, "copy_tokens": 3, "copy_matches": 2}
   prices.write_text(json.dumps({"rows": [{"method": "ar"}, auto]}))
   out = tmp_path / "trace.json"
-  args = ["--prices", str(prices), "--target", str(tiny_with_tokenizer), "--draft", "random", "--sets", "code",
-          "docs", "--length", "64", "--num-prompts", "2", "--new-tokens", "6", "--dtype", "float32",
-          "--out", str(out)]
+  args = [
+    "--prices",
+    str(prices),
+    "--target",
+    str(tiny_with_tokenizer),
+    "--draft",
+    "random",
+    "--sets",
+    "code",
+    "docs",
+    "--length",
+    "64",
+    "--num-prompts",
+    "2",
+    "--new-tokens",
+    "6",
+    "--dtype",
+    "float32",
+    "--out",
+    str(out),
+  ]
   known = calibration.known
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
   assert calibration.known is known  # (the prices are taken inside the tool only)
@@ -26,7 +44,13 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
   assert (traced["copy_tokens"], traced["copy_matches"]) == (3, 2)  # the priced row's continuations
   generations = traced["generations"]
   assert [(g["set"], g["prompt"]) for g in generations] == [
-      ("code", "warm-up"), ("code", 0), ("code", 1), ("docs", "warm-up"), ("docs", 0), ("docs", 1)]
+    ("code", "warm-up"),
+    ("code", 0),
+    ("code", 1),
+    ("docs", "warm-up"),
+    ("docs", 0),
+    ("docs", 1),
+  ]
   for g in generations:  # none measured prices: every round chosen, priced as given
     kinds = g["rounds_by_kind"]
     seconds = sum(count * PRICES_MS[kind] / 1e3 for kind, count in kinds.items())
@@ -39,10 +63,21 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
 def test_prices_without_a_kind_of_the_proposer_are_one_sentence(tiny_with_tokenizer, tmp_path, capsys):
   prices = tmp_path / "bench.json"
   ms = {k: v for k, v in PRICES_MS.items() if k != "chain"}  # (a row of `auto` before CHAIN rounds)
-  prices.write_text(json.dumps({"rows": [{"method": "auto", "round_ms_by_kind": ms, "copy_tokens": 3,
-                                          "copy_matches": 2}]}))
-  args = ["--prices", str(prices), "--target", str(tiny_with_tokenizer), "--draft", "none", "--length", "64",
-          "--new-tokens", "6"]
+  prices.write_text(
+    json.dumps({"rows": [{"method": "auto", "round_ms_by_kind": ms, "copy_tokens": 3, "copy_matches": 2}]})
+  )
+  args = [
+    "--prices",
+    str(prices),
+    "--target",
+    str(tiny_with_tokenizer),
+    "--draft",
+    "none",
+    "--length",
+    "64",
+    "--new-tokens",
+    "6",
+  ]
   assert run_cli(main, args, PROG) == 2
   assert capsys.readouterr().err.strip().endswith("--prices has no price for chain rounds.")
 

@@ -39,8 +39,12 @@ def random_tree(rng, batch, size, vocab):
       children = [j for j in range(used) if parents[b, j] == i]
       if children and rng.random() < 0.7:
         target[b, i] = tokens[b, rng.choice(children)]
-  tree = Tree(tokens=jnp.asarray(tokens, jnp.int32), parents=jnp.asarray(parents, jnp.int32),
-              depths=jnp.asarray(depths, jnp.int32), valid=jnp.asarray(valid))
+  tree = Tree(
+    tokens=jnp.asarray(tokens, jnp.int32),
+    parents=jnp.asarray(parents, jnp.int32),
+    depths=jnp.asarray(depths, jnp.int32),
+    valid=jnp.asarray(valid),
+  )
   return tree, parents, depths, valid, tokens, target
 
 
@@ -79,8 +83,13 @@ def paths_of(tree: Tree, b: int) -> set[tuple[int, ...]]:
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), size=st.integers(1, 16), chains=st.integers(1, 4),
-       gamma=st.integers(1, 6))
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  batch=st.integers(1, 3),
+  size=st.integers(1, 16),
+  chains=st.integers(1, 4),
+  gamma=st.integers(1, 6),
+)
 def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
   """The grafted tree holds the tree's paths plus every prefix of each chain's valid part,
   each once (siblings distinct); its depths, ancestor mask and node order are consistent."""
@@ -98,8 +107,9 @@ def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
   grafted = jax.jit(graft_chains)(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
   assert grafted.size == size + chains * gamma
   for b in range(batch):
-    want = paths_of(tree, b) | {tuple(int(t) for t in drafted[b, c, :i])
-                                for c in range(chains) for i in range(int(valid[b, c].sum()) + 1)}
+    want = paths_of(tree, b) | {
+      tuple(int(t) for t in drafted[b, c, :i]) for c in range(chains) for i in range(int(valid[b, c].sum()) + 1)
+    }
     assert paths_of(grafted, b) == want
     assert sum(map(bool, np.asarray(grafted.valid[b]))) == len(want)  # no path twice
     parents = np.asarray(grafted.parents[b])
@@ -124,8 +134,9 @@ def test_copy_tree_merges_shared_prefixes():
 
 
 def test_chain_with_partial_draft():
-  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]),
-               jnp.array([[True, True, False], [True, False, True]]))
+  tree = chain(
+    jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.array([[True, True, False], [True, False, True]])
+  )
   np.testing.assert_array_equal(np.asarray(tree.valid), [[1, 1, 1, 0], [1, 1, 0, 0]])
   np.testing.assert_array_equal(np.asarray(tree.parents), [[-1, 0, 1, -1], [-1, 0, -1, -1]])
 
@@ -153,8 +164,9 @@ def test_best_children_are_the_best_of_all_children(seed, frontier, width):
   top_lp, top_tokens = jax.lax.top_k(jnp.asarray(log_probs), min(width, vocab))
   parent, token, best = map(np.asarray, best_children(top_lp, top_tokens, jnp.asarray(scores), width))
   for b in range(2):
-    every = sorted(((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)),
-                   reverse=True)
+    every = sorted(
+      ((scores[b, f] + log_probs[b, f, t], f, t) for f in range(frontier) for t in range(vocab)), reverse=True
+    )
     assert [(f, t) for _, f, t in every[:width]] == list(zip(parent[b], token[b]))
     np.testing.assert_allclose(best[b], [s for s, _, _ in every[:width]], rtol=1e-6)
 
@@ -196,9 +208,9 @@ def test_cape_tree_is_the_chain_with_leaves_sized_by_confidence(seed, batch, gam
     assert nodes[: gamma + 1] == list(range(gamma + 1))
     assert [int(tree.tokens[b, i]) for i in range(gamma + 1)] == [root[b], *top[b, :, 0]]
     for i in range(gamma):  # position i + 1: its leaves are children of chain node i
-      leaves = [n for n in nodes[gamma + 1:] if tree.parents[b, n] == i]
+      leaves = [n for n in nodes[gamma + 1 :] if tree.parents[b, n] == i]
       want = next(k for edge, k in sizes.items() if confidence[b, i] <= edge)
-      assert [int(tree.tokens[b, n]) for n in leaves] == list(top[b, i, 1: 1 + want])
+      assert [int(tree.tokens[b, n]) for n in leaves] == list(top[b, i, 1 : 1 + want])
       assert all(tree.depths[b, n] == i + 1 for n in leaves)
     # The paper's mask over the linearized proposal (chain first, then the leaves).
     position = {n: (n if n <= gamma else int(tree.depths[b, n])) for n in nodes[1:]}
@@ -215,8 +227,12 @@ def test_cape_sizes_by_confidence_bin_and_bad_configs():
     tree = cape_tree(jnp.asarray([9]), top, jnp.asarray([[p]], jnp.float32), cape)
     assert int(tree.valid.sum()) == 2 + leaves, p
   assert CapeConfig(edges=(), sizes=(2,)).tree_size == 16
-  for bad, message in [(dict(gamma=0), "gamma >= 1"), (dict(sizes=(1, 2)), "one expansion size >= 0 per"),
-                       (dict(edges=(0.6, 0.3, 0.8)), "rise strictly"), (dict(edges=(0.0, 0.5, 0.8)), "rise strictly"),
-                       (dict(sizes=(7, 5, -1, 1)), "size >= 0")]:
+  for bad, message in [
+    (dict(gamma=0), "gamma >= 1"),
+    (dict(sizes=(1, 2)), "one expansion size >= 0 per"),
+    (dict(edges=(0.6, 0.3, 0.8)), "rise strictly"),
+    (dict(edges=(0.0, 0.5, 0.8)), "rise strictly"),
+    (dict(sizes=(7, 5, -1, 1)), "size >= 0"),
+  ]:
     with pytest.raises(UserError, match=message):
       CapeConfig(**bad)

@@ -16,11 +16,11 @@ from kernel_inputs import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, random_at
 
 @settings(max_examples=6, deadline=None)
 @given(
-    seed=SEEDS,
-    nodes=st.integers(1, 40),
-    group=GROUPS,
-    head_dim=HEAD_DIMS,
-    dtype=DTYPES,
+  seed=SEEDS,
+  nodes=st.integers(1, 40),
+  group=GROUPS,
+  head_dim=HEAD_DIMS,
+  dtype=DTYPES,
 )
 def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
   rng = np.random.default_rng(seed)

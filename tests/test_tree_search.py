@@ -15,11 +15,16 @@ def test_neighbours_are_one_move_away_and_within_the_budget():
   tree = Candidate((4, 16, 16), 10)
   found = neighbours(tree, max_nodes=1024)
   assert found == [
-      Candidate((3, 16, 16), 10), Candidate((6, 16, 16), 10),  # the first width
-      Candidate((4, 12, 12), 10), Candidate((4, 24, 24), 10),  # the deeper widths together
-      Candidate((4, 16, 12), 10), Candidate((4, 16, 24), 10),  # the deepest alone
-      Candidate((4, 16, 16, 16), 10), Candidate((4, 16), 10),  # a depth more, a depth less
-      Candidate((4, 16, 16), 5), Candidate((4, 16, 16), 15),  # the copy branch
+    Candidate((3, 16, 16), 10),
+    Candidate((6, 16, 16), 10),  # the first width
+    Candidate((4, 12, 12), 10),
+    Candidate((4, 24, 24), 10),  # the deeper widths together
+    Candidate((4, 16, 12), 10),
+    Candidate((4, 16, 24), 10),  # the deepest alone
+    Candidate((4, 16, 16, 16), 10),
+    Candidate((4, 16), 10),  # a depth more, a depth less
+    Candidate((4, 16, 16), 5),
+    Candidate((4, 16, 16), 15),  # the copy branch
   ]
   assert all(w in WIDTHS for c in found for w in c.widths)
   small = neighbours(tree, max_nodes=tree.nodes)
@@ -37,14 +42,14 @@ def _landscape(tree: Candidate) -> Measurement:
 
 
 def test_search_climbs_to_the_best_tree_and_is_deterministic_for_a_seed():
-  runs = [search(Candidate((2, 4), 0), _landscape, max_nodes=200, seed=seed, max_evaluations=200)
-          for seed in (0, 0, 1)]
+  runs = [search(Candidate((2, 4), 0), _landscape, max_nodes=200, seed=seed, max_evaluations=200) for seed in (0, 0, 1)]
   assert runs[0].best == Candidate((4, 8, 8), 10)
   assert runs[0] == runs[1]  # the same seed: the same trees measured in the same order
   assert runs[2].best == runs[0].best and [c for c, _ in runs[2].evaluations] != [c for c, _ in runs[0].evaluations]
   measured = []
-  spent = search(Candidate((2, 4), 0), lambda c: measured.append(c) or _landscape(c), max_nodes=200, seed=0,
-                 max_evaluations=5)
+  spent = search(
+    Candidate((2, 4), 0), lambda c: measured.append(c) or _landscape(c), max_nodes=200, seed=0, max_evaluations=5
+  )
   assert len(spent.evaluations) == 5 == len(measured) == len(set(measured))  # each tree measured once
   assert spent.best in measured
 
@@ -69,9 +74,31 @@ def test_cli_measures_stores_and_longspec_uses_the_stored_tree(tiny_with_tokeniz
   config = read_target_config(tiny_with_tokenizer)
   save_draft(tmp_path / "draft", random_draft(DraftConfig.for_target(config, window=16), jnp.float32, seed=1))
   out = tmp_path / "search.json"
-  argv = ["--target", str(tiny_with_tokenizer), "--draft", str(tmp_path / "draft"), "--sets", "code", "--length", "64",
-          "--num-prompts", "1", "--new-tokens", "4", "--dtype", "float32", "--start", "2,2",
-          "--max-evaluations", "2", "--repeats", "1", "--out", str(out), "--store"]
+  argv = [
+    "--target",
+    str(tiny_with_tokenizer),
+    "--draft",
+    str(tmp_path / "draft"),
+    "--sets",
+    "code",
+    "--length",
+    "64",
+    "--num-prompts",
+    "1",
+    "--new-tokens",
+    "4",
+    "--dtype",
+    "float32",
+    "--start",
+    "2,2",
+    "--max-evaluations",
+    "2",
+    "--repeats",
+    "1",
+    "--out",
+    str(out),
+    "--store",
+  ]
   assert run_cli(main, argv, PROG) == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
   assert len(result["evaluations"]) == 2 and result["evaluations"][0]["tree_widths"] == [2, 2]

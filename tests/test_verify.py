@@ -54,8 +54,9 @@ def test_random_trees_match_python_reference(seed, batch, size):
 
 
 def test_invalid_nodes_are_never_accepted():
-  tree = chain(jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]),
-               jnp.array([[True, True, False], [True, False, True]]))
+  tree = chain(
+    jnp.array([7, 8]), jnp.array([[1, 2, 3], [4, 5, 6]]), jnp.array([[True, True, False], [True, False, True]])
+  )
   acceptance = accept_greedy(tree, jnp.array([[1, 2, 3, 0], [4, 5, 6, 0]]), tree.ancestor_mask())
   np.testing.assert_array_equal(np.asarray(acceptance.count), [3, 2])
   np.testing.assert_array_equal(np.asarray(acceptance.bonus), [3, 5])
@@ -77,7 +78,7 @@ def toy_distribution(context: tuple, config: SamplingConfig, salt: int = 0) -> n
   (the penalty sees the last `penalty_window` tokens of the context)."""
   logits = np.random.default_rng([salt, *context]).normal(0, 2, V)
   seen = np.zeros(V, bool)
-  seen[list(context[-config.penalty_window:])] = True
+  seen[list(context[-config.penalty_window :])] = True
   return np.asarray(_probs(jnp.asarray(logits, jnp.float32), jnp.asarray(seen), config), np.float64)
 
 
@@ -90,9 +91,12 @@ def walk_law(nodes, context, config):
     paths.append(paths[parent] + (token,))
   target = np.stack([toy_distribution(context + path, config) for path in paths])
   draft = np.stack([np.zeros(V) if q is None else q for _, _, q in nodes])
-  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
-              parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
-              depths=jnp.asarray([[len(path) for path in paths]], jnp.int32), valid=jnp.ones((1, n), bool))
+  tree = Tree(
+    tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
+    parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
+    depths=jnp.asarray([[len(path) for path in paths]], jnp.int32),
+    valid=jnp.ones((1, n), bool),
+  )
   sampled = [q is not None for _, _, q in nodes]
   draft_args = (jnp.asarray(draft[None], jnp.float32), jnp.asarray([sampled])) if any(sampled) else ()  # as the engine
   stop, residual = _walk(tree, jnp.asarray(target[None], jnp.float32), tree.ancestor_mask(), *draft_args)
@@ -157,9 +161,12 @@ def copy_tree(context):
   shared nodes merged, so a copy may continue under a beam node, or under the other
   copy, or add none)."""
   nodes = beam_tree(context)[0][1]
-  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
-              parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
-              depths=jnp.asarray([[0, 1, 1, 2, 2, 2, 2]], jnp.int32), valid=jnp.ones((1, len(nodes)), bool))
+  tree = Tree(
+    tokens=jnp.asarray([[t for _, t, _ in nodes]], jnp.int32),
+    parents=jnp.asarray([[p for p, _, _ in nodes]], jnp.int32),
+    depths=jnp.asarray([[0, 1, 1, 2, 2, 2, 2]], jnp.int32),
+    valid=jnp.ones((1, len(nodes)), bool),
+  )
   history = jnp.asarray([list(context) + [0] * 8], jnp.int32)  # the engine's history has room past the root
   drafted, valid = PromptLookup(num_tokens=3, matches=2).lookup(history, jnp.asarray([len(context) - 1]))
   return [(1.0, nodes_of(graft_chains(tree, drafted, valid)))]
@@ -183,8 +190,12 @@ def nodes_of(tree: Tree) -> list:
 def random_tree_of_context(context, size=6):
   """Random shape, random tokens (repeated siblings included), deterministic children."""
   rng = np.random.default_rng([3, *context])
-  return [(1.0, [(-1, context[-1], None)] + [(int(rng.integers(0, i)), int(rng.integers(0, V)), None)
-                                              for i in range(1, size)])]
+  return [
+    (
+      1.0,
+      [(-1, context[-1], None)] + [(int(rng.integers(0, i)), int(rng.integers(0, V)), None) for i in range(1, size)],
+    )
+  ]
 
 
 def cape_tree(context):
@@ -211,8 +222,12 @@ def tokenswift_tree(context):
   parents, depths, ranks = static_topology((1, 2, 2))
   top = [np.argsort(-toy_distribution(context, SamplingConfig(temperature=0.5), salt=2 + d))[:2] for d in range(3)]
   tokens = [context[-1]] + [int(top[d - 1][r]) for d, r in zip(depths[1:], ranks[1:])]
-  tree = Tree(tokens=jnp.asarray([tokens], jnp.int32), parents=jnp.asarray([parents]), depths=jnp.asarray([depths]),
-              valid=jnp.ones((1, len(tokens)), bool))
+  tree = Tree(
+    tokens=jnp.asarray([tokens], jnp.int32),
+    parents=jnp.asarray([parents]),
+    depths=jnp.asarray([depths]),
+    valid=jnp.ones((1, len(tokens)), bool),
+  )
   grams = np.random.default_rng([4, *context]).integers(0, V, (2, 3))
   grams[:, 0] = tokens[1]
   return [(1.0, nodes_of(graft_chains(tree, jnp.asarray(grams[None], jnp.int32), jnp.ones((1, 2, 3), bool))))]
@@ -231,13 +246,18 @@ def sampled_tree(context):
   return out
 
 
-CONFIGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.6, top_k=3),
-           SamplingConfig(temperature=1.0, top_p=0.8, min_p=0.1), SamplingConfig(temperature=1.0, penalty=1.5,
-                                                                                 penalty_window=2)]
+CONFIGS = [
+  SamplingConfig(temperature=1.0),
+  SamplingConfig(temperature=0.6, top_k=3),
+  SamplingConfig(temperature=1.0, top_p=0.8, min_p=0.1),
+  SamplingConfig(temperature=1.0, penalty=1.5, penalty_window=2),
+]
 
 
-@pytest.mark.parametrize("trees", [chain_tree, beam_tree, copy_tree, copies_only, random_tree_of_context, cape_tree,
-                                   tokenswift_tree, sampled_tree])
+@pytest.mark.parametrize(
+  "trees",
+  [chain_tree, beam_tree, copy_tree, copies_only, random_tree_of_context, cape_tree, tokenswift_tree, sampled_tree],
+)
 @pytest.mark.parametrize("config", CONFIGS, ids=["t1", "top-k", "top-p,min-p", "penalty"])
 def test_emitted_tokens_follow_the_target_exactly(trees, config):
   want = ar_law(config)
@@ -261,8 +281,12 @@ def test_closed_form_walk_equals_the_sequential_one(seed):
   valid[:, 1:] = rng.random((batch, n - 1)) < 0.8
   for i in range(1, n):  # children of invalid nodes are invalid
     valid[:, i] &= valid[np.arange(batch), parents[:, i]]
-  tree = Tree(tokens=jnp.asarray(rng.integers(0, 3, (batch, n)), jnp.int32), parents=jnp.asarray(parents, jnp.int32),
-              depths=jnp.asarray(depths, jnp.int32), valid=jnp.asarray(valid))
+  tree = Tree(
+    tokens=jnp.asarray(rng.integers(0, 3, (batch, n)), jnp.int32),
+    parents=jnp.asarray(parents, jnp.int32),
+    depths=jnp.asarray(depths, jnp.int32),
+    valid=jnp.asarray(valid),
+  )
   target = jnp.asarray(rng.dirichlet(np.ones(vocab), (batch, n)), jnp.float32)
   draft = jnp.asarray(rng.dirichlet(np.ones(vocab), (batch, n)), jnp.float32)
   closed = walk_outcomes(tree, target, tree.ancestor_mask())
@@ -301,11 +325,15 @@ def test_a_draw_follows_the_walks_law():
   for parent, token, _ in nodes[1:]:
     paths.append(paths[parent] + (token,))
   target = np.stack([toy_distribution((0,) + path, config) for path in paths])
-  tree = Tree(tokens=jnp.asarray([[t for _, t, _ in nodes]] * 4000, jnp.int32),
-              parents=jnp.asarray([[p for p, _, _ in nodes]] * 4000, jnp.int32),
-              depths=jnp.asarray([[len(p) for p in paths]] * 4000, jnp.int32), valid=jnp.ones((4000, 7), bool))
-  acceptance = accept_sampled(tree, jnp.asarray(np.broadcast_to(target, (4000, 7, V)), jnp.float32),
-                              tree.ancestor_mask(), jax.random.key(0))
+  tree = Tree(
+    tokens=jnp.asarray([[t for _, t, _ in nodes]] * 4000, jnp.int32),
+    parents=jnp.asarray([[p for p, _, _ in nodes]] * 4000, jnp.int32),
+    depths=jnp.asarray([[len(p) for p in paths]] * 4000, jnp.int32),
+    valid=jnp.ones((4000, 7), bool),
+  )
+  acceptance = accept_sampled(
+    tree, jnp.asarray(np.broadcast_to(target, (4000, 7, V)), jnp.float32), tree.ancestor_mask(), jax.random.key(0)
+  )
   emitted = np.asarray(emitted_tokens(tree, acceptance))
   counts = {}
   for row, count in zip(emitted, np.asarray(acceptance.count)):
@@ -339,8 +367,9 @@ def test_batch_invariant_verification_computes_the_ar_bits(kind, tmp_path):
     paths.append(path[::-1])
   for depth in range(max(map(len, paths))):  # AR along each sequence's deepest path
     nodes = [path[min(depth, len(path) - 1)] for path in paths]
-    alone, cache = run(params, chain(tree.tokens[jnp.arange(2), jnp.asarray(nodes)], jnp.zeros((2, 0), jnp.int32)),
-                       cache)
+    alone, cache = run(
+      params, chain(tree.tokens[jnp.arange(2), jnp.asarray(nodes)], jnp.zeros((2, 0), jnp.int32)), cache
+    )
     for b, path in enumerate(paths):
       if depth < len(path):
         np.testing.assert_array_equal(np.asarray(alone[b, 0]), np.asarray(many[b, nodes[b]]))
@@ -374,10 +403,20 @@ def test_a_tree_with_kept_chunks_is_verified_reading_only_those(tmp_path):
   # before dense_layers read everything.
   lengths = jnp.asarray([70, 37])
   layers = config.num_layers
-  share = [np.mean([sum(bool(kept[b, k, s // 16]) for s in range(int(lengths[b]))) / int(lengths[b])
-                    for k in range(config.num_kv_heads)]) for b in range(2)]
-  np.testing.assert_allclose(np.asarray(fraction_read(padded.kept, lengths, sparse, layers)),
-                             (1 + (layers - 1) * np.asarray(share)) / layers, rtol=1e-6)
+  share = [
+    np.mean(
+      [
+        sum(bool(kept[b, k, s // 16]) for s in range(int(lengths[b]))) / int(lengths[b])
+        for k in range(config.num_kv_heads)
+      ]
+    )
+    for b in range(2)
+  ]
+  np.testing.assert_allclose(
+    np.asarray(fraction_read(padded.kept, lengths, sparse, layers)),
+    (1 + (layers - 1) * np.asarray(share)) / layers,
+    rtol=1e-6,
+  )
   np.testing.assert_array_equal(np.asarray(fraction_read(None, lengths, None, layers)), [1.0, 1.0])
   with pytest.raises(ValueError, match="SparseVerify"):
     verify(model, dataclasses.replace(tree, kept=kept), cache)

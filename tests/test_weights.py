@@ -128,8 +128,9 @@ def test_the_fetch_shows_pips_progress_where_stderr_has_no_descriptor(tmp_path, 
   """Under a capture object without a file descriptor (pytest's, a notebook's) pip's
   progress goes to the process's stderr instead of failing the fetch."""
   calls = []
-  monkeypatch.setattr(default.subprocess, "run", lambda *a, **k: calls.append(k) or SimpleNamespace(
-      returncode=1, stderr="offline"))
+  monkeypatch.setattr(
+    default.subprocess, "run", lambda *a, **k: calls.append(k) or SimpleNamespace(returncode=1, stderr="offline")
+  )
   with pytest.raises(UserError, match="offline"):
     default._fetch(tmp_path / "model.gguf")
   assert calls[0]["stdout"] == 2
@@ -157,8 +158,9 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
   from longspec_jax.draft import random_draft
   from longspec_jax.weights.drafts import load_draft, save_draft
 
-  target = TargetConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=8)
+  target = TargetConfig(
+    vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+  )
   draft = random_draft(DraftConfig.for_target(target, num_layers=2, window=32), jnp.float32, seed=5)
   save_draft(tmp_path / "d", draft)
   loaded = load_draft(str(tmp_path / "d"), target, jnp.float32)
@@ -174,8 +176,9 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
     if "qkv" not in jax.tree_util.keystr(path):
       return x
     *lead, k, g2, d = x.shape
-    return jnp.concatenate([x[..., : g2 - 2, :].reshape(*lead, k * (g2 - 2), d), x[..., g2 - 2, :],
-                            x[..., g2 - 1, :]], axis=-2)
+    return jnp.concatenate(
+      [x[..., : g2 - 2, :].reshape(*lead, k * (g2 - 2), d), x[..., g2 - 2, :], x[..., g2 - 1, :]], axis=-2
+    )
 
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(tmp_path / "old" / "params", jax.tree_util.tree_map_with_path(fused, nnx.state(draft)))

@@ -49,8 +49,13 @@ def batch_by_length(text: str) -> tuple[int, int]:
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m train.bench_step", description=__doc__.splitlines()[0])
   p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="the target's shape (random weights)")
-  p.add_argument("--sizes", nargs="+", type=batch_by_length, default=[(16, 1024), (8, 2048), (2, 8192)],
-                 help="BATCHxLENGTH of each micro-batch to time (default: the recipe's three stages' sizes)")
+  p.add_argument(
+    "--sizes",
+    nargs="+",
+    type=batch_by_length,
+    default=[(16, 1024), (8, 2048), (2, 8192)],
+    help="BATCHxLENGTH of each micro-batch to time (default: the recipe's three stages' sizes)",
+  )
   p.add_argument("--draft-intermediate-size", type=positive_int, help="the draft's MLP width (default: the target's)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
   p.add_argument("--iters", type=positive_int, default=10, help="timed calls of each, after two warm-ups")
@@ -77,8 +82,9 @@ def floor_loss(delta, tokens, positions, target_params, *, target_graphdef, conf
   target = frozen_target(target_graphdef, target_params)
   hidden, _, _ = target.causal_hidden_and_kv(tokens, positions)
   hidden = jax.lax.stop_gradient(hidden[:, :-1])
-  losses, _ = chunked_token_losses(hidden + delta.astype(hidden.dtype), target.logits, tokens[:, 1:],
-                                   config.loss_chunk, hidden)
+  losses, _ = chunked_token_losses(
+    hidden + delta.astype(hidden.dtype), target.logits, tokens[:, 1:], config.loss_chunk, hidden
+  )
   return jnp.mean(losses)
 
 
@@ -108,11 +114,15 @@ def measure(args) -> dict:
   dtype = jnp.dtype(resolve_dtype(args.dtype))
   target = random_model(target_config, dtype)
   draft_config = DraftConfig.for_target(
-      target_config, intermediate_size=args.draft_intermediate_size or target_config.intermediate_size)
+    target_config, intermediate_size=args.draft_intermediate_size or target_config.intermediate_size
+  )
   target_graphdef, target_params = nnx.split(target)
   draft_graphdef, fresh = nnx.split(random_draft(draft_config, jnp.float32, attention=Impl.FLASH))
-  config = TrainConfig(compute_dtype=dtype.name, max_position=target_config.max_position_embeddings,
-                       delay_weights=tree_delays(len(draft_config.tree_widths)))
+  config = TrainConfig(
+    compute_dtype=dtype.name,
+    max_position=target_config.max_position_embeddings,
+    delay_weights=tree_delays(len(draft_config.tree_widths)),
+  )
   optimizer = make_optimizer(config)
   step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
   floor = jax.jit(jax.grad(functools.partial(floor_loss, target_graphdef=target_graphdef, config=config)))
@@ -128,32 +138,49 @@ def measure(args) -> dict:
     state["opt"] = optimizer.init(state["params"])
 
     def one_step(state=state, tokens=tokens, mask=mask):  # (params and optimizer state are donated: thread them)
-      state["params"], state["opt"], metrics = step(state["params"], state["opt"], jax.random.key(1), tokens, mask,
-                                                    target_params)
+      state["params"], state["opt"], metrics = step(
+        state["params"], state["opt"], jax.random.key(1), tokens, mask, target_params
+      )
       return metrics["loss"]
 
     delta = jnp.zeros((target_config.hidden_size,), jnp.float32)
     seconds = {
-        "step": median_seconds(one_step, iters=args.iters),
-        "floor": median_seconds(lambda: floor(delta, tokens, positions, target_params), iters=args.iters),
-        "target": median_seconds(lambda: forward(tokens, positions, target_params), iters=args.iters),
+      "step": median_seconds(one_step, iters=args.iters),
+      "floor": median_seconds(lambda: floor(delta, tokens, positions, target_params), iters=args.iters),
+      "target": median_seconds(lambda: forward(tokens, positions, target_params), iters=args.iters),
     }
     per_token = model_flops_per_token(target_config, draft_config, length, config.labels)
-    row = {"batch": batch, "length": length, **{f"{k}_ms": 1e3 * v for k, v in seconds.items()},
-           **{f"{k}_tokens_per_second": batch * length / v for k, v in seconds.items()},
-           "step_over_floor": seconds["step"] / seconds["floor"],
-           "mfu": batch * length / seconds["step"] * per_token / peak if peak else None}
+    row = {
+      "batch": batch,
+      "length": length,
+      **{f"{k}_ms": 1e3 * v for k, v in seconds.items()},
+      **{f"{k}_tokens_per_second": batch * length / v for k, v in seconds.items()},
+      "step_over_floor": seconds["step"] / seconds["floor"],
+      "mfu": batch * length / seconds["step"] * per_token / peak if peak else None,
+    }
     rows.append(row)
-    print(f"{batch:>5} x {length:<6} step {row['step_ms']:8.2f} ms {row['step_tokens_per_second']:>10,.0f} tok/s"
-          f" | floor {row['floor_ms']:8.2f} ms {row['floor_tokens_per_second']:>10,.0f} tok/s"
-          f" | target {row['target_ms']:8.2f} ms | step/floor {row['step_over_floor']:.2f}"
-          + (f" | MFU {row['mfu']:.1%}" if peak else ""), flush=True)
+    print(
+      f"{batch:>5} x {length:<6} step {row['step_ms']:8.2f} ms {row['step_tokens_per_second']:>10,.0f} tok/s"
+      f" | floor {row['floor_ms']:8.2f} ms {row['floor_tokens_per_second']:>10,.0f} tok/s"
+      f" | target {row['target_ms']:8.2f} ms | step/floor {row['step_over_floor']:.2f}"
+      + (f" | MFU {row['mfu']:.1%}" if peak else ""),
+      flush=True,
+    )
     del state
-  return {"kind": "train_step", "shape": args.shape, "device": jax.devices()[0].device_kind,
-          "platform": platform.platform(), "jax": jax.__version__, "dtype": dtype.name,
-          "draft_intermediate_size": draft_config.intermediate_size, "iters": args.iters,
-          "median_of": "seconds per call after 2 warm-ups", "timed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "rows": rows, "summary": {"median_step_over_floor": statistics.median(r["step_over_floor"] for r in rows)}}
+  return {
+    "kind": "train_step",
+    "shape": args.shape,
+    "device": jax.devices()[0].device_kind,
+    "platform": platform.platform(),
+    "jax": jax.__version__,
+    "dtype": dtype.name,
+    "draft_intermediate_size": draft_config.intermediate_size,
+    "iters": args.iters,
+    "median_of": "seconds per call after 2 warm-ups",
+    "timed_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "rows": rows,
+    "summary": {"median_step_over_floor": statistics.median(r["step_over_floor"] for r in rows)},
+  }
 
 
 def main(argv=None) -> None:

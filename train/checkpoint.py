@@ -58,19 +58,23 @@ class Checkpoints:
     self.every = every
     self.directory = Path(directory).resolve()
     self.manager = ocp.CheckpointManager(
-        Path(directory).resolve(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1, create=True),
+      Path(directory).resolve(),
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=1, create=True),
     )
 
   def maybe_save(self, step: int, params, opt_state, loop_state: dict, final: bool = False) -> bool:
     """Saves after every `every` steps, and at the end (`final`)."""
     if not final and step % self.every:
       return False
-    return self.manager.save(step, args=ocp.args.Composite(
+    return self.manager.save(
+      step,
+      args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
         loop=ocp.args.JsonSave(loop_state),
-    ), force=final)
+      ),
+      force=final,
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -90,17 +94,23 @@ class Checkpoints:
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         with _quiet_failed_reads():
-          restored = self.manager.restore(step, args=ocp.args.Composite(
+          restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
               params=ocp.args.StandardRestore(_abstract(params)),
               opt_state=ocp.args.StandardRestore(_abstract(opt_state)),
               loop=ocp.args.JsonRestore(),
-          ))
+            ),
+          )
       except Exception as e:  # orbax, tensorstore and json raise many types for damaged files
         damaged.append((step, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]))
         continue
       if damaged:
-        print(f"warning: checkpoint step {', '.join(str(s) for s, _ in damaged)} in {self.directory} is damaged"
-              f" ({damaged[0][1]}); resuming from step {step} and deleting the damaged one.", file=sys.stderr)
+        print(
+          f"warning: checkpoint step {', '.join(str(s) for s, _ in damaged)} in {self.directory} is damaged"
+          f" ({damaged[0][1]}); resuming from step {step} and deleting the damaged one.",
+          file=sys.stderr,
+        )
         for bad, _ in damaged:
           shutil.rmtree(self.directory / str(bad), ignore_errors=True)
         self.manager.reload()

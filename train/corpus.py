@@ -32,32 +32,45 @@ from pathlib import Path
 from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main
 from longspec_jax.errors import UserError
 
-ROOTS = ("/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/common-licenses", "/usr/lib/python3",
-         "/usr/lib/node_modules", "/usr/share/javascript", "/usr/src", "/usr/local/lib", "/usr/local/go", "/etc",
-         "/opt")
+ROOTS = (
+  "/usr/share/doc",
+  "/usr/share/man",
+  "/usr/share/info",
+  "/usr/share/common-licenses",
+  "/usr/lib/python3",
+  "/usr/lib/node_modules",
+  "/usr/share/javascript",
+  "/usr/src",
+  "/usr/local/lib",
+  "/usr/local/go",
+  "/etc",
+  "/opt",
+)
 # Held out for evaluation (the project's prompt sets): never training data.
-EXCLUDED = re.compile(r"/usr/include/|/perl[0-9.]*/|/site_perl/|/libperl|/doc/perl[^/]*/|\.(pm|pl|pod|t)$"
-                      r"|\.[0-9]pm?(\.gz)?$|/man[0-9][^/]*/perl[^/]*$")
+EXCLUDED = re.compile(
+  r"/usr/include/|/perl[0-9.]*/|/site_perl/|/libperl|/doc/perl[^/]*/|\.(pm|pl|pod|t)$"
+  r"|\.[0-9]pm?(\.gz)?$|/man[0-9][^/]*/perl[^/]*$"
+)
 # Domain -> file name pattern (matched against the path, first match wins).
 DOMAINS = {
-    "man": r"/man/[^/]*man[0-9][^/]*/[^/]+\.[0-9][a-z]*(\.gz)?$",
-    "info": r"/info/[^/]+\.info(-[0-9]+)?(\.gz)?$",
-    "license": r"(/common-licenses/[^/]+|/(LICEN[CS]E|COPYING|NOTICE)[^/]*|/copyright)$",
-    "python": r"\.pyi?$",
-    "c_cpp": r"\.(c|h|cc|cpp|cxx|hpp|hh|hxx)$",
-    "shell": r"\.(sh|bash|zsh)$",
-    "javascript": r"\.(js|mjs|cjs|jsx|ts|tsx)$",
-    "go": r"\.go$",
-    "rust": r"\.rs$",
-    "java": r"\.(java|kt|scala)$",
-    "ruby": r"\.rb$",
-    "lua": r"\.lua$",
-    "sql": r"\.sql$",
-    "markdown": r"\.(md|markdown)$",
-    "rest": r"\.(rst|txt)$",
-    "html": r"\.html?$",
-    "config": r"(\.(conf|cfg|ini|toml|ya?ml)|/etc/[^/]+)$",
-    "readme": r"/(README|NEWS|CHANGELOG|HISTORY|INSTALL|AUTHORS)[^/]*$",
+  "man": r"/man/[^/]*man[0-9][^/]*/[^/]+\.[0-9][a-z]*(\.gz)?$",
+  "info": r"/info/[^/]+\.info(-[0-9]+)?(\.gz)?$",
+  "license": r"(/common-licenses/[^/]+|/(LICEN[CS]E|COPYING|NOTICE)[^/]*|/copyright)$",
+  "python": r"\.pyi?$",
+  "c_cpp": r"\.(c|h|cc|cpp|cxx|hpp|hh|hxx)$",
+  "shell": r"\.(sh|bash|zsh)$",
+  "javascript": r"\.(js|mjs|cjs|jsx|ts|tsx)$",
+  "go": r"\.go$",
+  "rust": r"\.rs$",
+  "java": r"\.(java|kt|scala)$",
+  "ruby": r"\.rb$",
+  "lua": r"\.lua$",
+  "sql": r"\.sql$",
+  "markdown": r"\.(md|markdown)$",
+  "rest": r"\.(rst|txt)$",
+  "html": r"\.html?$",
+  "config": r"(\.(conf|cfg|ini|toml|ya?ml)|/etc/[^/]+)$",
+  "readme": r"/(README|NEWS|CHANGELOG|HISTORY|INSTALL|AUTHORS)[^/]*$",
 }
 _DOMAINS = [(name, re.compile(pattern)) for name, pattern in DOMAINS.items()]
 MIN_CHARS = 200  # shorter files teach little and are mostly boilerplate
@@ -76,7 +89,7 @@ def source_unit(path: str, roots: list[str]) -> str:
   package's documentation, a Python package, a man section's page name without its
   suffix), so that every file of one package falls on one side of the split."""
   root = max((r for r in roots if path.startswith(r.rstrip("/") + "/")), key=len, default="")
-  rest = path[len(root):].strip("/").split("/")
+  rest = path[len(root) :].strip("/").split("/")
   if len(rest) > 1 and re.fullmatch(r"(site|dist)-packages|python3(\.[0-9]+)?|man[0-9][a-z]*|node_modules", rest[0]):
     rest = rest[1:]  # (the package is one level further down)
   head = rest[0] if len(rest) > 1 else re.sub(r"(\.[0-9][a-z]*)?(\.gz)?$", "", rest[0]).split(".")[0]
@@ -165,15 +178,19 @@ def build(roots: list[str], out: Path, heldout_percent: float, max_chars_per_dom
       unit = source_unit(path, roots)
       split = "heldout" if held_out(unit, heldout_percent) else "train"
       (heldout if split == "heldout" else train).write(
-          json.dumps({"text": text, "domain": domain, "source": path}) + "\n")
+        json.dumps({"text": text, "domain": domain, "source": path}) + "\n"
+      )
       counts[split][domain + ":files"] += 1
       counts[split][domain + ":chars"] += len(text)
-  manifest = {"roots": roots, "heldout_percent": heldout_percent, "excluded": EXCLUDED.pattern,
-              "max_chars_per_domain": max_chars_per_domain}
+  manifest = {
+    "roots": roots,
+    "heldout_percent": heldout_percent,
+    "excluded": EXCLUDED.pattern,
+    "max_chars_per_domain": max_chars_per_domain,
+  }
   for split in ("train", "heldout"):
     domains = sorted({key.split(":")[0] for key in counts[split]})
-    manifest[split] = {d: {"files": counts[split][d + ":files"], "chars": counts[split][d + ":chars"]}
-                       for d in domains}
+    manifest[split] = {d: {"files": counts[split][d + ":files"], "chars": counts[split][d + ":chars"]} for d in domains}
   manifest["duplicates_dropped"] = dict(counts["duplicates"])
   (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
   return manifest
@@ -192,8 +209,12 @@ def main(argv=None):
   p.add_argument("--out", type=Path, required=True, help="a directory: train.jsonl, heldout.jsonl, manifest.json")
   p.add_argument("--roots", nargs="+", help="directories to walk (default: the usual places, ROOTS)")
   p.add_argument("--heldout-percent", type=float, default=5.0, help="share of source units held out")
-  p.add_argument("--max-chars-per-domain", type=positive_int, help="stop taking a domain's files past this many"
-                 " characters of training text (the rest of a big domain would crowd out the others)")
+  p.add_argument(
+    "--max-chars-per-domain",
+    type=positive_int,
+    help="stop taking a domain's files past this many"
+    " characters of training text (the rest of a big domain would crowd out the others)",
+  )
   args = p.parse_args(argv)
   if not 0 <= args.heldout_percent < 100:
     p.error("--heldout-percent must be in [0, 100)")
@@ -202,8 +223,10 @@ def main(argv=None):
   print("domain       | train files | train Mchars | held-out files | held-out Mchars")
   for domain in sorted(set(manifest["train"]) | set(manifest["heldout"])):
     t, h = manifest["train"].get(domain, {}), manifest["heldout"].get(domain, {})
-    print(f"{domain:12} | {t.get('files', 0):11} | {t.get('chars', 0) / 1e6:12.2f} | {h.get('files', 0):14} |"
-          f" {h.get('chars', 0) / 1e6:15.2f}")
+    print(
+      f"{domain:12} | {t.get('files', 0):11} | {t.get('chars', 0) / 1e6:12.2f} | {h.get('files', 0):14} |"
+      f" {h.get('chars', 0) / 1e6:15.2f}"
+    )
   print(f"written to {args.out}", file=sys.stderr)
 
 

@@ -30,6 +30,7 @@ class Packed:
 @dataclasses.dataclass(frozen=True)
 class Sources:
   """Training data sources, resolved and checked before anything heavy loads."""
+
   text_files: tuple[str, ...] = ()
   json_files: tuple[str, ...] = ()
   hub_names: tuple[str, ...] = ()
@@ -77,8 +78,9 @@ def resolve_sources(sources: str | Sequence[str]) -> Sources:
   if binary and not (text_files or json_files):
     raise UserError(f"the data holds only binary files (e.g. {binary[0]}); give text, code or JSONL files.")
   if binary:
-    raise UserError(f"{len(binary)} of the data files are binary, not text (e.g. {binary[0]}); narrow the globs to"
-                    " text and code.")
+    raise UserError(
+      f"{len(binary)} of the data files are binary, not text (e.g. {binary[0]}); narrow the globs to text and code."
+    )
   return Sources(tuple(text_files), tuple(json_files), tuple(hub_names))
 
 
@@ -102,9 +104,17 @@ def load_records(sources: Sources | str | Sequence[str], split: str = "train"):
     except Exception as e:  # malformed JSON lines
       raise UserError(f"could not read the JSONL data ({type(e).__name__}: {str(e).splitlines()[0]}).") from None
   if sources.text_files:  # (undecodable bytes become U+FFFD rather than failing the whole load)
-    parts.insert(0, datasets.load_dataset("text", data_files=list(sources.text_files), sample_by="document",
-                                          split="train", encoding_errors="replace",
-                                          num_proc=_workers(len(sources.text_files))))
+    parts.insert(
+      0,
+      datasets.load_dataset(
+        "text",
+        data_files=list(sources.text_files),
+        sample_by="document",
+        split="train",
+        encoding_errors="replace",
+        num_proc=_workers(len(sources.text_files)),
+      ),
+    )
   if len(parts) == 1:
     return parts[0]
   try:
@@ -127,11 +137,13 @@ def _workers(files: int) -> int | None:
 def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
   """A conversation rendered with the chat template, and which tokens the assistant wrote
   (found by character spans, so tokenization across turn boundaries does not matter)."""
-  render = lambda msgs, prompt: tokenizer.apply_chat_template(
-      msgs, tokenize=False, add_generation_prompt=prompt)
+  render = lambda msgs, prompt: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=prompt)
   text = render(messages, False)
-  spans = [(len(render(messages[:i], True)), len(render(messages[: i + 1], False)))
-           for i, message in enumerate(messages) if message["role"] == "assistant"]
+  spans = [
+    (len(render(messages[:i], True)), len(render(messages[: i + 1], False)))
+    for i, message in enumerate(messages)
+    if message["role"] == "assistant"
+  ]
   encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
   targets = [any(start <= a < end for start, end in spans) for a, _ in encoded["offset_mapping"]]
   return list(encoded["input_ids"]), targets
@@ -143,8 +155,11 @@ def record_tokens(tokenizer, records: dict[str, list]) -> list[tuple[list[int], 
   count = len(next(iter(records.values())))
   rows = [{name: column[i] for name, column in records.items()} for i in range(count)]
   # (`datasets` gives every record every column of the file, None where absent.)
-  texts = {i: r.get("text") for i, r in enumerate(rows)
-           if r.get("messages") is None and (r.get("prompt") is None or r.get("response") is None)}
+  texts = {
+    i: r.get("text")
+    for i, r in enumerate(rows)
+    if r.get("messages") is None and (r.get("prompt") is None or r.get("response") is None)
+  }
   for i, text in texts.items():
     if not isinstance(text, str):
       raise UserError(f"a training record needs 'text', 'messages' or 'prompt'/'response'; got keys {sorted(rows[i])}.")
@@ -156,13 +171,18 @@ def record_tokens(tokenizer, records: dict[str, list]) -> list[tuple[list[int], 
     elif record.get("messages") is not None:
       out.append(chat_tokens(tokenizer, record["messages"]))
     else:
-      out.append(chat_tokens(tokenizer, [{"role": "user", "content": record["prompt"]},
-                                         {"role": "assistant", "content": record["response"]}]))
+      out.append(
+        chat_tokens(
+          tokenizer,
+          [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}],
+        )
+      )
   return out
 
 
-def pack(records, tokenizer, length: int, eos_id: int, max_tokens: int | None = None, seed: int = 0,
-         batch: int = 256) -> Packed:
+def pack(
+  records, tokenizer, length: int, eos_id: int, max_tokens: int | None = None, seed: int = 0, batch: int = 256
+) -> Packed:
   """Concatenates the records (EOS after each) and cuts rows of `length`; the tail that
   does not fill a row is dropped. With `max_tokens`, records are taken in a seeded
   random order (so a capped sample spans every source) until that many tokens."""
@@ -185,8 +205,14 @@ def pack(records, tokenizer, length: int, eos_id: int, max_tokens: int | None = 
   return Packed(tokens=tokens.reshape(rows, length), loss_mask=targets.reshape(rows, length))
 
 
-def batches(data: Packed, batch: int, seed: int, start: int = 0, host: int = 0, hosts: int = 1,
-            ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def batches(
+  data: Packed,
+  batch: int,
+  seed: int,
+  start: int = 0,
+  host: int = 0,
+  hosts: int = 1,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """This host's batches [batch, length] from batch index `start` on, epoch after epoch:
   rows in a seeded order per epoch, each global batch of `hosts` x `batch` rows the next
   ones in that order and host h its h-th block of them (the block its devices hold). The

@@ -16,11 +16,11 @@ import jax.numpy as jnp
 
 
 def chunked_token_losses(
-    hidden: jax.Array,
-    logits_fn: Callable[[jax.Array], jax.Array],
-    labels: jax.Array,
-    chunk: int,
-    teacher: jax.Array | None = None,
+  hidden: jax.Array,
+  logits_fn: Callable[[jax.Array], jax.Array],
+  labels: jax.Array,
+  chunk: int,
+  teacher: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """hidden [B, T, E]; logits_fn: [B, C, E] -> float32 logits [B, C, V]; labels [B, T];
   teacher: None, or hidden states [B, T, E] whose distribution replaces the labels.

@@ -63,9 +63,9 @@ class Stage:
 
 
 STAGES = {
-    "pretrain": Stage(Positions.ANCHOR_OFFSET, 5e-4, 1024, 16),
-    "long": Stage(Positions.VANILLA, 5e-6, 8192, 2),
-    "sft": Stage(Positions.VANILLA, 5e-6, 2048, 8),
+  "pretrain": Stage(Positions.ANCHOR_OFFSET, 5e-4, 1024, 16),
+  "long": Stage(Positions.VANILLA, 5e-6, 8192, 2),
+  "sft": Stage(Positions.VANILLA, 5e-6, 2048, 8),
 }
 # Dense bf16 peak FLOP/s per device kind, for MFU.
 PEAK_FLOPS = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H200": 989e12}
@@ -88,61 +88,91 @@ def delay_weights(text: str) -> tuple[float, ...]:
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m train.run", description=__doc__.splitlines()[0])
   p.add_argument("--stage", choices=sorted(STAGES), required=True)
-  p.add_argument("--data", nargs="+", required=True,
-                 help="globs of text/code files, JSONL files, or hub dataset names")
-  p.add_argument("--max-tokens", type=positive_int,
-                 help="train on at most this many tokens (a seeded sample of documents)")
+  p.add_argument("--data", nargs="+", required=True, help="globs of text/code files, JSONL files, or hub dataset names")
+  p.add_argument(
+    "--max-tokens", type=positive_int, help="train on at most this many tokens (a seeded sample of documents)"
+  )
   p.add_argument("--eval", nargs="+", help="held-out data, evaluated after training (eval.json)")
   p.add_argument("--eval-length", type=at_least_two, help="tokens per eval sequence (default: the target's context)")
   p.add_argument("--eval-rows", type=positive_int, default=8, help="eval sequences")
-  p.add_argument("--eval-every", type=positive_int,
-                 help="also evaluate every this many steps (eval_curve.jsonl, plotted beside the loss)")
+  p.add_argument(
+    "--eval-every",
+    type=positive_int,
+    help="also evaluate every this many steps (eval_curve.jsonl, plotted beside the loss)",
+  )
   p.add_argument("--out", type=Path, required=True)
   p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
   p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
   p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps")
-  p.add_argument("--length", type=at_least_two,
-                 help="tokens per sequence (default: the stage's, capped by the context)")
+  p.add_argument(
+    "--length", type=at_least_two, help="tokens per sequence (default: the stage's, capped by the context)"
+  )
   p.add_argument("--batch", type=positive_int, help="sequences per micro-batch, all hosts together")
   p.add_argument("--accumulate", type=positive_int, default=1)
   p.add_argument("--learning-rate", type=positive_float)
   p.add_argument("--warmup-steps", type=nonnegative_int, default=100)
-  p.add_argument("--delays", type=delay_weights,
-                 help="flash noisy training: weights of the cross-attention delays 1, 2, ... drawn per sequence"
-                      " (e.g. 1,1,1; '1': always one token; '0': none, the draft reads the target's K/V at its own"
-                      " position); default: uniform over 1 .. the draft's tree depth, as inference meets them")
-  p.add_argument("--labels", choices=[k.value for k in Labels], default=Labels.TARGET.value,
-                 help="learn the target's next-token distribution (default) or the data's next token")
+  p.add_argument(
+    "--delays",
+    type=delay_weights,
+    help="flash noisy training: weights of the cross-attention delays 1, 2, ... drawn per sequence"
+    " (e.g. 1,1,1; '1': always one token; '0': none, the draft reads the target's K/V at its own"
+    " position); default: uniform over 1 .. the draft's tree depth, as inference meets them",
+  )
+  p.add_argument(
+    "--labels",
+    choices=[k.value for k in Labels],
+    default=Labels.TARGET.value,
+    help="learn the target's next-token distribution (default) or the data's next token",
+  )
   p.add_argument("--positions", choices=[k.value for k in Positions], help="default: the stage's")
-  p.add_argument("--draft-kind", choices=[k.value for k in DraftKind], default=DraftKind.LONGSPEC.value,
-                 help="the draft's kind (a new one's, or --init-draft's): LongSpec's (a sliding window, flash"
-                      " noisy training) or GLIDE's (full self-attention, layer m reading target layer N_T - N_D + m,"
-                      " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)"
-                      " or TokenSwift's heads (3 residual linear heads on the frozen target's final state, vanilla"
-                      " positions; the block flags below do not apply)")
-  p.add_argument("--cross-block", type=positive_int, default=5,
-                 help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)")
-  p.add_argument("--cross-layer", type=any_int,
-                 help="a new draft's cross-attended target layer (GLIDE: its first layer's, each next one the layer"
-                      " above; 0: the bottom ones, the paper's Figure 7); default: the last (LongSpec), the top"
-                      " N_D (GLIDE)")
-  p.add_argument("--no-cross-attention", action="store_true",
-                 help="a new draft without cross-attention: the ablation of GLIDE's section 5.2")
+  p.add_argument(
+    "--draft-kind",
+    choices=[k.value for k in DraftKind],
+    default=DraftKind.LONGSPEC.value,
+    help="the draft's kind (a new one's, or --init-draft's): LongSpec's (a sliding window, flash"
+    " noisy training) or GLIDE's (full self-attention, layer m reading target layer N_T - N_D + m,"
+    " trained with its block-wise cross mask, vanilla positions unless --positions says otherwise)"
+    " or TokenSwift's heads (3 residual linear heads on the frozen target's final state, vanilla"
+    " positions; the block flags below do not apply)",
+  )
+  p.add_argument(
+    "--cross-block",
+    type=positive_int,
+    default=5,
+    help="GLIDE: tokens per block of the training cross mask (each sees the blocks before its own)",
+  )
+  p.add_argument(
+    "--cross-layer",
+    type=any_int,
+    help="a new draft's cross-attended target layer (GLIDE: its first layer's, each next one the layer"
+    " above; 0: the bottom ones, the paper's Figure 7); default: the last (LongSpec), the top"
+    " N_D (GLIDE)",
+  )
+  p.add_argument(
+    "--no-cross-attention",
+    action="store_true",
+    help="a new draft without cross-attention: the ablation of GLIDE's section 5.2",
+  )
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1)
-  p.add_argument("--draft-intermediate-size", type=positive_int,
-                 help="a new draft's MLP width (default: the target's)")
+  p.add_argument("--draft-intermediate-size", type=positive_int, help="a new draft's MLP width (default: the target's)")
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
   p.add_argument("--save-every", type=positive_int, default=200)
-  p.add_argument("--time-limit", type=positive_float,
-                 help="seconds: stop after the first optimizer step past this (then save, export, evaluate)")
+  p.add_argument(
+    "--time-limit",
+    type=positive_float,
+    help="seconds: stop after the first optimizer step past this (then save, export, evaluate)",
+  )
   p.add_argument("--seed", type=any_int, default=0)
-  p.add_argument("--distributed", action="store_true",
-                 help="one process of a multi-process run: jax.distributed.initialize() first, which finds the"
-                      " others from the cluster (SLURM, Open MPI, Kubernetes), or from the next three flags")
+  p.add_argument(
+    "--distributed",
+    action="store_true",
+    help="one process of a multi-process run: jax.distributed.initialize() first, which finds the"
+    " others from the cluster (SLURM, Open MPI, Kubernetes), or from the next three flags",
+  )
   p.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (--distributed)")
   p.add_argument("--num-processes", type=positive_int, help="multi-process run: how many (--distributed)")
   p.add_argument("--process-id", type=nonnegative_int, help="multi-process run: this one's, 0 .. N - 1 (--distributed)")
@@ -172,8 +202,9 @@ def check_out_dir(args) -> None:
     if not (out / "checkpoints").is_dir():
       raise UserError(f"--resume: {out} holds no checkpoints to resume from.")
   elif held and not args.overwrite:
-    raise UserError(f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or --overwrite to"
-                    " replace it.")
+    raise UserError(
+      f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or --overwrite to replace it."
+    )
 
 
 def check_inputs(args):
@@ -185,8 +216,10 @@ def check_inputs(args):
   check_out_dir(args)
   sources = resolve_sources(args.data)
   if args.stage == "sft" and sources.only_text:
-    raise UserError("--stage sft trains on chat records (JSONL with 'messages' or 'prompt'/'response'), but --data"
-                    " holds only plain text files.")
+    raise UserError(
+      "--stage sft trains on chat records (JSONL with 'messages' or 'prompt'/'response'), but --data"
+      " holds only plain text files."
+    )
   eval_sources = resolve_sources(args.eval) if args.eval else None
   if args.init_draft:
     try:
@@ -267,8 +300,10 @@ def prepare(args, sources, eval_sources) -> Run:
     raise UserError(f"--batch {batch} does not split over {mesh.shape['data']} data-parallel devices.")
   records = load_records(sources)
   if args.stage == "sft" and not has_chat_records(records):
-    raise UserError("--stage sft trains on chat records ('messages' or 'prompt'/'response'), but the data has"
-                    f" only the columns {', '.join(records.column_names)}.")
+    raise UserError(
+      "--stage sft trains on chat records ('messages' or 'prompt'/'response'), but the data has"
+      f" only the columns {', '.join(records.column_names)}."
+    )
   prepare_out_dir(args)
 
   compute = jnp.dtype(resolve_dtype(args.dtype))
@@ -281,22 +316,37 @@ def prepare(args, sources, eval_sources) -> Run:
     draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:
     width = args.draft_intermediate_size or target.config.intermediate_size
-    draft = random_draft(DraftConfig.for_target(target.config, num_layers=args.draft_layers, window=args.window,
-                                                kind=kind, cross_layer=args.cross_layer,
-                                                cross_attention=not args.no_cross_attention, intermediate_size=width),
-                         jnp.float32, seed=args.seed, attention=Impl.FLASH)
+    draft = random_draft(
+      DraftConfig.for_target(
+        target.config,
+        num_layers=args.draft_layers,
+        window=args.window,
+        kind=kind,
+        cross_layer=args.cross_layer,
+        cross_attention=not args.no_cross_attention,
+        intermediate_size=width,
+      ),
+      jnp.float32,
+      seed=args.seed,
+      attention=Impl.FLASH,
+    )
     draft.config.check_matches(target.config)  # (e.g. a --cross-layer past the target's layers)
   heads = kind is DraftKind.TOKENSWIFT
   # GLIDE's paper trains at plain positions; TokenSwift's heads read the target's own
   # states, at the positions inference gives them.
   plain = kind in (DraftKind.GLIDE, DraftKind.TOKENSWIFT)
   config = TrainConfig(
-      learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
-      positions=Positions(args.positions) if args.positions else Positions.VANILLA if plain else stage.positions,
-      cross_block=args.cross_block,
-      labels=Labels(args.labels), total_steps=args.steps, warmup_steps=args.warmup_steps,
-      accumulate=args.accumulate, compute_dtype=compute.name, max_position=context,
-      delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)))
+    learning_rate=stage.learning_rate if args.learning_rate is None else args.learning_rate,
+    positions=Positions(args.positions) if args.positions else Positions.VANILLA if plain else stage.positions,
+    cross_block=args.cross_block,
+    labels=Labels(args.labels),
+    total_steps=args.steps,
+    warmup_steps=args.warmup_steps,
+    accumulate=args.accumulate,
+    compute_dtype=compute.name,
+    max_position=context,
+    delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)),
+  )
   print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
   data = pack(records, target.tokenizer, length, eos, args.max_tokens, args.seed)
@@ -304,24 +354,40 @@ def prepare(args, sources, eval_sources) -> Run:
   held_out = None
   if eval_sources:
     eval_length = args.eval_length or context
-    held_out = pack(load_records(eval_sources), target.tokenizer, eval_length, eos, args.eval_rows * eval_length,
-                    args.seed).tokens
+    held_out = pack(
+      load_records(eval_sources), target.tokenizer, eval_length, eos, args.eval_rows * eval_length, args.seed
+    ).tokens
 
   draft_graphdef, params = nnx.split(draft)
   target_graphdef, target_params = nnx.split(target.model)
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(params)
-  shardings = (param_shardings(mesh, params), param_shardings(mesh, opt_state), batch_sharding(mesh),
-               param_shardings(mesh, target_params))
+  shardings = (
+    param_shardings(mesh, params),
+    param_shardings(mesh, opt_state),
+    batch_sharding(mesh),
+    param_shardings(mesh, target_params),
+  )
   params, opt_state, target_params = (
-      jax.device_put(x, s) for x, s in zip((params, opt_state, target_params), (shardings[0], shardings[1],
-                                                                                 shardings[3])))
-  return Run(target=target, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, params=params,
-             opt_state=opt_state, target_params=target_params, config=config,
-             step_fn=make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings),
-             batch_sharding=shardings[2], data=data, held_out=held_out, length=length, batch=batch,
-             flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels),
-             tree_depth=draft.config.gamma if heads else len(draft.config.tree_widths))
+    jax.device_put(x, s) for x, s in zip((params, opt_state, target_params), (shardings[0], shardings[1], shardings[3]))
+  )
+  return Run(
+    target=target,
+    draft_graphdef=draft_graphdef,
+    target_graphdef=target_graphdef,
+    params=params,
+    opt_state=opt_state,
+    target_params=target_params,
+    config=config,
+    step_fn=make_train_step(draft_graphdef, target_graphdef, optimizer, config, shardings),
+    batch_sharding=shardings[2],
+    data=data,
+    held_out=held_out,
+    length=length,
+    batch=batch,
+    flops_per_token=model_flops_per_token(target.config, draft.config, length, config.labels),
+    tree_depth=draft.config.gamma if heads else len(draft.config.tree_widths),
+  )
 
 
 def train(args, run: Run) -> int:
@@ -365,8 +431,12 @@ def train(args, run: Run) -> int:
       return
     step, metrics, tokens = pending
     pending = None
-    record = {"step": step, "loss": float(metrics["loss"]), "hit_rate": float(metrics["hit_rate"]),
-              "grad_norm": float(metrics["grad_norm"])}
+    record = {
+      "step": step,
+      "loss": float(metrics["loss"]),
+      "hit_rate": float(metrics["hit_rate"]),
+      "grad_norm": float(metrics["grad_norm"]),
+    }
     # (timed once the step's results are on the host: before, it timed the step's
     # dispatch alone, 6x the true rate on an H100)
     now = time.perf_counter()
@@ -377,16 +447,20 @@ def train(args, run: Run) -> int:
     if metrics_file:
       metrics_file.write(json.dumps(record) + "\n")
       metrics_file.flush()
-    bar.set_postfix(loss=f"{record['loss']:.3f}", hit=f"{record['hit_rate']:.2f}",
-                    tok_s=f"{record['tokens_per_second']:.0f}", **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
+    bar.set_postfix(
+      loss=f"{record['loss']:.3f}",
+      hit=f"{record['hit_rate']:.2f}",
+      tok_s=f"{record['tokens_per_second']:.0f}",
+      **({"mfu": f"{record['mfu']:.1%}"} if peak else {}),
+    )
     bar.update(1)
 
   try:
     while micro < total_micro:
       tokens, mask = (jax.make_array_from_process_local_data(run.batch_sharding, x) for x in next(stream))
       run.params, run.opt_state, metrics = run.step_fn(
-          run.params, run.opt_state, jax.random.fold_in(jax.random.key(args.seed), micro), tokens, mask,
-          run.target_params)
+        run.params, run.opt_state, jax.random.fold_in(jax.random.key(args.seed), micro), tokens, mask, run.target_params
+      )
       micro += 1
       window_tokens += run.batch * run.length
       if micro % args.accumulate == 0:
@@ -404,8 +478,9 @@ def train(args, run: Run) -> int:
         from jax.experimental import multihost_utils
 
         out_of_time = bool(multihost_utils.broadcast_one_to_all(out_of_time))
-      checkpoints.maybe_save(micro, run.params, run.opt_state, {"micro_step": micro},
-                             final=micro == total_micro or out_of_time)
+      checkpoints.maybe_save(
+        micro, run.params, run.opt_state, {"micro_step": micro}, final=micro == total_micro or out_of_time
+      )
       if out_of_time:
         print(f"\n--time-limit: stopping after step {micro // args.accumulate}", file=sys.stderr)
         break
@@ -438,11 +513,14 @@ def finish(args, run: Run, step: int) -> None:
   if report is not None:
     if host == 0:
       (args.out / "eval.json").write_text(json.dumps({"sources": args.eval, "step": step, **report}, indent=1))
-    print(f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
-          " tokens; by position: " + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}"
-                                             for b in report["by_position"])
-          + "; by tree depth: " + ", ".join(f"{b['depth']}: {b['hit_rate']:.3f}" for b in report["by_depth"]),
-          file=sys.stderr)
+    print(
+      f"eval: loss {report['loss']:.3f}, top-1 agreement {report['hit_rate']:.3f} on {report['tokens']} held-out"
+      " tokens; by position: "
+      + ", ".join(f"[{b['from']}, {b['to']}) {b['loss']:.3f}/{b['hit_rate']:.3f}" for b in report["by_position"])
+      + "; by tree depth: "
+      + ", ".join(f"{b['depth']}: {b['hit_rate']:.3f}" for b in report["by_depth"]),
+      file=sys.stderr,
+    )
   if host == 0:  # (last: a run that stopped before it is resumed, not taken as done)
     if step >= args.steps:
       (args.out / "complete").write_text(f"{step}\n")
@@ -469,6 +547,7 @@ def model_flops_per_token(target, draft, length: int, labels: Labels) -> float:
   shared LM head's forward and input gradient for the draft (each head), and, when
   distilling, its forward for the target; causal attention at the mean context
   length/2."""
+
   def block(c, cross=False):
     attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim  # q, o, k, v
     if cross:
@@ -479,11 +558,16 @@ def model_flops_per_token(target, draft, length: int, labels: Labels) -> float:
   head = target.hidden_size * target.vocab_size
   frozen = target.num_layers * (2 * target_params + target_attention)
   if isinstance(draft, HeadsConfig):  # each head: its linear map, and the LM head (+ the teacher's)
-    return frozen + draft.gamma * (3 * 2 * draft.hidden_size**2 + 4 * head + (2 * head if labels is Labels.TARGET
-                                                                           else 0))
+    return frozen + draft.gamma * (
+      3 * 2 * draft.hidden_size**2 + 4 * head + (2 * head if labels is Labels.TARGET else 0)
+    )
   draft_params, draft_attention = block(draft, cross=True)
-  return (frozen + draft.num_layers * 3 * (2 * draft_params + draft_attention) + 4 * head
-          + (2 * head if labels is Labels.TARGET else 0))
+  return (
+    frozen
+    + draft.num_layers * 3 * (2 * draft_params + draft_attention)
+    + 4 * head
+    + (2 * head if labels is Labels.TARGET else 0)
+  )
 
 
 def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)) -> dict:
@@ -497,9 +581,13 @@ def evaluate(token_losses, rows, edges=(0, 1024, 2048, 4096, 8192, 16384, 32768)
   length = loss.shape[1]
   bounds = [e for e in edges if e < length] + [length]
   return {
-      "loss": float(loss.mean()), "hit_rate": float(hit.mean()), "tokens": int(loss.size),
-      "by_position": [{"from": a, "to": b, "loss": float(loss[:, a:b].mean()), "hit_rate": float(hit[:, a:b].mean())}
-                      for a, b in zip(bounds, bounds[1:])],
+    "loss": float(loss.mean()),
+    "hit_rate": float(hit.mean()),
+    "tokens": int(loss.size),
+    "by_position": [
+      {"from": a, "to": b, "loss": float(loss[:, a:b].mean()), "hit_rate": float(hit[:, a:b].mean())}
+      for a, b in zip(bounds, bounds[1:])
+    ],
   }
 
 
@@ -517,8 +605,11 @@ def depth_report(run: Run) -> dict:
   from train.step import eval_step
 
   if run.eval_fn is None:
-    run.eval_fn = jax.jit(functools.partial(eval_step, draft_graphdef=run.draft_graphdef,
-                                            target_graphdef=run.target_graphdef, config=run.config))
+    run.eval_fn = jax.jit(
+      functools.partial(
+        eval_step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef, config=run.config
+      )
+    )
   # (the delay traced: one compilation serves every depth)
   heads = isinstance(nnx.merge(run.draft_graphdef, run.params), Heads)
 
@@ -527,8 +618,10 @@ def depth_report(run: Run) -> dict:
     return (loss[:, : loss.shape[1] - d], hit[:, : hit.shape[1] - d]) if heads else (loss, hit)
 
   depths = [evaluate(functools.partial(token_losses, d=d), run.held_out) for d in range(1, run.tree_depth + 1)]
-  return {**depths[0], "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]}
-                                    for d, r in enumerate(depths, 1)]}
+  return {
+    **depths[0],
+    "by_depth": [{"depth": d, "loss": r["loss"], "hit_rate": r["hit_rate"]} for d, r in enumerate(depths, 1)],
+  }
 
 
 def append_to_curve(path: Path, step: int, report: dict) -> None:
@@ -556,8 +649,12 @@ def plot_loss(metrics: Path, out: Path, title: str, curve: Path | None = None) -
   if evals:
     ax = axes[0, 1]
     for depth in range(len(evals[-1]["by_depth"])):
-      ax.plot([e["step"] for e in evals], [e["by_depth"][depth]["hit_rate"] for e in evals], marker="o",
-              label=f"depth {depth + 1}")
+      ax.plot(
+        [e["step"] for e in evals],
+        [e["by_depth"][depth]["hit_rate"] for e in evals],
+        marker="o",
+        label=f"depth {depth + 1}",
+      )
     ax.set(xlabel="optimizer step", ylabel="held-out top-1 agreement", title="by tree depth (its delay)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -37,11 +37,18 @@ from longspec_jax.cli import (
 )
 from longspec_jax.errors import UserError
 
-INSTRUCTIONS = ("Summarize this document.", "What is this text about? Answer in a few sentences.",
-                "List the main points of this text.", "Which questions does this text answer? Answer them briefly.")
-CODE_INSTRUCTIONS = ("Explain what this code does.", "Summarize this source file.",
-                     "List the functions or definitions in this code and what each one is for.",
-                     "How would you use this code? Give a short example.")
+INSTRUCTIONS = (
+  "Summarize this document.",
+  "What is this text about? Answer in a few sentences.",
+  "List the main points of this text.",
+  "Which questions does this text answer? Answer them briefly.",
+)
+CODE_INSTRUCTIONS = (
+  "Explain what this code does.",
+  "Summarize this source file.",
+  "List the functions or definitions in this code and what each one is for.",
+  "How would you use this code? Give a short example.",
+)
 CODE_DOMAINS = {"python", "c_cpp", "shell", "javascript", "go", "rust", "java", "ruby", "lua", "sql"}
 
 
@@ -50,20 +57,35 @@ def parse_args(argv=None):
   p.add_argument("--data", nargs="+", required=True, help="the documents: JSONL with 'text' (train.corpus), or files")
   p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
   p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-  p.add_argument("--resume", action="store_true",
-                 help="continue --out: keep its records, skip the documents they used, write the rest")
+  p.add_argument(
+    "--resume",
+    action="store_true",
+    help="continue --out: keep its records, skip the documents they used, write the rest",
+  )
   p.add_argument("--time-limit", type=positive_float, help="seconds: stop after the first batch past this")
   p.add_argument("--target", default="smollm2-135m")
   p.add_argument("--method", choices=METHODS, default="auto", help="how the engine decodes (all are lossless)")
-  p.add_argument("--draft", help="for longspec, glide (a GLIDE draft) and auto: 'default' (longspec's and glide's"
-                 " default), a checkpoint dir; auto uses one only when named")
+  p.add_argument(
+    "--draft",
+    help="for longspec, glide (a GLIDE draft) and auto: 'default' (longspec's and glide's"
+    " default), a checkpoint dir; auto uses one only when named",
+  )
   p.add_argument("--samples", type=positive_int, default=1000, help="records to write")
   p.add_argument("--prompt-tokens", type=positive_int, default=1024, help="document tokens in each prompt, at most")
   p.add_argument("--new-tokens", type=positive_int, default=512, help="tokens the target writes per record, at most")
-  p.add_argument("--chat-share", type=nonnegative_float, default=0.5,
-                 help="share of records that are answers to an instruction (the rest: continuations)")
-  p.add_argument("--temperatures", type=nonnegative_float, nargs="+", default=[0.0, 0.8],
-                 help="sampling temperature of each batch in turn (0: greedy)")
+  p.add_argument(
+    "--chat-share",
+    type=nonnegative_float,
+    default=0.5,
+    help="share of records that are answers to an instruction (the rest: continuations)",
+  )
+  p.add_argument(
+    "--temperatures",
+    type=nonnegative_float,
+    nargs="+",
+    default=[0.0, 0.8],
+    help="sampling temperature of each batch in turn (0: greedy)",
+  )
   p.add_argument("--batch", type=positive_int, default=8, help="prompts decoded together")
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   p.add_argument("--seed", type=int, default=0)
@@ -84,16 +106,20 @@ def prompt_for(tokenizer, text: str, domain: str | None, chat: bool, prompt_toke
     return ids, {"kind": "continuation", "text": document}
   instructions = CODE_INSTRUCTIONS if domain in CODE_DOMAINS else INSTRUCTIONS
   content = f"{instructions[rng.integers(len(instructions))]}\n\n{document}"
-  rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                           add_generation_prompt=True)
+  rendered = tokenizer.apply_chat_template(
+    [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+  )
   return tokenizer(rendered, add_special_tokens=False).input_ids, {"kind": "answer", "content": content}
 
 
 def finished_record(start: dict, written: str, meta: dict) -> dict:
   if start["kind"] == "continuation":
     return {"text": start["text"] + written, **meta, "kind": "continuation"}
-  return {"messages": [{"role": "user", "content": start["content"]}, {"role": "assistant", "content": written}],
-          **meta, "kind": "answer"}
+  return {
+    "messages": [{"role": "user", "content": start["content"]}, {"role": "assistant", "content": written}],
+    **meta,
+    "kind": "answer",
+  }
 
 
 def main(argv=None) -> None:
@@ -126,8 +152,11 @@ def main(argv=None) -> None:
   target = load_target(path, resolve_dtype(args.dtype))
   if args.chat_share and not getattr(target.tokenizer, "chat_template", None):
     raise UserError("--chat-share asks for answers, but the target's tokenizer has no chat template.")
-  draft = (load_draft(spec, target.config, target.model.dtype, args.target, kind=draft_kind(args.method))
-           if spec is not None else None)
+  draft = (
+    load_draft(spec, target.config, target.model.dtype, args.target, kind=draft_kind(args.method))
+    if spec is not None
+    else None
+  )
   proposer, params = make_proposer(args.method, draft)
   eos = tuple(target.config.eos_token_ids or (target.tokenizer.eos_token_id,))
   rng = np.random.default_rng(args.seed)
@@ -143,13 +172,20 @@ def main(argv=None) -> None:
         record = records[int(index)]
         if not isinstance(record.get("text"), str) or not record["text"].strip():
           continue
-        ids, start = prompt_for(target.tokenizer, record["text"], record.get("domain"),
-                                rng.random() < args.chat_share, args.prompt_tokens, rng)
+        ids, start = prompt_for(
+          target.tokenizer,
+          record["text"],
+          record.get("domain"),
+          rng.random() < args.chat_share,
+          args.prompt_tokens,
+          rng,
+        )
         if len(ids) + args.new_tokens > config.max_position_embeddings:
           continue  # (a long chat template: no room)
         prompts.append(ids)
-        starts.append((start, {"domain": record.get("domain"), "source": record.get("source"),
-                               "temperature": temperature}))
+        starts.append(
+          (start, {"domain": record.get("domain"), "source": record.get("source"), "temperature": temperature})
+        )
         if len(prompts) == min(args.batch, args.samples - written):
           break
       if not prompts:
@@ -168,9 +204,13 @@ def main(argv=None) -> None:
       tokens += result.stats.num_new_tokens
       seconds += result.stats.decode_seconds
       batch_index += 1
-      print(f"{written}/{args.samples} records, {tokens} tokens written by the target,"
-            f" {tokens / max(seconds, 1e-9):.0f} tokens/s ({args.method}, tau"
-            f" {result.stats.mean_accepted_length:.2f})", file=sys.stderr, flush=True)
+      print(
+        f"{written}/{args.samples} records, {tokens} tokens written by the target,"
+        f" {tokens / max(seconds, 1e-9):.0f} tokens/s ({args.method}, tau"
+        f" {result.stats.mean_accepted_length:.2f})",
+        file=sys.stderr,
+        flush=True,
+      )
   if written < args.samples:
     why = "--time-limit" if time.perf_counter() >= deadline else "the data ran out"
     print(f"{why}: {written} of {args.samples} records in {args.out}.", file=sys.stderr)

@@ -60,12 +60,15 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   """AdamW on a warmup-cosine schedule with global-norm clipping, accumulated over
   `accumulate` micro-batches."""
   schedule = optax.warmup_cosine_decay_schedule(
-      config.learning_rate / max(config.warmup_steps, 1),  # the first update already moves
-      config.learning_rate, config.warmup_steps, max(config.total_steps, config.warmup_steps + 1),
-      end_value=config.learning_rate * 0.1,
+    config.learning_rate / max(config.warmup_steps, 1),  # the first update already moves
+    config.learning_rate,
+    config.warmup_steps,
+    max(config.total_steps, config.warmup_steps + 1),
+    end_value=config.learning_rate * 0.1,
   )
-  optimizer = optax.chain(optax.clip_by_global_norm(config.clip_norm),
-                          optax.adamw(schedule, weight_decay=config.weight_decay))
+  optimizer = optax.chain(
+    optax.clip_by_global_norm(config.clip_norm), optax.adamw(schedule, weight_decay=config.weight_decay)
+  )
   return optax.MultiSteps(optimizer, every_k_schedule=config.accumulate) if config.accumulate > 1 else optimizer
 
 
@@ -102,8 +105,9 @@ def frozen_target(target_graphdef, target_params):
   return target
 
 
-def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig,
-                       training: bool = True):
+def draft_token_losses(
+  draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig, training: bool = True
+):
   """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
   and hits [B, T - 1]: the draft's argmax is the label (the target's argmax). The
   cross-attention is delayed by `delays` [B], or in `training` a GLIDE draft's sees the
@@ -111,15 +115,21 @@ def draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, 
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
   if draft.attention is Impl.PALLAS:
-    raise ValueError("a draft in training needs Impl.FLASH or REFERENCE attention: the Pallas kernels have no"
-                     " gradient.")
+    raise ValueError(
+      "a draft in training needs Impl.FLASH or REFERENCE attention: the Pallas kernels have no gradient."
+    )
   # (Masks follow sequence order: anchor-offset positions jump, windows count tokens.)
   target_hidden, k_all, v_all = target.causal_hidden_and_kv(tokens, positions)
   target_k, target_v = jax.lax.stop_gradient((k_all, v_all))
   own = SelfAttend(mask=None, window=draft.config.self_window)
   blockwise = training and draft.config.kind is DraftKind.GLIDE
-  cross = CrossAttend(k=target_k, v=target_v, limits=None, delay=None if blockwise else delays,
-                      block=config.cross_block if blockwise else None)
+  cross = CrossAttend(
+    k=target_k,
+    v=target_v,
+    limits=None,
+    delay=None if blockwise else delays,
+    block=config.cross_block if blockwise else None,
+  )
   hidden, _ = draft(target, tokens, positions, own, cross)
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
@@ -167,8 +177,19 @@ def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, position
   return jnp.sum(losses * weights) / count, (jnp.sum(weights), jnp.sum(hits * weights) / count)
 
 
-def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *, draft_graphdef, target_graphdef,
-               optimizer: optax.GradientTransformation, config: TrainConfig):
+def train_step(
+  draft_params,
+  opt_state,
+  key,
+  tokens,
+  loss_mask,
+  target_params,
+  *,
+  draft_graphdef,
+  target_graphdef,
+  optimizer: optax.GradientTransformation,
+  config: TrainConfig,
+):
   """One micro-batch: returns (draft_params, opt_state, metrics). Pure; `make_train_step`
   jits it, with shardings when given a mesh."""
   target = frozen_target(target_graphdef, target_params)
@@ -177,15 +198,18 @@ def train_step(draft_params, opt_state, key, tokens, loss_mask, target_params, *
   positions = training_positions(position_key, config, batch, length)
   delays = noisy_delays(shift_key, batch, config.delay_weights)
   (loss, (count, hit_rate)), grads = jax.value_and_grad(draft_loss, has_aux=True)(
-      draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config)
+    draft_params, draft_graphdef, target, tokens, loss_mask, positions, delays, config
+  )
   updates, opt_state = optimizer.update(grads, opt_state, draft_params)
   draft_params = optax.apply_updates(draft_params, updates)
-  return draft_params, opt_state, {"loss": loss, "tokens": count, "hit_rate": hit_rate,
-                                   "grad_norm": optax.global_norm(grads)}
+  return (
+    draft_params,
+    opt_state,
+    {"loss": loss, "tokens": count, "hit_rate": hit_rate, "grad_norm": optax.global_norm(grads)},
+  )
 
 
-def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig,
-              delay=1):
+def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config: TrainConfig, delay=1):
   """Per-token (loss, hit) [B, T - 1] on held-out tokens [B, T] as inference sees them at
   a tree depth `delay`: vanilla positions, cross-attention delayed by that many tokens
   (depth 1, the root's prediction, reads the committed cache up to the token before it).
@@ -204,12 +228,17 @@ def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainCon
   """The jitted step `(draft_params, opt_state, key, tokens, loss_mask, target_params) ->
   (draft_params, opt_state, metrics)`, params and optimizer state donated. `shardings`:
   (draft params, optimizer state, batch, target params) shardings from `longspec_jax.sharding`."""
-  step = functools.partial(train_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef,
-                           optimizer=optimizer, config=config)
+  step = functools.partial(
+    train_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, optimizer=optimizer, config=config
+  )
   if shardings is None:
     return jax.jit(step, donate_argnums=(0, 1))
   params, opt_state, batch, target = shardings
   # (traced under the mesh: the frozen target's kernels run on each device's sequences,
   # where left to XLA every device would gather the whole batch and run all of it)
-  return jax.jit(traced_under(batch.mesh, step), donate_argnums=(0, 1),
-                 in_shardings=(params, opt_state, None, batch, batch, target), out_shardings=(params, opt_state, None))
+  return jax.jit(
+    traced_under(batch.mesh, step),
+    donate_argnums=(0, 1),
+    in_shardings=(params, opt_state, None, batch, batch, target),
+    out_shardings=(params, opt_state, None),
+  )

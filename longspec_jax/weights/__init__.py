@@ -9,8 +9,13 @@ therefore imported on first use (PEP 562).
 
 import importlib
 
-_EXPORTS = {"LoadedTarget": "targets", "load_target": "targets", "read_target_config": "targets",
-            "resolve_target": "targets", "load_tokenizer": "tokenizer"}
+_EXPORTS = {
+  "LoadedTarget": "targets",
+  "load_target": "targets",
+  "read_target_config": "targets",
+  "resolve_target": "targets",
+  "load_tokenizer": "tokenizer",
+}
 __all__ = sorted(_EXPORTS)
 
 

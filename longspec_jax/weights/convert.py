@@ -29,8 +29,9 @@ def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> 
   def need(name: str) -> np.ndarray:
     tensor = get(name)
     if tensor is None:
-      raise UserError(f"{source} has no tensor {name!r}; the weights are incomplete or not a"
-                      f" {config.model_type} model.")
+      raise UserError(
+        f"{source} has no tensor {name!r}; the weights are incomplete or not a {config.model_type} model."
+      )
     return np.asarray(tensor)
 
   c = config
@@ -41,19 +42,18 @@ def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> 
     each KV head's query heads, then its key and value (`layers.DecoderLayer.qkv`)."""
     rest = q.shape[1:]
     q = q.reshape(c.num_kv_heads, c.group_size, d, *rest)
-    return np.concatenate([q, k.reshape(c.num_kv_heads, 1, d, *rest), v.reshape(c.num_kv_heads, 1, d, *rest)],
-                          axis=1)
+    return np.concatenate([q, k.reshape(c.num_kv_heads, 1, d, *rest), v.reshape(c.num_kv_heads, 1, d, *rest)], axis=1)
 
   def layer(i: int) -> dict[str, np.ndarray]:
     p = f"model.layers.{i}."
     qkv = grouped(*(need(p + f"self_attn.{x}_proj.weight") for x in "qkv"))  # [K, G + 2, D, E]
     params = {
-        "attn_norm": need(p + "input_layernorm.weight"),
-        "qkv": np.moveaxis(qkv, -1, 0),
-        "o": need(p + "self_attn.o_proj.weight").reshape(e, c.num_heads, d).transpose(1, 2, 0),
-        "mlp_norm": need(p + "post_attention_layernorm.weight"),
-        "gate_up": np.stack([need(p + "mlp.gate_proj.weight").T, need(p + "mlp.up_proj.weight").T], axis=1),
-        "down": need(p + "mlp.down_proj.weight").T,
+      "attn_norm": need(p + "input_layernorm.weight"),
+      "qkv": np.moveaxis(qkv, -1, 0),
+      "o": need(p + "self_attn.o_proj.weight").reshape(e, c.num_heads, d).transpose(1, 2, 0),
+      "mlp_norm": need(p + "post_attention_layernorm.weight"),
+      "gate_up": np.stack([need(p + "mlp.gate_proj.weight").T, need(p + "mlp.up_proj.weight").T], axis=1),
+      "down": need(p + "mlp.down_proj.weight").T,
     }
     if c.qkv_bias:
       params["qkv_bias"] = grouped(*(need(p + f"self_attn.{x}_proj.bias") for x in "qkv"))
@@ -68,9 +68,9 @@ def build_model(config: TargetConfig, get: TensorGetter, dtype, source: str) -> 
         raise UserError(f"{source}: layer {i} tensor {k} has shape {v.shape}, expected {stacked[k].shape[1:]}.")
       stacked[k][i] = v
   params = {
-      "embed": need("model.embed_tokens.weight"),
-      "layers": stacked,
-      "final_norm": need("model.norm.weight"),
+    "embed": need("model.embed_tokens.weight"),
+    "layers": stacked,
+    "final_norm": need("model.norm.weight"),
   }
   if not c.tie_word_embeddings:
     params["lm_head"] = need("lm_head.weight").T
@@ -90,7 +90,7 @@ def _fill(config: TargetConfig, params: dict, dtype, source: str) -> Transformer
     return np.asarray(got, dtype=want.dtype)
 
   filled = jax.tree_util.tree_map_with_path(
-      place, expected, params, is_leaf=lambda x: x is None or isinstance(x, np.ndarray)
+    place, expected, params, is_leaf=lambda x: x is None or isinstance(x, np.ndarray)
   )
   nnx.replace_by_pure_dict(state, sharding.put(filled))  # (under a mesh, each device its share)
   return nnx.merge(graphdef, state)

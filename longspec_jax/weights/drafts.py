@@ -80,8 +80,10 @@ def resolve_draft(spec: str, target_name: str = "", kind: DraftKind = DraftKind.
     return None
   if spec == "default":
     if not has_shipped_draft(target_name, kind):
-      raise UserError(f"no default {kind.value} draft is shipped for target {target_name!r}; use a random draft"
-                      f" ('random') or a draft checkpoint directory (`python -m train.run --draft-kind {kind.value}`).")
+      raise UserError(
+        f"no default {kind.value} draft is shipped for target {target_name!r}; use a random draft"
+        f" ('random') or a draft checkpoint directory (`python -m train.run --draft-kind {kind.value}`)."
+      )
     return _shipped(target_name, kind).resolve()
   path = Path(spec).expanduser().resolve()
   if not path.exists():
@@ -91,8 +93,14 @@ def resolve_draft(spec: str, target_name: str = "", kind: DraftKind = DraftKind.
   return path
 
 
-def load_draft(spec: str, target_config: TargetConfig, dtype, target_name: str = "",
-               attention: Impl | None = None, kind: DraftKind = DraftKind.LONGSPEC) -> Draft | Heads:
+def load_draft(
+  spec: str,
+  target_config: TargetConfig,
+  dtype,
+  target_name: str = "",
+  attention: Impl | None = None,
+  kind: DraftKind = DraftKind.LONGSPEC,
+) -> Draft | Heads:
   """The draft of `kind` a spec names (`resolve_draft`), in `dtype`, checked against the
   target's config; `attention` is a block draft's attention code (default:
   `Impl.default()`; TokenSwift's heads have none)."""

@@ -22,23 +22,23 @@ from longspec_jax.weights.convert import build_model
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+  "attn_norm.weight": "input_layernorm.weight",
+  "attn_q.weight": "self_attn.q_proj.weight",
+  "attn_k.weight": "self_attn.k_proj.weight",
+  "attn_v.weight": "self_attn.v_proj.weight",
+  "attn_q.bias": "self_attn.q_proj.bias",
+  "attn_k.bias": "self_attn.k_proj.bias",
+  "attn_v.bias": "self_attn.v_proj.bias",
+  "attn_output.weight": "self_attn.o_proj.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+  "ffn_gate.weight": "mlp.gate_proj.weight",
+  "ffn_up.weight": "mlp.up_proj.weight",
+  "ffn_down.weight": "mlp.down_proj.weight",
 }
 _GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
 }
 
 
@@ -68,8 +68,10 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
   try:
     return gguf.GGUFReader(str(path))
   except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
-    raise UserError(f"{path} is not a readable GGUF file; it may be truncated or corrupt ({type(e).__name__}: {e});"
-                    " download it again.") from None
+    raise UserError(
+      f"{path} is not a readable GGUF file; it may be truncated or corrupt ({type(e).__name__}: {e});"
+      " download it again."
+    ) from None
 
 
 def _field(reader: gguf.GGUFReader, key: str, default=None):
@@ -103,30 +105,30 @@ def config_from_gguf(reader: gguf.GGUFReader, path: Path) -> TargetConfig:
   if "rope_freqs.weight" in tensor_names:
     freq_factors = tuple(float(x) for x in _tensor(reader, "rope_freqs.weight").ravel())
   rope = RopeConfig(
-      theta=float(meta("rope.freq_base", 10000.0)),
-      kind=rope_kind,
-      factor=float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)),
-      original_max_position_embeddings=int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192)),
-      freq_factors=freq_factors,
+    theta=float(meta("rope.freq_base", 10000.0)),
+    kind=rope_kind,
+    factor=float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)),
+    original_max_position_embeddings=int(_field(reader, f"{arch}.rope.scaling.original_context_length", 8192)),
+    freq_factors=freq_factors,
   )
   eos = _field(reader, "tokenizer.ggml.eos_token_id")
   return TargetConfig(
-      vocab_size=int(vocab),
-      hidden_size=int(hidden),
-      intermediate_size=int(meta("feed_forward_length")),
-      num_layers=int(meta("block_count")),
-      num_heads=int(num_heads),
-      num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
-      head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
-      rope=rope,
-      rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
-      max_position_embeddings=int(meta("context_length")),
-      tie_word_embeddings="output.weight" not in tensor_names,
-      qkv_bias="blk.0.attn_q.bias" in tensor_names,
-      sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
-      model_type=ARCHITECTURES[arch],
-      bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-      eos_token_ids=() if eos is None else (int(eos),),
+    vocab_size=int(vocab),
+    hidden_size=int(hidden),
+    intermediate_size=int(meta("feed_forward_length")),
+    num_layers=int(meta("block_count")),
+    num_heads=int(num_heads),
+    num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
+    head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+    rope=rope,
+    rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
+    max_position_embeddings=int(meta("context_length")),
+    tie_word_embeddings="output.weight" not in tensor_names,
+    qkv_bias="blk.0.attn_q.bias" in tensor_names,
+    sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
+    model_type=ARCHITECTURES[arch],
+    bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+    eos_token_ids=() if eos is None else (int(eos),),
   )
 
 
@@ -135,8 +137,9 @@ def _tensor(reader: gguf.GGUFReader, name: str) -> np.ndarray:
   try:
     return gguf.quants.dequantize(tensor.data, tensor.tensor_type)
   except NotImplementedError:
-    raise UserError(f"GGUF tensor {name} uses quantization {tensor.tensor_type.name}, which cannot be"
-                    " dequantized.") from None
+    raise UserError(
+      f"GGUF tensor {name} uses quantization {tensor.tensor_type.name}, which cannot be dequantized."
+    ) from None
 
 
 def read_gguf_config(path: Path) -> TargetConfig:

@@ -33,8 +33,9 @@ def resolve_target(spec: str) -> Path:
     return default.default_gguf_path()
   path = Path(spec).expanduser()
   if not path.exists():
-    raise UserError(f"target {spec!r} does not exist; give {default.NAME!r}, a Hugging Face model directory or a"
-                    " .gguf file.")
+    raise UserError(
+      f"target {spec!r} does not exist; give {default.NAME!r}, a Hugging Face model directory or a .gguf file."
+    )
   if path.suffix == ".gguf" or path.is_dir():
     return path
   raise UserError(f"target {spec!r} is neither a Hugging Face model directory nor a .gguf file.")

@@ -35,22 +35,26 @@ SPECIAL_IDS = {"bos": "bos", "eos": "eos", "unk": "unknown", "pad": "padding"}
 BUILD_VERSION = 2
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # `tokenizer.ggml.pre` -> (split digits one by one first, split expression): llama.cpp's
 # pre-tokenizers (src/llama-vocab.cpp). Unnamed kinds get GPT-2's expression.
 PRE_TOKENIZERS = {
-    "default": (False, _GPT2_SPLIT),
-    "gpt2": (False, _GPT2_SPLIT),
-    "smollm": (True, _GPT2_SPLIT),
-    "llama3": (False, _LLAMA3_SPLIT),
-    "llama-v3": (False, _LLAMA3_SPLIT),
-    "llama-bpe": (False, _LLAMA3_SPLIT),
-    "smaug-bpe": (False, _LLAMA3_SPLIT),
-    "qwen2": (False, _QWEN2_SPLIT),
-    "deepseek-r1-qwen": (False, _QWEN2_SPLIT),
+  "default": (False, _GPT2_SPLIT),
+  "gpt2": (False, _GPT2_SPLIT),
+  "smollm": (True, _GPT2_SPLIT),
+  "llama3": (False, _LLAMA3_SPLIT),
+  "llama-v3": (False, _LLAMA3_SPLIT),
+  "llama-bpe": (False, _LLAMA3_SPLIT),
+  "smaug-bpe": (False, _LLAMA3_SPLIT),
+  "qwen2": (False, _QWEN2_SPLIT),
+  "deepseek-r1-qwen": (False, _QWEN2_SPLIT),
 }
 
 
@@ -73,15 +77,20 @@ def _byte_level(meta: dict):
   spelling = _byte_alphabet()
   alphabet = set(spelling.values())
   # (Tokens spelled outside the byte alphabet, e.g. raw UTF-8 in some files, are respelled.)
-  vocab = {token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode()): i
-           for i, token in enumerate(meta["tokens"])}
+  vocab = {
+    token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode()): i
+    for i, token in enumerate(meta["tokens"])
+  }
   merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
   tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
   digits, split = PRE_TOKENIZERS.get(meta.get("pre"), PRE_TOKENIZERS["default"])
   tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-      ([pre_tokenizers.Digits(individual_digits=True)] if digits else [])
-      + [pre_tokenizers.Split(Regex(split), behavior="isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ([pre_tokenizers.Digits(individual_digits=True)] if digits else [])
+    + [
+      pre_tokenizers.Split(Regex(split), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
+  )
   tokenizer.decoder = decoders.ByteLevel()
   return tokenizer
 
@@ -104,17 +113,27 @@ def _sentencepiece(meta: dict):
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
   tokens = meta["tokens"]
-  merges = ([tuple(m.split(" ", 1)) for m in meta["merges"]] if meta.get("merges")
-            else spm_merges(tokens, meta["scores"]))
+  merges = (
+    [tuple(m.split(" ", 1)) for m in meta["merges"]] if meta.get("merges") else spm_merges(tokens, meta["scores"])
+  )
   unk = meta.get("unk_token_id")
-  tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=True,
-                                   byte_fallback=True, unk_token=None if unk is None else tokens[unk]))
+  tokenizer = Tokenizer(
+    models.BPE(
+      vocab={t: i for i, t in enumerate(tokens)},
+      merges=merges,
+      fuse_unk=True,
+      byte_fallback=True,
+      unk_token=None if unk is None else tokens[unk],
+    )
+  )
   prefix = meta.get("add_space_prefix", True)
-  tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never",
-                                                     split=False)
+  tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+    replacement="▁", prepend_scheme="first" if prefix else "never", split=False
+  )
   tokenizer.decoder = decoders.Sequence(
-      [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-      + ([decoders.Strip(content=" ", left=1)] if prefix else []))
+    [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    + ([decoders.Strip(content=" ", left=1)] if prefix else [])
+  )
   return tokenizer
 
 
@@ -123,6 +142,7 @@ BUILDERS = {"gpt2": _byte_level, "llama": _sentencepiece}
 
 def gguf_metadata(reader, path: Path) -> dict:
   """The tokenizer's fields of an open `gguf.GGUFReader`, under short names."""
+
   def field(key, default=None):
     f = reader.fields.get(f"tokenizer.{key}")
     return default if f is None else f.contents()
@@ -132,11 +152,19 @@ def gguf_metadata(reader, path: Path) -> dict:
     raise UserError(f"{path} has no tokenizer in its metadata (tokenizer.ggml.model).")
   if kind not in BUILDERS:
     raise UserError(f"{path}: GGUF tokenizer kind {kind!r} is not supported; supported are {', '.join(BUILDERS)}.")
-  meta = {"model": kind, "tokens": field("ggml.tokens"), "token_type": field("ggml.token_type") or [],
-          "merges": field("ggml.merges"), "scores": field("ggml.scores"), "pre": field("ggml.pre"),
-          "chat_template": field("chat_template"), "add_space_prefix": field("ggml.add_space_prefix", True),
-          # llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise
-          "add_bos": field("ggml.add_bos_token", kind == "llama"), "add_eos": field("ggml.add_eos_token", False)}
+  meta = {
+    "model": kind,
+    "tokens": field("ggml.tokens"),
+    "token_type": field("ggml.token_type") or [],
+    "merges": field("ggml.merges"),
+    "scores": field("ggml.scores"),
+    "pre": field("ggml.pre"),
+    "chat_template": field("chat_template"),
+    "add_space_prefix": field("ggml.add_space_prefix", True),
+    # llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise
+    "add_bos": field("ggml.add_bos_token", kind == "llama"),
+    "add_eos": field("ggml.add_eos_token", False),
+  }
   for name, key in SPECIAL_IDS.items():
     meta[f"{name}_token_id"] = field(f"ggml.{key}_token_id")
   if not meta["tokens"] or (meta["merges"] is None and meta["scores"] is None):
@@ -157,21 +185,32 @@ def tokenizer_from_gguf_metadata(meta: dict):
   # In a byte-level vocabulary a "control" token spelled outside the byte alphabet is a
   # mislabel of llama.cpp's converter; it is left as an ordinary token.
   alphabet = set(_byte_alphabet().values()) if meta["model"] == "gpt2" else None
-  tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types)
-                                if k == CONTROL and (alphabet is None or set(t) <= alphabet)])
-  tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types)
-                        if k == USER_DEFINED])
+  tokenizer.add_special_tokens(
+    [
+      AddedToken(t, special=True, normalized=False)
+      for t, k in zip(tokens, types)
+      if k == CONTROL and (alphabet is None or set(t) <= alphabet)
+    ]
+  )
+  tokenizer.add_tokens(
+    [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
+  )
   special = {name: tokens[meta[f"{name}_token_id"]] for name in SPECIAL_IDS if meta[f"{name}_token_id"] is not None}
   added = [name for name in ("bos", "eos") if meta[f"add_{name}"] and name in special]  # around each sequence
   if added:
     before = f"{special['bos']} " if "bos" in added else ""
     after = f" {special['eos']}" if "eos" in added else ""
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{before}$A{after}", pair=f"{before}$A{after} {before}$B{after}",
-        special_tokens=[(special[name], meta[f"{name}_token_id"]) for name in added])
+      single=f"{before}$A{after}",
+      pair=f"{before}$A{after} {before}$B{after}",
+      special_tokens=[(special[name], meta[f"{name}_token_id"]) for name in added],
+    )
   return PreTrainedTokenizerFast(
-      tokenizer_object=tokenizer, chat_template=meta.get("chat_template"), clean_up_tokenization_spaces=False,
-      **{f"{name}_token": token for name, token in special.items()})
+    tokenizer_object=tokenizer,
+    chat_template=meta.get("chat_template"),
+    clean_up_tokenization_spaces=False,
+    **{f"{name}_token": token for name, token in special.items()},
+  )
 
 
 def load_tokenizer(path: Path):
