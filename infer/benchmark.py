@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.cli import (
-  COPYING,
   add_copy_flags,
   add_sampling_flags,
   add_tree_flags,
@@ -40,16 +39,16 @@ from infer.cli import (
   sampling_config,
   sparse_fraction,
   tree_choice,
-  tree_record,
 )
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import Compiles, phase_seconds, warmed_up
-from longspec_jax import cli, sharding
-from longspec_jax.adaptive import Adaptive
-from longspec_jax.config import DraftKind, SparseVerify
+from longspec_jax import cli
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
-from longspec_jax.proposers import DRAFT_METHODS, draft_kind, draft_spec, make_proposer
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.registry import Method, ProposerOptions
+from longspec_jax.models.config import DraftKind, SparseVerify
+from longspec_jax.ops import sharding
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
@@ -63,7 +62,7 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
   round prices are measured (once per machine and shape: they are kept on disk)."""
   warmed_up(lambda: generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed))
   stats, token_ids, phases, rounds, compiles = [], [], dict.fromkeys(PHASES[:2], 0.0), 0, []
-  adaptive = isinstance(decoding.proposer, Adaptive)  # (its rounds differ: no one draft and verify phase)
+  adaptive = decoding.multi_kind  # (its rounds differ: no one draft and verify phase)
   for prompt in prompts:
     # Nothing runs between the generations, and none runs while another's caches are
     # held: other programs (the phases' timing, once after every prompt) move the
@@ -165,8 +164,8 @@ def main(argv=None):
     "--methods",
     nargs="+",
     type=method_spec,
-    default=[("ar", None, None), ("pld", None, None)],
-    help=f"of {', '.join(sorted(cli.METHODS))}; METHOD:TOKENSxMATCHES gives a copying method its own"
+    default=[(Method.AR, None, None), (Method.PLD, None, None)],
+    help=f"of {', '.join(m.value for m in Method)}; METHOD:TOKENSxMATCHES gives a copying method its own"
     " prompt-lookup continuations (e.g. pld:16x4)",
   )
   p.add_argument(
@@ -206,54 +205,56 @@ def main(argv=None):
   cli.add_devices_flag(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(argv)
-  drafting = {*DRAFT_METHODS, "auto"}  # the methods a draft and its copies shape
   names = [m for m, _, _ in args.methods]
-  if not set(names) & drafting:
+  said = " ".join(map(str, names))
+  if not any(m.draft_kind for m in names):
     for flag, value in (("--draft", args.draft), ("--glide-draft", args.glide_draft), ("--heads", args.heads)):
       if value is not None:
-        p.error(f"{flag} shapes a draft method, but --methods {' '.join(names)} has none")
+        p.error(f"{flag} shapes a draft method, but --methods {said} has none")
   # The draft each method runs (`auto`: LongSpec's, when --draft names one); trees shape those.
-  named = {"glide": args.glide_draft, "tokenswift": args.heads}
-  specs = {m: draft_spec(m, named.get(m, args.draft)) for m in ["ar", *names]}
-  treed = {m for m, spec in specs.items() if spec is not None and m != "tokenswift"}  # (its tree: its heads')
+  named = {Method.GLIDE: args.glide_draft, Method.TOKENSWIFT: args.heads}
+  specs = {m: m.draft_spec(named.get(m, args.draft)) for m in [Method.AR, *names]}
+  treed = {m for m, spec in specs.items() if spec is not None and m is not Method.TOKENSWIFT}  # (its tree: its heads')
   if args.tree_widths is not None and not treed:
     p.error(
-      f"--tree-widths shapes a draft's trees, but none of --methods {' '.join(names)} runs a draft"
+      f"--tree-widths shapes a draft's trees, but none of --methods {said} runs a draft"
       " (auto runs one only when --draft names it)"
     )
-  if not set(names).intersection(COPYING):
+  if not any(m.copies for m in names):
     for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
       if value is not None:
-        p.error(f"{flag} shapes prompt lookup's continuations, but --methods {' '.join(names)} has none")
-  if args.draft == "none" and "longspec" in names:
+        p.error(f"{flag} shapes prompt lookup's continuations, but --methods {said} has none")
+  if args.draft == "none" and Method.LONGSPEC in names:
     p.error("--draft none leaves longspec without a draft")
-  if args.sparse_verify and not {"longspec", "glide"} & set(names):
+  if args.sparse_verify and not any(m.reads_sparsely for m in names):
     p.error(
-      f"--sparse-verify reads what a draft's cross-attention selects, but --methods {' '.join(names)} has"
+      f"--sparse-verify reads what a draft's cross-attention selects, but --methods {said} has"
       " neither longspec nor glide"
     )
   cli.check_batch_invariant(p, args)
   if args.out:
     cli.output_path(args.out)
-  methods = [("ar", None, None)] + [m for m in args.methods if m[0] != "ar"]  # AR first: the baseline of every ratio
+  methods = [(Method.AR, None, None)] + [
+    m for m in args.methods if m[0] is not Method.AR
+  ]  # AR first: the baseline of every ratio
   # (label, method, (tree widths, CAPE), copy tokens, copy matches, sparse verification): a
   # draft method once per tree (and per --sparse-verify P), each copying method once per
   # continuation length and number
   variants = []
   for m, own_copies, own_matches in methods:
-    if m not in COPYING:
-      variants.append((m, m, (None, None), 0, None, None))
+    if not m.copies:
+      variants.append((m.value, m, (None, None), 0, None, None))
       continue
     for spec in (args.tree_widths or [None]) if m in treed else [None]:
       for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
         for matches in [own_matches] if own_matches else args.copy_matches or [None]:
           shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
           # (TokenSwift's continuations are its n-grams, their length 0 none of them)
-          grams = m == "tokenswift" and copies is not None
-          label = m + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
+          grams = m is Method.TOKENSWIFT and copies is not None
+          label = m.value + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
           label += f"x{matches}" if matches else ""
           variants.append((label, m, tree_choice(spec, args), copies, matches, None))
-          for fraction in (args.sparse_verify or ()) if m in ("longspec", "glide") else ():
+          for fraction in (args.sparse_verify or ()) if m.reads_sparsely else ():
             variants.append(
               (f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches, SparseVerify(fraction))
             )
@@ -266,7 +267,7 @@ def main(argv=None):
   for flag, value, method in (("--glide-draft", args.glide_draft, "glide"), ("--heads", args.heads, "tokenswift")):
     if value == "none":
       p.error(f"{flag} none leaves {method} without a draft")
-  kinds = {draft_kind(m): spec for m, spec in specs.items() if spec is not None}
+  kinds = {m.draft_kind: spec for m, spec in specs.items() if spec is not None}
   for kind, spec in kinds.items():
     resolve_draft(spec, args.target, kind)
   for _, _, (widths, cape), copies, matches, _ in variants:
@@ -330,8 +331,14 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
       for label, method, (widths, cape), copies, matches, sparse in variants:
-        draft = drafts[draft_kind(method)] if specs[method] is not None else None
-        proposer, draft_params = make_proposer(method, draft, widths, copies, cape, matches, sampling, sparse)
+        draft = drafts[method.draft_kind] if specs[method] is not None else None
+        proposer, draft_params = make_proposer(
+          method,
+          draft,
+          ProposerOptions(
+            tree_widths=widths, copy_tokens=copies, cape=cape, copy_matches=matches, sampling=sampling, sparse=sparse
+          ),
+        )
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
         result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
@@ -339,7 +346,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           "set": set_name,
           "prefill_tokens": length,
           "method": label,
-          **tree_record(proposer),
+          **proposer.describe(),
           **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
           **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
           "tau": result["tau"],

@@ -8,24 +8,25 @@ import argparse
 import sys
 from pathlib import Path
 
-from longspec_jax.cli import METHODS, any_int, nonnegative_float, nonnegative_int, number_type, positive_int
+from longspec_jax.cli import any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
 
-# The methods prompt lookup's continuations shape (TokenSwift's: its n-gram branches)
-COPYING = ("pld", "longspec", "glide", "auto", "tokenswift")
 TOKENSWIFT_PENALTY = 1.2  # theta of TokenSwift's paper (Table 11, Llama 3.1 8B), its method's default
 
 
-def method_spec(text: str) -> tuple[str, int | None, int | None]:
+def method_spec(text: str) -> tuple[Method, int | None, int | None]:
   """An argparse type: a method, or for one that copies (pld, longspec, glide, auto,
   tokenswift) METHOD:TOKENSxMATCHES, prompt lookup's continuations (TokenSwift's n-grams)
   for that method's run alone (e.g. pld:16x4, four of 16 tokens), over --copy-tokens and
   --copy-matches."""
-  method, _, copies = text.partition(":")
-  if method not in METHODS or (copies and method not in COPYING):
+  name, _, copies = text.partition(":")
+  method = next((m for m in Method if m.value == name), None)
+  if method is None or (copies and not method.copies):
+    copying = sorted(m.value for m in Method if m.copies)
     raise argparse.ArgumentTypeError(
-      f"expected one of {', '.join(sorted(METHODS))}, or for one of"
-      f" {', '.join(sorted(COPYING))} METHOD:TOKENSxMATCHES, got {text!r}"
+      f"expected one of {', '.join(sorted(m.value for m in Method))}, or for one of {', '.join(copying)}"
+      f" METHOD:TOKENSxMATCHES, got {text!r}"
     )
   if not copies:
     return method, None, None
@@ -40,7 +41,7 @@ sparse_fraction = number_type(float, lambda x: 0 < x <= 1, "a fraction 0 < P <= 
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
-  """The logit processors' flags (`longspec_jax.sampling.SamplingConfig`)."""
+  """The logit processors' flags (`longspec_jax.decoding.sampling.SamplingConfig`)."""
   p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 (default): greedy")
   p.add_argument("--top-k", type=nonnegative_int, default=0, help="keep the k most likely tokens (0: off)")
   p.add_argument(
@@ -65,12 +66,12 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=any_int, default=0)
 
 
-def sampling_config(args, method: str | None = None):
+def sampling_config(args, method: Method | None = None):
   """The logit processors the flags give; a `--penalty` left unset is off, or TokenSwift's
   paper's where `method` is tokenswift (the output then is AR's under that penalty)."""
-  from longspec_jax.sampling import SamplingConfig
+  from longspec_jax.decoding.sampling import SamplingConfig
 
-  penalty = args.penalty if args.penalty is not None else TOKENSWIFT_PENALTY if method == "tokenswift" else 1.0
+  penalty = args.penalty if args.penalty is not None else TOKENSWIFT_PENALTY if method is Method.TOKENSWIFT else 1.0
   return SamplingConfig(
     temperature=args.temperature,
     top_k=args.top_k,
@@ -86,7 +87,7 @@ CAPE = "cape"  # a --tree-widths value: CAPE's tree (--cape-gamma, --cape-bins) 
 
 def tree_widths(text: str) -> tuple[int, ...] | str:
   """argparse type for `--tree-widths 4,16,16`: beam widths per depth, or `cape`."""
-  from longspec_jax.config import check_tree_widths
+  from longspec_jax.models.config import check_tree_widths
 
   if text == CAPE:
     return CAPE
@@ -103,7 +104,7 @@ def tree_widths(text: str) -> tuple[int, ...] | str:
 def cape_bins(text: str) -> tuple[tuple[float, ...], tuple[int, ...]]:
   """argparse type for `--cape-bins 0.3:7,0.6:5,0.8:3,1:1`: each bin's highest confidence
   and its leaves per position, the last bin ending at 1 -> (edges, sizes)."""
-  from longspec_jax.config import CapeConfig
+  from longspec_jax.models.config import CapeConfig
 
   try:
     pairs = [(float(p), int(k)) for p, k in (pair.split(":") for pair in text.split(","))]
@@ -166,7 +167,7 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
 def tree_choice(spec, args):
   """(beam widths, CapeConfig) of one --tree-widths value: one of them None (both: the
   draft's default tree)."""
-  from longspec_jax.config import CapeConfig
+  from longspec_jax.models.config import CapeConfig
 
   if spec == CAPE:
     edges, sizes = args.cape_bins
@@ -177,44 +178,13 @@ def tree_choice(spec, args):
 def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
   """Raises UserError unless the tree `tree_choice` gave (beam widths or CAPE's, with
   `copy_tokens` copied nodes grafted) fits the vocabulary and this machine's node budget."""
-  from longspec_jax.config import check_tree_widths
-  from longspec_jax.tree import node_budget
+  from longspec_jax.decoding.tree import node_budget
+  from longspec_jax.models.config import check_tree_widths
 
   if widths:
     check_tree_widths(widths, vocab_size, node_budget(vocab_size), copy_tokens)
   if cape:
     cape.check_fits(vocab_size, node_budget(vocab_size), copy_tokens)
-
-
-def tree_record(proposer) -> dict:
-  """The results' description of the trees a proposer verifies: the draft's beam widths
-  or CAPE's settings (auto without a draft: None) and prompt lookup's continuations, their
-  length and number (auto's rounds by kind are in the stats). AR: nothing."""
-  import dataclasses
-
-  from longspec_jax.adaptive import Adaptive
-  from longspec_jax.ngram import PromptLookup
-  from longspec_jax.proposers import LongSpecDraft, TokenSwift
-
-  def shape(draft) -> dict:
-    if draft is None:
-      return {"tree_widths": None}
-    return {"cape": dataclasses.asdict(draft.cape)} if draft.cape else {"tree_widths": list(draft.widths)}
-
-  if isinstance(proposer, Adaptive):
-    return {**shape(proposer.draft), "copy_tokens": proposer.lookup.num_tokens, "copy_matches": proposer.lookup.matches}
-  if isinstance(proposer, LongSpecDraft):
-    return {**shape(proposer), "copy_tokens": proposer.copy_tokens, "copy_matches": proposer.copy_matches}
-  if isinstance(proposer, PromptLookup):
-    return {"copy_tokens": proposer.num_tokens, "copy_matches": proposer.matches}
-  if isinstance(proposer, TokenSwift):
-    return {
-      "tree_widths": list(proposer.tree_widths),
-      "ngrams": proposer.ngrams,
-      "ngram_tokens": proposer.n,
-      "partial_cache": proposer.budget,
-    }
-  return {}
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:

@@ -21,10 +21,8 @@ from infer.cli import (
   sampling_config,
   sparse_fraction,
   tree_choice,
-  tree_record,
 )
 from longspec_jax.cli import (
-  METHODS,
   ArgumentParser,
   add_attention_flag,
   add_batch_invariant_flag,
@@ -32,11 +30,13 @@ from longspec_jax.cli import (
   attention_impl,
   check_batch_invariant,
   device_mesh,
+  method_type,
   positive_int,
   resolve_dtype,
   run_main,
 )
 from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
 
@@ -55,8 +55,9 @@ def parse_args(argv=None):
   )
   p.add_argument(
     "--method",
-    choices=METHODS,
-    default="auto",
+    type=method_type,
+    choices=list(Method),
+    default=Method.AUTO,
     help="decoding method; auto (default) chooses each round among AR, prompt lookup's continuations"
     " and, with --draft, the draft's tree, by their measured cost and recent gain",
   )
@@ -79,16 +80,16 @@ def parse_args(argv=None):
   add_devices_flag(p)
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
-  if args.method in ("ar", "pld"):
+  if args.method in (Method.AR, Method.PLD):
     copy_flags = (("--copy-tokens", args.copy_tokens or None), ("--copy-matches", args.copy_matches))
     for flag, value in (
       ("--draft", args.draft),
       ("--tree-widths", args.tree_widths),
-      *(copy_flags if args.method == "ar" else ()),
+      *(copy_flags if args.method is Method.AR else ()),
     ):
       if value is not None and value != "none":
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
-  if args.draft == "none" and args.method in ("longspec", "glide", "tokenswift"):
+  if args.draft == "none" and args.method.needs_draft:
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
   check_batch_invariant(p, args)
   if args.draft == "none" and args.tree_widths:
@@ -161,15 +162,16 @@ def main(argv=None) -> None:
   import jax
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
-  from longspec_jax import sharding
-  from longspec_jax.config import SparseVerify
   from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
+  from longspec_jax.methods.factory import make_proposer
+  from longspec_jax.methods.registry import ProposerOptions
+  from longspec_jax.models.config import SparseVerify
+  from longspec_jax.ops import sharding
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft, resolve_draft
 
   method = args.method
-  spec = draft_spec(method, args.draft)
+  spec = method.draft_spec(args.draft)
   uses_draft = spec is not None
   sampling = sampling_config(args, method)
   dtype = resolve_dtype(args.dtype)
@@ -180,7 +182,7 @@ def main(argv=None) -> None:
   prompt = encode_prompt(tokenizer, prompt_text, args.chat)
   check_capacity(config, [prompt], args.max_new_tokens)
   if uses_draft:
-    resolve_draft(spec, args.target, draft_kind(method))
+    resolve_draft(spec, args.target, method.draft_kind)
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
   widths, cape = tree_choice(args.tree_widths, args)
@@ -193,7 +195,7 @@ def main(argv=None) -> None:
     target = load_target(path, dtype, tokenizer, attention=impl)
     target.model.batch_invariant = args.batch_invariant
     draft = (
-      sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=draft_kind(method)))
+      sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=method.draft_kind))
       if uses_draft
       else None
     )
@@ -205,7 +207,16 @@ def main(argv=None) -> None:
     stream = TextStream(target.tokenizer)
     sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
     proposer, draft_params = make_proposer(
-      method, draft, widths, args.copy_tokens, cape, args.copy_matches, sampling, sparse
+      method,
+      draft,
+      ProposerOptions(
+        tree_widths=widths,
+        copy_tokens=args.copy_tokens,
+        cape=cape,
+        copy_matches=args.copy_matches,
+        sampling=sampling,
+        sparse=sparse,
+      ),
     )
     with PrefillBar() as on_prefill:
       decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
@@ -235,7 +246,7 @@ def main(argv=None) -> None:
   if args.json:
     token_ids = result.token_ids[0]
     record = {
-      "method": method,
+      "method": method.value,
       **json_stats(stats),
       "target": args.target,
       "dtype": jnp.dtype(dtype).name,
@@ -243,7 +254,7 @@ def main(argv=None) -> None:
       "batch_invariant": args.batch_invariant,
       "devices": args.devices,
       "draft": spec,
-      **tree_record(proposer),
+      **proposer.describe(),
       "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),
       "sampling": dataclasses.asdict(sampling),
       "prompt_tokens": len(prompt),

@@ -1,11 +1,11 @@
 """Plots of benchmark results: every benchmark writes a PNG beside its JSON.
 
 `plot(result_json)` recognises what a JSON holds (a method comparison from
-`infer.benchmark`, a target suite from `infer.bench_target`, a profile from
-`infer.profile`, kernel suites from `infer.bench_kernels`, a tree search from
-`infer.tree_search`, auto's rounds from `infer.bench_auto`, long outputs from
-`infer.bench_long`, sparse verification's quality from `infer.sparse_quality`, the draft's
-training step from `train.bench_step`) and draws it;
+`infer.benchmark`, a target suite from `lab.bench_target`, a profile from
+`lab.profile`, kernel suites from `lab.bench_kernels`, a tree search from
+`infer.tree_search`, auto's rounds from `lab.bench_auto`, long outputs from
+`lab.bench_long`, sparse verification's quality from `lab.sparse_quality`, the draft's
+training step from `lab.bench_step`) and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
 docs/figures is made from docs/results; `--join OUT.png` draws several method comparisons
 (e.g. runs at different prompt lengths) as one.
@@ -316,7 +316,7 @@ def _tree_search(result: dict, plt):
 
 
 def _auto_rounds(result: dict, plt):
-  """`infer.bench_auto`: milliseconds per round of each variant, one panel per prompt
+  """`lab.bench_auto`: milliseconds per round of each variant, one panel per prompt
   set, the part its measured prices account for shaded; prompt lookup's as a line."""
   sets = result["sets"]
   fig, axes = plt.subplots(1, len(sets), figsize=(max(9, 6 * len(sets)), 3.8), squeeze=False)
@@ -344,7 +344,7 @@ def _auto_rounds(result: dict, plt):
 
 
 def _long_generation(result: dict, plt):
-  """`infer.bench_long`: speedup over AR and tau against the output's length, cumulative
+  """`lab.bench_long`: speedup over AR and tau against the output's length, cumulative
   (lines) and per segment (dashed), one column per contextual penalty."""
   rows = result["rows"]
   penalties = sorted({r["penalty"] for r in rows})
@@ -369,7 +369,7 @@ def _long_generation(result: dict, plt):
 
 
 def _sparse_quality(result: dict, plt):
-  """`infer.sparse_quality`: the perplexity increase over dense against the share of the
+  """`lab.sparse_quality`: the perplexity increase over dense against the share of the
   K/V the verifier read, one panel per document set, a line per chunk size and guide
   (the draft's attention; dashed: each layer's own, the oracle), each point labelled
   with its p (the paper's Table 1 as a trade-off curve)."""
@@ -410,7 +410,7 @@ def _sparse_quality(result: dict, plt):
 
 
 def _train_step(result: dict, plt):
-  """`train.bench_step`: tokens/s of the draft's training step, of its floor (a draft
+  """`lab.bench_step`: tokens/s of the draft's training step, of its floor (a draft
   that costs nothing) and of the frozen target's forward alone, per batch x length."""
   rows = result["rows"]
   labels = [f"{r['batch']} x {r['length']:,}" for r in rows]

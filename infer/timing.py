@@ -12,7 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.compiles import Compiles  # noqa: F401 (the benchmarks' import of it)
+from longspec_jax.decoding.compiles import Compiles  # noqa: F401 (the benchmarks' import of it)
 
 
 def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:
@@ -89,8 +89,8 @@ def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> t
   state, verification its own cache; each keeps its output live so that it is computed."""
   from flax import nnx
 
+  from longspec_jax.decoding.verify import verify
   from longspec_jax.engine import propose
-  from longspec_jax.verify import verify
 
   graphdef, params = nnx.split(model)
   proposer = decoding.proposer

@@ -145,10 +145,13 @@ def measure_on(
   run; tokens/s is the median over `repeats` passes over the prompts (a pass: its tokens
   over its decode seconds)."""
   from longspec_jax.engine import Decoding, generate
-  from longspec_jax.proposers import make_proposer
+  from longspec_jax.methods.factory import make_proposer
+  from longspec_jax.methods.registry import ProposerOptions
 
   def measure(tree: Candidate) -> Measurement:
-    proposer, params = make_proposer("longspec", draft, tree.widths, tree.copy_tokens)
+    proposer, params = make_proposer(
+      "longspec", draft, ProposerOptions(tree_widths=tree.widths, copy_tokens=tree.copy_tokens)
+    )
     decoding = Decoding(proposer=proposer)
     generate(target.model, prompts[:1], new_tokens, decoding, params, seed=seed)  # compiles
     passes = [
@@ -203,8 +206,8 @@ def main(argv=None):
   import jax.numpy as jnp
 
   from infer.plots import plot
+  from longspec_jax.decoding.tree import node_budget
   from longspec_jax.engine import check_capacity
-  from longspec_jax.tree import node_budget
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft, resolve_draft, store_tree
 

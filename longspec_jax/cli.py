@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
 
-# The values of `longspec_jax.attention.Impl` that decode (FLASH is the draft's training
+# The values of `longspec_jax.ops.attention.Impl` that decode (FLASH is the draft's training
 # passes only), listed here free of JAX so that flags are checked before JAX is imported
 # (tests/test_cli.py keeps the two equal).
 ATTENTION = ("reference", "pallas")
-GEMM = ("xla", "cublas")  # likewise `longspec_jax.gemm.Gemm`
-METHODS = ("auto", "ar", "pld", "longspec", "glide", "tokenswift")  # likewise `longspec_jax.proposers.PROPOSERS`
+GEMM = ("xla", "cublas")  # likewise `longspec_jax.ops.gemm.Gemm`
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).
@@ -108,6 +108,15 @@ def number_type(kind, check: Callable[[float], bool], what: str):
   return parse
 
 
+def method_type(text: str) -> Method | str:
+  """An argparse type for `--method` (with `choices=list(Method)`): the method, or the text
+  unchanged where it names none, which argparse's choices then refuse, listing them."""
+  try:
+    return Method(text)
+  except ValueError:
+    return text
+
+
 positive_int = number_type(int, lambda x: x >= 1, "an integer >= 1")
 nonnegative_int = number_type(int, lambda x: x >= 0, "an integer >= 0")
 positive_float = number_type(float, lambda x: x > 0, "a finite number > 0")
@@ -135,7 +144,7 @@ def add_attention_flag(p: argparse.ArgumentParser) -> None:
 
 def attention_impl(name: str | None):
   """The `attention.Impl` a flag names; None: the default for this backend."""
-  from longspec_jax.attention import Impl
+  from longspec_jax.ops.attention import Impl
 
   return Impl(name) if name else Impl.default()
 
@@ -150,7 +159,7 @@ def add_gemm_flag(p: argparse.ArgumentParser) -> None:
 
 def set_gemm(model, name: str | None) -> None:
   """Gives `model` the `gemm.Gemm` a flag names; None keeps its default."""
-  from longspec_jax.gemm import Gemm
+  from longspec_jax.ops.gemm import Gemm
 
   if name:
     model.gemm = Gemm(name)
@@ -178,7 +187,7 @@ def add_devices_flag(p: argparse.ArgumentParser) -> None:
 
 def device_mesh(count: int):
   """The mesh a command loads and runs its models on, split over `count` devices
-  (`longspec_jax.sharding`; enter it with `jax.set_mesh`): the first `count` devices, or
+  (`longspec_jax.ops.sharding`; enter it with `jax.set_mesh`): the first `count` devices, or
   None for one. On a CPU `count` host devices are made for it, so call this before JAX
   runs anything."""
   import jax
@@ -195,7 +204,7 @@ def device_mesh(count: int):
       f"--devices {count} asks for more devices than this machine's {len(devices)}"
       f" {devices[0].platform.upper()} device{'s' if len(devices) > 1 else ''}."
     )
-  from longspec_jax.sharding import make_mesh
+  from longspec_jax.ops.sharding import make_mesh
 
   return make_mesh(model=count, devices=devices[:count])
 

@@ -1,6 +1,6 @@
 """The generation loop: chunked prefill, then propose -> verify -> accept -> commit rounds.
 
-One loop serves every method: a proposer (`proposers.py`) turns the context into a token
+One loop serves every method: a proposer (`methods/`) turns the context into a token
 tree, the target verifies all of it in one forward pass (hybrid attention with the
 ancestor mask), the longest path the target agrees with is kept and its K/V committed.
 Plain autoregressive decoding (AR) is the one-node tree.
@@ -33,17 +33,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from longspec_jax import calibration, gemm
-from longspec_jax.adaptive import Adaptive
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache
-from longspec_jax.compiles import Compiles
-from longspec_jax.config import SparseVerify
+from longspec_jax.decoding.compiles import Compiles
+from longspec_jax.decoding.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
+from longspec_jax.decoding.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify
 from longspec_jax.errors import UserError
-from longspec_jax.proposers import RootOnly
-from longspec_jax.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
-from longspec_jax.target import Transformer
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify
+from longspec_jax.methods import prices
+from longspec_jax.methods.base import RootOnly
+from longspec_jax.models.cache import KVCache
+from longspec_jax.models.config import SparseVerify
+from longspec_jax.models.target import Transformer
+from longspec_jax.ops import gemm
+from longspec_jax.ops.attention import causal_block_mask
 
 PAD_ID = -1  # fills token slots after a sequence has finished
 # Device time per chunk of rounds: the host streams text once per chunk (a chunk costs one
@@ -116,7 +116,7 @@ class Decoding:
   each round's tree (AR's one-node tree by default), the logit processors, and the tokens
   that end a sequence."""
 
-  proposer: Any = RootOnly()  # a proposer of `proposers.py` (start / propose / tree_size)
+  proposer: Any = RootOnly()  # a `methods.base.Proposer`
   sampling: SamplingConfig = SamplingConfig()
   eos_ids: tuple[int, ...] = ()
 
@@ -125,9 +125,15 @@ class Decoding:
     return jnp.asarray(self.eos_ids or (PAD_ID,), jnp.int32)
 
   @property
+  def multi_kind(self) -> bool:
+    """Whether the proposer chooses each round's kind (`methods.base.MultiKind`: `auto`),
+    whose rounds then run as a loop per kind."""
+    return hasattr(self.proposer, "kinds")
+
+  @property
   def sparse(self) -> SparseVerify | None:
     """How the proposer's trees are verified sparsely (SpecAttn, lossy:
-    `proposers.LongSpecDraft.sparse`); None: the whole cache is read."""
+    `longspec.LongSpecDraft.sparse`); None: the whole cache is read."""
     return getattr(self.proposer, "sparse", None)
 
 
@@ -147,7 +153,7 @@ class GenerationStats:
   chunks: int  # chunks of rounds streamed (each read back by the host; `auto`'s a call per run of one kind)
   # rounds by the tokens each emitted (0 .. the proposer's depth + 1), over the batch
   rounds_by_length: tuple[int, ...] = ()
-  # `auto` (`adaptive.Adaptive`): rounds of each kind, their measured seconds per round,
+  # `auto` (`auto.Adaptive`): rounds of each kind, their measured seconds per round,
   # and the decode time spent measuring them (0 when known from an earlier generation)
   rounds_by_kind: dict[str, int] | None = None
   # (and "switch": a change of kind; None: not measured yet)
@@ -294,7 +300,7 @@ def _decode_chunk(
     and the new tokens [B, N] at the tree's own size (padded to the largest tree's, an AR
     round of `auto` moved its one node's K/V as a whole tree's path, a gather before a
     scatter, and XLA copied the K/V cache every round to do it)."""
-    # (Named scopes: `python -m infer.profile` charges device time to them.)
+    # (Named scopes: `python -m lab.profile` charges device time to them.)
     with jax.named_scope("propose"):
       tree, proposal = make_tree()
       tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
@@ -347,7 +353,7 @@ def _decode_chunk(
 
   out = jnp.full((batch, width), PAD_ID, jnp.int32)
   written = jnp.zeros((batch,), jnp.int32)
-  if not isinstance(proposer, Adaptive):
+  if not decoding.multi_kind:
 
     def body(carry):
       state, out, written = carry
@@ -557,7 +563,7 @@ class _Rounds:
     """The programs: one per kind (its index) for `auto` off a GPU (`_one_program`), else
     one (None)."""
     proposer = self.decoding.proposer
-    per_kind = isinstance(proposer, Adaptive) and not _one_program()
+    per_kind = self.decoding.multi_kind and not _one_program()
     return list(range(len(proposer.kinds))) if per_kind else [None]
 
   def compile(self, state: DecodeState) -> None:
@@ -670,28 +676,28 @@ def generate(
       if on_tokens:
         on_tokens(tokens)
 
-    if isinstance(decoding.proposer, Adaptive):  # the measured price of each kind of round
+    if decoding.multi_kind:  # the measured price of each kind of round
       # Set in every generation, the first too: the program that sets it compiles in the
       # first (a warm-up), not inside the decode time of the first that starts from gains
       # learnt (~0.4 s on an H100: that generation ran at 13% of prompt lookup's speed).
       learnt_key = (decoding, model.config)
       learnt = _LEARNT.get(learnt_key) or decoding.proposer.nothing_learnt()
       state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
-      key = calibration.cost_key(
+      key = prices.cost_key(
         model, decoding.proposer, proposer_params, decoding.sampling, len(prompts), state.history.shape[1]
       )
-      prices = calibration.known(key)
-      if prices is None or not prices.complete:  # measured by the first rounds, which emit tokens as usual
-        measured = calibration.calibrate(decoding.proposer, run, state, emit, prices)
-        state, prices, dispatched = measured.state, measured.prices, measured.rounds
+      table = prices.known(key)
+      if table is None or not table.complete:  # measured by the first rounds, which emit tokens as usual
+        measured = prices.calibrate(decoding.proposer, run, state, emit, table)
+        state, table, dispatched = measured.state, measured.prices, measured.rounds
         if measured.finished:
           dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
-        calibration.remember(key, prices)  # (a part too: the next generation goes on from it)
+        prices.remember(key, table)  # (a part too: the next generation goes on from it)
         ready_at = previous_done = time.perf_counter()
         calibration_seconds = ready_at - t1
       else:
-        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(prices.seconds)))
-      round_seconds = list(prices.seconds)
+        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(table.seconds)))
+      round_seconds = list(table.seconds)
 
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
@@ -728,7 +734,7 @@ def generate(
     if bool(np.any(np.asarray(state.nonfinite))):
       raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
     decode_seconds = time.perf_counter() - t1
-  if isinstance(decoding.proposer, Adaptive):
+  if decoding.multi_kind:
     _LEARNT[learnt_key] = decoding.proposer.learnt(state.proposal)
 
   tokens = np.concatenate(chunks, axis=1)
@@ -750,18 +756,18 @@ def generate(
     max_stream_gap_seconds=max_gap,
     chunks=len(chunks) - 1,  # (the first token's is none)
     rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
-    **_kind_stats(decoding.proposer, state.proposal, round_seconds),
+    **_kind_stats(decoding, state.proposal, round_seconds),
     calibration_seconds=calibration_seconds,
     kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
 
 
-def _kind_stats(proposer, proposal, round_seconds) -> dict:
-  """An `Adaptive` proposer's rounds and measured costs by kind, for `GenerationStats`."""
-  if not isinstance(proposer, Adaptive):
+def _kind_stats(decoding: Decoding, proposal, round_seconds) -> dict:
+  """A multi-kind proposer's rounds and measured costs by kind, for `GenerationStats`."""
+  if not decoding.multi_kind:
     return {}
-  names = [kind.value for kind in proposer.kinds]
+  names = [kind.value for kind in decoding.proposer.kinds]
   return {
     "rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
     "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds)),

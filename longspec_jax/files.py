@@ -1,4 +1,4 @@
-"""Files written whole or not at all."""
+"""The directory the project caches files in, and files written whole or not at all."""
 
 from __future__ import annotations
 
@@ -21,3 +21,11 @@ def write_whole(path: Path, text: str) -> None:
   except BaseException:
     Path(tmp).unlink(missing_ok=True)
     raise
+
+
+def cache_root() -> Path:
+  """$LONGSPEC_CACHE, else $XDG_CACHE_HOME/longspec_jax, else ~/.cache/longspec_jax."""
+  if root := os.environ.get("LONGSPEC_CACHE"):
+    return Path(root)
+  xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+  return Path(xdg) / "longspec_jax"

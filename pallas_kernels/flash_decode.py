@@ -12,7 +12,7 @@ an online softmax over its range in blocks and writes a normalized partial (out,
 lo[r] <= slot < hi[r]: hi is the committed length (or the draft's delayed limit), lo
 the start of a sliding window.
 
-Reference twin: `longspec_jax.attention.prefix_attention_reference`.
+Reference twin: `longspec_jax.ops.attention.prefix_attention_reference`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ depend on the call: the same token at the same position gets the same output whe
 is an AR step's one query or a node among a tree's, so verification computes exactly
 what AR decoding computes (module docstring there).
 
-Reference twin: `longspec_jax.attention.hybrid_attention` with impl="reference".
+Reference twin: `longspec_jax.ops.attention.hybrid_attention` with impl="reference".
 """
 
 from __future__ import annotations

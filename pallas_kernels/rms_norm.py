@@ -7,7 +7,7 @@ among 11 or 69 rows than alone. For bf16 values of similar magnitude the sum is 
 the order does not show; a real model's hidden states carry a few outlier dimensions that
 make it inexact, and then a tree node's norm differs from the AR step's in the last bit
 (measured on SmolLM2: verification left AR's bits at the MLP norm of layer 13,
-`python -m infer.check_invariance --target smollm2-135m`). Here each program normalises
+`python -m lab.check_invariance --target smollm2-135m`). Here each program normalises
 one row, loaded whole (a power-of-two tile, the lanes past K loading zeros), its sum
 in the fixed order of that tile: a row's bits depend on its own values only. One load,
 one reduction and one store per row keep the kernel at its launch latency, which
@@ -16,7 +16,7 @@ matters: it runs twice per layer.
 The gain may be a layer of a stack [L, K] named by an index read at run time, read in
 place (as the batch-invariant matmul reads its weights).
 
-Reference twin: `longspec_jax.layers.rms_norm` (not invariant).
+Reference twin: `longspec_jax.models.layers.rms_norm` (not invariant).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ index, each list is shared evenly among programs (split-K over list entries, how
 few the chunks kept) so one sequence fills the GPU, and each program writes a normalized
 partial (out, lse) that `blocks.merge` combines exactly; each query row still sees only slots < its length.
 
-Reference twin: `longspec_jax.attention.sparse_prefix_attention_reference`.
+Reference twin: `longspec_jax.ops.attention.sparse_prefix_attention_reference`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Blocked like FlashAttention-2: each program holds one block of query rows and wa
 tree's keys in blocks, loading the matching block of the ancestor mask alongside.
 The tree is small (tens to a few hundred nodes), so one program covers all its keys.
 
-Reference twin: `longspec_jax.attention.masked_attention_reference`.
+Reference twin: `longspec_jax.ops.attention.masked_attention_reference`.
 """
 
 from __future__ import annotations

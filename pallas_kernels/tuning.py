@@ -1,7 +1,7 @@
 """Kernel launch parameters per shape, in one table.
 
 Rows per block, keys per block, warps and pipeline stages come from the measurements of
-`python -m infer.bench_kernels --suites sweep` on an H100 (docs/benchmarks.md); the
+`python -m lab.bench_kernels --suites sweep` on an H100 (docs/benchmarks.md); the
 prefix pass's split count is derived from the shape so that the grid is one wave.
 """
 

@@ -41,11 +41,12 @@ def release_compiled_programs():
 def fresh_round_costs(tmp_path, monkeypatch):
   """Every test measures `auto`'s round prices afresh and learns its gains afresh: none
   from earlier tests or runs."""
-  from longspec_jax import calibration, engine
+  from longspec_jax import engine
+  from longspec_jax.methods import prices
 
-  monkeypatch.setattr(calibration, "_MEMORY", {})
+  monkeypatch.setattr(prices, "_MEMORY", {})
   monkeypatch.setattr(engine, "_LEARNT", {})
-  monkeypatch.setattr(calibration, "cache_root", lambda: tmp_path / "cache")
+  monkeypatch.setattr(prices, "cache_root", lambda: tmp_path / "cache")
 
 
 def real_texts(min_chars: int = 4000, limit: int = 40) -> list[str]:

@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax import calibration, engine, proposers
-from longspec_jax.adaptive import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
-from longspec_jax.cache import KVCache
-from longspec_jax.calibration import REPEATS, ROUNDS
-from longspec_jax.config import CapeConfig, DraftConfig
-from longspec_jax.draft import random_draft
+from longspec_jax import engine
+from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.engine import Decoding, generate, prefill
-from longspec_jax.ngram import PromptLookup
-from longspec_jax.proposers import LongSpecDraft
-from longspec_jax.sampling import SamplingConfig
+from longspec_jax.methods import longspec, prices
+from longspec_jax.methods.auto import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
+from longspec_jax.methods.longspec import LongSpecDraft
+from longspec_jax.methods.prices import REPEATS, ROUNDS
+from longspec_jax.methods.prompt_lookup import PromptLookup
+from longspec_jax.models.cache import KVCache
+from longspec_jax.models.config import CapeConfig, DraftConfig
+from longspec_jax.models.draft import random_draft
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -371,12 +372,12 @@ def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them_and_the_wait
   assert np.asarray(started.explore_after).tolist() == [32, 32]  # (each generation's text is new)
 
 
-@pytest.mark.parametrize("lag_rows", [5, proposers.LAG_ROWS])
+@pytest.mark.parametrize("lag_rows", [5, longspec.LAG_ROWS])
 def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_rows, monkeypatch):
   """A ring many tokens behind (AR and COPY rounds do not run the draft) caught up in
   passes of `lag_rows` (several, or one) holds what a ring started at the new length
   holds, and the root's hidden state."""
-  monkeypatch.setattr(proposers, "LAG_ROWS", lag_rows)
+  monkeypatch.setattr(longspec, "LAG_ROWS", lag_rows)
   proposer, params, draft = draft_for(tiny, num_layers=2)
   rng = np.random.default_rng(3)
   prompt = rng.integers(3, 211, size=40).tolist()
@@ -402,7 +403,7 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkey
   near-zero temperature too (1e-6: this model's top two logits lie 2.5e-5 apart at one
   step, a coin flip at 1e-4). Both structures: a program per kind (a CPU's) and every
   kind in one program (a GPU's)."""
-  monkeypatch.setattr(calibration, "REPEATS", 1)  # (every kind measured within 100 tokens)
+  monkeypatch.setattr(prices, "REPEATS", 1)  # (every kind measured within 100 tokens)
   monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(5)
   pattern = rng.integers(3, 211, size=9).tolist()
@@ -467,7 +468,7 @@ class FakeChunks:
   def __init__(self, monkeypatch, per_round, fixed=7.0, switch=0.0, budget=10**6):
     self.clock, self.per_round, self.fixed, self.switch, self.budget = 0.0, per_round, fixed, switch, budget
     self.forced = []  # each chunk's `force`
-    monkeypatch.setattr(calibration.time, "perf_counter", lambda: self.clock)
+    monkeypatch.setattr(prices.time, "perf_counter", lambda: self.clock)
 
   def __call__(self, state, rounds):
     proposal = state.proposal
@@ -498,36 +499,36 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
   start = lambda: Holder(state_with([2], [1, 1, 1], draft_gain=[[3, 3]]))  # (each calibration donates its own)
   chunks = FakeChunks(monkeypatch, PRICES, switch=0.75)
-  measured = calibration.calibrate(proposer, chunks, start(), lambda out: None)
+  measured = prices.calibrate(proposer, chunks, start(), lambda out: None)
   np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.75])
   assert measured.prices.complete and measured.prices.chunks == ((),) * 4
   assert measured.rounds == 4 * (1 + REPEATS * (1 + ROUNDS + 1))
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), PRICES)
   assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
   # (a kind that ran as fast as the chunk's overhead jitters)
-  jittery = calibration.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None)
+  jittery = prices.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None)
   assert jittery.prices.seconds[COPY] == 7.0 / (ROUNDS + 1)
 
   greedy = SamplingConfig()
-  key = calibration.cost_key(tiny, proposer, None, greedy, 1, 300)
-  assert key == calibration.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
-  assert key != calibration.cost_key(tiny, proposer, None, greedy, 2, 300)
-  assert key != calibration.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
-  assert calibration.known(key) is None
-  calibration.remember(key, measured.prices)
-  monkeypatch.setattr(calibration, "_MEMORY", {})  # a new process: from the file
-  assert calibration.known(key) == measured.prices
-  path = calibration.cache_root() / calibration.FILE_NAME
+  key = prices.cost_key(tiny, proposer, None, greedy, 1, 300)
+  assert key == prices.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
+  assert key != prices.cost_key(tiny, proposer, None, greedy, 2, 300)
+  assert key != prices.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
+  assert prices.known(key) is None
+  prices.remember(key, measured.prices)
+  monkeypatch.setattr(prices, "_MEMORY", {})  # a new process: from the file
+  assert prices.known(key) == measured.prices
+  path = prices.cache_root() / prices.FILE_NAME
   path.write_text(json.dumps({key: [1.0, 2.0, 3.0]}))  # an older file's form: measured again
-  monkeypatch.setattr(calibration, "_MEMORY", {})
-  assert calibration.known(key) is None
+  monkeypatch.setattr(prices, "_MEMORY", {})
+  assert prices.known(key) is None
 
 
 def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
   late = [(1, 8.5), (1, 15.0), (1, 8.6), (9, 20.5), (9, 30.0), (5, 14.5)]  # (a late 1- and 9-round chunk)
-  assert calibration.price(late, switch=False) == 1.5
-  assert calibration.price(late[:5], switch=False) is None  # (2 longer chunks: not yet)
-  assert calibration.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True) == 0.0  # (a change costs nothing here)
+  assert prices.price(late, switch=False) == 1.5
+  assert prices.price(late[:5], switch=False) is None  # (2 longer chunks: not yet)
+  assert prices.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True) == 0.0  # (a change costs nothing here)
 
 
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
@@ -537,14 +538,14 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   chunks = FakeChunks(monkeypatch, PRICES, budget=50)
-  cut = calibration.calibrate(proposer, chunks, Holder(start), lambda out: None)
+  cut = prices.calibrate(proposer, chunks, Holder(start), lambda out: None)
   # AR: its first round and 3 chunks of 1 and of 9 rounds (31 rounds); COPY: its first
   # round, 1 and 9, then 1 and 7 (cut short, counted with the rounds it ran).
   assert cut.finished and cut.prices.seconds == (1.0, None, None, None) and not cut.prices.complete
   assert cut.prices.chunks == ((), ((1, 8.5), (9, 20.5), (1, 8.5), (7, 17.5)), (), ())
   chunks.forced.clear()
   chunks.budget = 1000
-  rest = calibration.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
+  rest = prices.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
   # COPY: its first round, 1 and 9; DRAFT and the change of kind: a first round, 3 x (1, 9)
   assert chunks.forced == [COPY] * 3 + [DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
   np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
@@ -552,7 +553,7 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
 
 
 def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learnt(tiny, monkeypatch):
-  monkeypatch.setattr(calibration, "REPEATS", 1)  # (every price measured within the first generation)
+  monkeypatch.setattr(prices, "REPEATS", 1)  # (every price measured within the first generation)
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
@@ -571,7 +572,7 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
 def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
   """A warm-up of one generation covers every program of the later ones, those that
   start from the gains learnt too: a compile there is timed as decoding."""
-  monkeypatch.setattr(calibration, "REPEATS", 1)
+  monkeypatch.setattr(prices, "REPEATS", 1)
   rng = np.random.default_rng(7)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax import attention
-from longspec_jax.tree import random_ancestor_mask
+from lab.inputs import random_ancestor_mask
+from longspec_jax.ops import attention
 
 from kernel_inputs import SEEDS
 

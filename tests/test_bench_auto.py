@@ -1,21 +1,21 @@
-"""`python -m infer.bench_auto` end to end on a tiny target with the real tokenizer."""
+"""`python -m lab.bench_auto` end to end on a tiny target with the real tokenizer."""
 
 import json
 
 import jax.numpy as jnp
 import numpy as np
 
-from infer.bench_auto import OneKind, main, summary, variants
 from infer.timing import warmed_up
-from longspec_jax import calibration
-from longspec_jax.adaptive import Kind
+from lab.bench_auto import OneKind, main, summary, variants
 from longspec_jax.engine import Decoding, generate
-from longspec_jax.ngram import PromptLookup
+from longspec_jax.methods import prices
+from longspec_jax.methods.auto import Kind
+from longspec_jax.methods.prompt_lookup import PromptLookup
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import run_cli, save_tiny_hf_model
 
-PROG = "python -m infer.bench_auto"
+PROG = "python -m lab.bench_auto"
 
 
 def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, capsys):
@@ -68,7 +68,7 @@ def test_prompt_lookup_runs_autos_own_continuations():
 
 
 def test_one_kind_runs_only_its_kind_and_stays_lossless(tmp_path, monkeypatch):
-  monkeypatch.setattr(calibration, "REPEATS", 1)  # (every price measured within the first generation)
+  monkeypatch.setattr(prices, "REPEATS", 1)  # (every price measured within the first generation)
   tiny, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "llama"), jnp.float32)
   prompt = np.random.default_rng(3).integers(0, tiny.config.vocab_size, 40).tolist() * 2
   decoding = Decoding(proposer=OneKind(PromptLookup(num_tokens=3), only=Kind.COPY))

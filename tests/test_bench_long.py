@@ -1,12 +1,12 @@
-"""`python -m infer.bench_long` end to end on a tiny target with the real tokenizer."""
+"""`python -m lab.bench_long` end to end on a tiny target with the real tokenizer."""
 
 import json
 
-from infer.bench_long import distinct, main, segments
+from lab.bench_long import distinct, main, segments
 
 from conftest import run_cli
 
-PROG = "python -m infer.bench_long"
+PROG = "python -m lab.bench_long"
 
 
 def test_segments_and_distinct_n():

@@ -1,4 +1,4 @@
-"""`python -m train.bench_step`: the floor is what it says, and the CLI runs end to end."""
+"""`python -m lab.bench_step`: the floor is what it says, and the CLI runs end to end."""
 
 import functools
 import json
@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import train.bench_step
-from longspec_jax.config import TargetConfig
-from longspec_jax.target import random_model
-from train.bench_step import floor_loss, main, target_forward
+import lab.bench_step
+from lab.bench_step import floor_loss, main, target_forward
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import random_model
 from train.step import TrainConfig
 
 from conftest import run_cli
@@ -51,12 +51,12 @@ def test_the_floor_is_a_draft_that_is_the_target():
 
 
 def test_the_cli_times_the_step_and_writes_json_and_a_plot(tmp_path, monkeypatch, capsys):
-  monkeypatch.setattr(train.bench_step, "SHAPES", {"tiny": TARGET})
+  monkeypatch.setattr(lab.bench_step, "SHAPES", {"tiny": TARGET})
   out = tmp_path / "step.json"
   code = run_cli(
     main,
     ["--shape", "tiny", "--sizes", "2x24", "--iters", "1", "--dtype", "float32", "--out", str(out)],
-    "python -m train.bench_step",
+    "python -m lab.bench_step",
   )
   assert code == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
@@ -65,7 +65,7 @@ def test_the_cli_times_the_step_and_writes_json_and_a_plot(tmp_path, monkeypatch
     assert all(row[f"{k}_ms"] > 0 for k in ("step", "floor", "target"))
     assert np.isclose(row["step_tokens_per_second"], row["batch"] * row["length"] / row["step_ms"] * 1e3)
   assert out.with_suffix(".png").stat().st_size > 0
-  assert run_cli(main, ["--shape", "tiny", "--sizes", "16by1024"], "python -m train.bench_step") == 2
+  assert run_cli(main, ["--shape", "tiny", "--sizes", "16by1024"], "python -m lab.bench_step") == 2
   assert "expected BATCHxLENGTH like 16x1024, got '16by1024'" in capsys.readouterr().err
-  assert run_cli(main, ["--shape", "tiny", "--sizes", "1x4096"], "python -m train.bench_step") == 2
+  assert run_cli(main, ["--shape", "tiny", "--sizes", "1x4096"], "python -m lab.bench_step") == 2
   assert "exceeds tiny's context of 512 tokens" in capsys.readouterr().err

@@ -4,12 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from infer.bench_target import draft_pass_ms
-from longspec_jax.config import HeadsConfig, TargetConfig
+from lab.bench_target import draft_pass_ms
 from longspec_jax.engine import Decoding, decode_chunk, start
-from longspec_jax.heads import random_heads
-from longspec_jax.proposers import TokenSwift
-from longspec_jax.target import random_model
+from longspec_jax.methods.tokenswift import TokenSwift
+from longspec_jax.models.config import HeadsConfig, TargetConfig
+from longspec_jax.models.heads import random_heads
+from longspec_jax.models.target import random_model
 
 TARGET = TargetConfig(
   vocab_size=97,

@@ -161,9 +161,9 @@ def test_a_generation_that_compiled_is_timed_again():
   import jax.numpy as jnp
 
   from infer.benchmark import run_config
-  from longspec_jax.config import TargetConfig
   from longspec_jax.engine import Decoding
-  from longspec_jax.target import random_model
+  from longspec_jax.models.config import TargetConfig
+  from longspec_jax.models.target import random_model
 
   config = TargetConfig(
     vocab_size=97,

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache, PartialCache, RingCache, select_layer, write_block
-from longspec_jax.config import DraftConfig, TargetConfig
 from longspec_jax.engine import prefill
+from longspec_jax.models.cache import KVCache, PartialCache, RingCache, select_layer, write_block
+from longspec_jax.models.config import DraftConfig, TargetConfig
+from longspec_jax.ops.attention import causal_block_mask
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model

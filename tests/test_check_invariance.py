@@ -1,13 +1,13 @@
-"""`python -m infer.check_invariance` on a CPU: SmolLM2's shape and the real SmolLM2, short
+"""`python -m lab.check_invariance` on a CPU: SmolLM2's shape and the real SmolLM2, short
 prompts, one chain each."""
 
 import json
 
-from infer.check_invariance import main
+from lab.check_invariance import main
 
 from conftest import run_cli
 
-PROG = "python -m infer.check_invariance"
+PROG = "python -m lab.check_invariance"
 
 
 def test_chain_equals_ar_steps_and_bad_input(tmp_path, capsys):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax.config import DraftConfig, TargetConfig
-from longspec_jax.draft import random_draft
 from longspec_jax.errors import UserError
-from longspec_jax.target import random_model
+from longspec_jax.models.config import DraftConfig, TargetConfig
+from longspec_jax.models.draft import random_draft
+from longspec_jax.models.target import random_model
 from train.checkpoint import Checkpoints
 from train.step import TrainConfig, make_optimizer, make_train_step
 

@@ -2,12 +2,13 @@
 heavy loads, in every entry point (generate and train.run have their own tests)."""
 
 import importlib
+import subprocess
 import sys
 
 import pytest
 
 from infer.cli import cape_bins
-from longspec_jax.cli import METHODS, run_main
+from longspec_jax.cli import run_main
 
 from conftest import run_cli
 
@@ -38,19 +39,19 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ),
     ("infer.benchmark", ["--out", "/"], "the output / is a directory"),
     ("infer.benchmark", ["--temperature", "inf"], "--temperature: expected a finite number >= 0"),
-    ("infer.profile", ["--out", "/etc/hostname"], "the output /etc/hostname is a file; give a directory"),
-    ("infer.profile", ["--out", "x", "--length", "0"], "--length: expected an integer >= 1"),
-    ("infer.profile", ["--out", "x", "--new-tokens", "1"], "--new-tokens: expected an integer >= 2"),
-    ("infer.profile", ["--out", "x", "--method", "magic"], "invalid choice"),
-    ("infer.profile", ["--out", "x", "--set", "poems"], "invalid choice"),
-    ("infer.bench_target", ["--suite", "smollm2", "--out", "/"], "the output / is a directory"),
-    ("infer.bench_target", ["--suite", "floor", "--contexts", "0"], "--contexts: expected an integer >= 1"),
-    ("infer.bench_target", ["--suite", "smollm2", "--prompt-lengths", "9000"], "exceed SmolLM2's context of 8192"),
-    ("infer.bench_target", ["--suite", "floor", "--contexts", "200000"], "--contexts must stay below"),
-    ("infer.bench_target", ["--suite", "floor", "--methods", "ar", "glide"], "longspec and tokenswift rounds, not"),
-    ("infer.bench_target", ["--suite", "floor", "--methods", "pld:24x0"], "with two integers >= 1"),
-    ("infer.bench_kernels", ["--batches", "0"], "--batches: expected an integer >= 1"),
-    ("infer.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
+    ("lab.profile", ["--out", "/etc/hostname"], "the output /etc/hostname is a file; give a directory"),
+    ("lab.profile", ["--out", "x", "--length", "0"], "--length: expected an integer >= 1"),
+    ("lab.profile", ["--out", "x", "--new-tokens", "1"], "--new-tokens: expected an integer >= 2"),
+    ("lab.profile", ["--out", "x", "--method", "magic"], "invalid choice"),
+    ("lab.profile", ["--out", "x", "--set", "poems"], "invalid choice"),
+    ("lab.bench_target", ["--suite", "smollm2", "--out", "/"], "the output / is a directory"),
+    ("lab.bench_target", ["--suite", "floor", "--contexts", "0"], "--contexts: expected an integer >= 1"),
+    ("lab.bench_target", ["--suite", "smollm2", "--prompt-lengths", "9000"], "exceed SmolLM2's context of 8192"),
+    ("lab.bench_target", ["--suite", "floor", "--contexts", "200000"], "--contexts must stay below"),
+    ("lab.bench_target", ["--suite", "floor", "--methods", "ar", "glide"], "longspec and tokenswift rounds, not"),
+    ("lab.bench_target", ["--suite", "floor", "--methods", "pld:24x0"], "with two integers >= 1"),
+    ("lab.bench_kernels", ["--batches", "0"], "--batches: expected an integer >= 1"),
+    ("lab.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
     ("infer.plots", ["/no/such.json"], "is not a readable result JSON"),
   ],
 )
@@ -75,22 +76,24 @@ def test_missing_optional_package_is_one_line(monkeypatch, capsys):
   )
 
 
-def test_methods_are_the_engine_methods():
-  from longspec_jax.proposers import PROPOSERS
-
-  assert set(METHODS) == set(PROPOSERS)
+def test_the_method_registry_and_flag_plumbing_import_without_jax():
+  """The CLIs check their flags, methods included, before JAX is imported."""
+  code = (
+    "import sys, longspec_jax.cli, longspec_jax.methods.registry; assert 'jax' not in sys.modules, sorted(sys.modules)"
+  )
+  subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_attention_choices_are_the_impls():
-  from longspec_jax.attention import Impl
   from longspec_jax.cli import ATTENTION
+  from longspec_jax.ops.attention import Impl
 
   assert set(ATTENTION) == {impl.value for impl in Impl if impl is not Impl.FLASH}  # (training passes only)
 
 
 def test_gemm_choices_are_the_gemms():
   from longspec_jax.cli import GEMM
-  from longspec_jax.gemm import Gemm
+  from longspec_jax.ops.gemm import Gemm
 
   assert set(GEMM) == {gemm.value for gemm in Gemm}
 

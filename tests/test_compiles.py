@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.compiles import Compiles
+from longspec_jax.decoding.compiles import Compiles
 
 
 def test_compiles_counts_only_what_compiles_inside_its_block():

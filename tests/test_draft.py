@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.config import DraftConfig, DraftKind, RopeConfig, TargetConfig
-from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.errors import UserError
-from longspec_jax.target import random_model
+from longspec_jax.models.config import DraftConfig, DraftKind, RopeConfig, TargetConfig
+from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft
+from longspec_jax.models.target import random_model
+from longspec_jax.ops.attention import causal_block_mask
 
 TARGET = TargetConfig(
   vocab_size=97,

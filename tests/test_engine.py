@@ -9,18 +9,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax import gemm
-from longspec_jax.attention import Impl, causal_block_mask, with_impl
-from longspec_jax.config import CapeConfig, DraftConfig, DraftKind, HeadsConfig
-from longspec_jax.draft import random_draft
+from longspec_jax.decoding.sampling import SamplingConfig
+from longspec_jax.decoding.tree import Tree, static_topology
+from longspec_jax.decoding.verify import accept_greedy, verify
 from longspec_jax.engine import Decoding, acceptance_by_depth, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
-from longspec_jax.heads import random_heads
-from longspec_jax.ngram import PromptLookup
-from longspec_jax.proposers import LongSpecDraft, RootOnly, TokenSwift, make_proposer
-from longspec_jax.sampling import SamplingConfig
-from longspec_jax.tree import Tree, static_topology
-from longspec_jax.verify import accept_greedy, verify
+from longspec_jax.methods.base import RootOnly
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.longspec import LongSpecDraft
+from longspec_jax.methods.prompt_lookup import PromptLookup
+from longspec_jax.methods.registry import ProposerOptions
+from longspec_jax.methods.tokenswift import TokenSwift
+from longspec_jax.models.config import CapeConfig, DraftConfig, DraftKind, HeadsConfig
+from longspec_jax.models.draft import random_draft
+from longspec_jax.models.heads import random_heads
+from longspec_jax.ops import gemm
+from longspec_jax.ops.attention import Impl, causal_block_mask, with_impl
 from longspec_jax.weights.drafts import load_draft
 from longspec_jax.weights.hf import load_hf_dir
 
@@ -331,11 +335,11 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   assert copies.token_ids == reference
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
-  proposer, params = make_proposer("longspec", draft, tree_widths=(2, 2, 2), copy_tokens=10)
+  proposer, params = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_tokens=10))
   longspec_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
-  proposer, params = make_proposer("longspec", draft, cape=CapeConfig(gamma=4))
+  proposer, params = make_proposer("longspec", draft, ProposerOptions(cape=CapeConfig(gamma=4)))
   assert generate(target.model, prompts, 48, Decoding(proposer=proposer), params).token_ids == reference
   glide = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.GLIDE)
   proposer, params = make_proposer("glide", glide)  # (the shipped GLIDE draft, CAPE's tree: its default)
@@ -347,7 +351,7 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
     target.model, prompts, 48, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4, lag=64)), params
   )
   assert swift.token_ids == reference and swift.stats.mean_accepted_length > 1.5
-  proposer, params = make_proposer("auto", draft, tree_widths=(2, 2, 2), copy_matches=2)
+  proposer, params = make_proposer("auto", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2))
   auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference
   assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed
@@ -471,7 +475,10 @@ def test_real_model_sampling_matches_ar(smollm2_float32, config):
   head = target.tokenizer(text).input_ids[:64]
   prompt = head + head[:12]  # a repeat in progress: PLD finds its n-gram, LongSpec its cached context
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
-  methods = {"pld": (PromptLookup(), None), "longspec": make_proposer("longspec", draft, (4, 8, 8))}
+  methods = {
+    "pld": (PromptLookup(), None),
+    "longspec": make_proposer("longspec", draft, ProposerOptions(tree_widths=(4, 8, 8))),
+  }
 
   def samples(first_seed, proposer=RootOnly(), params=None):  # 4 x 500 rows: 2,000 independent runs
     decoding = Decoding(proposer=proposer, sampling=config)
@@ -551,7 +558,7 @@ def test_sparse_verification_keeping_all_the_mass_is_lossless(tiny):
   """SpecAttn's sparse verification with p = 1 keeps every chunk: AR's tokens (float32);
   at p = 0.3 the trees carry fewer chunks than the cache has, and generation runs on
   (its tokens may differ: lossy)."""
-  from longspec_jax.config import SparseVerify
+  from longspec_jax.models.config import SparseVerify
 
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=70).tolist(), rng.integers(3, 211, size=45).tolist()]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.attention import prefix_attention_reference
+from longspec_jax.ops.attention import prefix_attention_reference
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
 from pallas_kernels.tuning import KernelParams

@@ -4,11 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from longspec_jax import gemm
-from longspec_jax.config import TargetConfig
 from longspec_jax.engine import generate
-from longspec_jax.gemm import Compilation, Gemm
-from longspec_jax.target import random_model
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import random_model
+from longspec_jax.ops import gemm
+from longspec_jax.ops.gemm import Compilation, Gemm
 
 TINY = TargetConfig(
   vocab_size=97,

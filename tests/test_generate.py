@@ -193,8 +193,8 @@ def test_corrupt_weights_through_the_real_entry_point(tmp_path):
 
 
 def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
-  from longspec_jax.config import DraftConfig, TargetConfig
-  from longspec_jax.draft import random_draft
+  from longspec_jax.models.config import DraftConfig, TargetConfig
+  from longspec_jax.models.draft import random_draft
   from longspec_jax.weights.drafts import save_draft
 
   config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))
@@ -279,8 +279,8 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
 
 
 def test_draft_errors(tiny_with_tokenizer, tmp_path, capsys):
-  from longspec_jax.config import DraftConfig, TargetConfig
-  from longspec_jax.draft import random_draft
+  from longspec_jax.models.config import DraftConfig, TargetConfig
+  from longspec_jax.models.draft import random_draft
   from longspec_jax.weights.drafts import save_draft
 
   other = TargetConfig(

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax.config import DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
 from longspec_jax.errors import UserError
-from longspec_jax.heads import Heads, random_heads
-from longspec_jax.layers import rms_norm
-from longspec_jax.target import random_model
+from longspec_jax.models.config import DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
+from longspec_jax.models.heads import Heads, random_heads
+from longspec_jax.models.layers import rms_norm
+from longspec_jax.models.target import random_model
 from longspec_jax.weights.drafts import load_draft, save_draft
 
 TARGET = TargetConfig(

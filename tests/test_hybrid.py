@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.attention import Impl, Invariance, hybrid_attention
-from longspec_jax.tree import random_ancestor_mask
+from lab.inputs import random_ancestor_mask
+from longspec_jax.ops.attention import Impl, Invariance, hybrid_attention
 
 from kernel_inputs import DTYPES, GROUPS, SEEDS, TOLERANCE, random_attention_inputs
 

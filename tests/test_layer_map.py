@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from longspec_jax.layer_map import kl_similarity, monotone_map
+from longspec_jax.methods.layer_map import kl_similarity, monotone_map
 
 
 def total(score, mapping):

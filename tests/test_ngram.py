@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.ngram import CANDIDATES_PER_MATCH, COUNT_BLOCK, NGramTable, PromptLookup, latest
+from longspec_jax.methods.prompt_lookup import CANDIDATES_PER_MATCH, COUNT_BLOCK, PromptLookup, latest
+from longspec_jax.methods.tokenswift import NGramTable
 
 
 def reference_lookup(tokens, max_ngram, gamma, matches=1):

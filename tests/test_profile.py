@@ -1,11 +1,11 @@
-"""`python -m infer.profile` end to end on a tiny target (its own process: it sets XLA's
+"""`python -m lab.profile` end to end on a tiny target (its own process: it sets XLA's
 dump flags before JAX starts)."""
 
 import json
 import subprocess
 import sys
 
-from infer.profile import back_to_back, busy_ns, graph_updates, host_summary, scope_of, summarize
+from lab.profile import back_to_back, busy_ns, graph_updates, host_summary, scope_of, summarize
 
 
 def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_path):
@@ -14,7 +14,7 @@ def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_
     [
       sys.executable,
       "-m",
-      "infer.profile",
+      "lab.profile",
       "--target",
       str(tiny_with_tokenizer),
       "--method",
@@ -53,7 +53,7 @@ def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_
 
 def test_bad_input_is_one_line(tmp_path):
   proc = subprocess.run(
-    [sys.executable, "-m", "infer.profile", "--new-tokens", "1", "--out", str(tmp_path)],
+    [sys.executable, "-m", "lab.profile", "--new-tokens", "1", "--out", str(tmp_path)],
     capture_output=True,
     text=True,
     timeout=300,

@@ -8,15 +8,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax import proposers
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache
-from longspec_jax.config import BLOCK_KINDS, CapeConfig, DraftConfig, DraftKind
-from longspec_jax.draft import CrossAttend, SelfAttend, random_draft
+from longspec_jax.decoding.tree import cape_tree
 from longspec_jax.engine import prefill
 from longspec_jax.errors import UserError
-from longspec_jax.proposers import LongSpecDraft, make_proposer
-from longspec_jax.tree import cape_tree
+from longspec_jax.methods import longspec
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.longspec import LongSpecDraft
+from longspec_jax.methods.registry import Method, ProposerOptions
+from longspec_jax.models.cache import KVCache
+from longspec_jax.models.config import BLOCK_KINDS, CapeConfig, DraftConfig, DraftKind
+from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft
+from longspec_jax.ops.attention import causal_block_mask
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -149,7 +151,9 @@ def test_cape_tree_matches_recomputed_reference_over_two_rounds(models):
 def test_cape_needs_a_vocabulary_wider_than_its_largest_expansion(models):
   target, draft = models
   with pytest.raises(UserError, match="CAPE's largest expansion"):
-    make_proposer(draft.config.kind.value, draft, cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
+    make_proposer(
+      draft.config.kind.value, draft, ProposerOptions(cape=CapeConfig(sizes=(7, 5, 3, draft.config.vocab_size)))
+    )
 
 
 def test_longspec_state_does_not_grow_with_context_and_glides_does(models):
@@ -182,11 +186,11 @@ def test_each_draft_method_runs_its_own_kind_of_draft(models):
   when given; `longspec` refuses a GLIDE draft and `glide` a LongSpec one."""
   _, draft = models
   kind, other = draft.config.kind.value, next(k.value for k in DraftKind if k is not draft.config.kind)
-  with pytest.raises(UserError, match=f"--method {other} runs {other}'s draft, but this draft is {kind}'s"):
+  with pytest.raises(UserError, match=f"method {other} runs {other}'s draft, but this draft is {kind}'s"):
     make_proposer(other, draft)
   proposer, _ = make_proposer(kind, draft)
   assert (proposer.cape == CapeConfig()) == (draft.config.kind is DraftKind.GLIDE)
-  assert make_proposer(kind, draft, tree_widths=(2, 2))[0].cape is None
+  assert make_proposer(kind, draft, ProposerOptions(tree_widths=(2, 2)))[0].cape is None
 
 
 @pytest.mark.parametrize("backend, copies", [("gpu", (24, 4)), ("cpu", (10, 1))])
@@ -197,13 +201,13 @@ def test_prompt_lookups_continuations_by_method_and_device(models, backend, copi
   _, draft = models
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
   assert make_proposer("pld")[0].tree_size == 11
-  assert make_proposer("pld", copy_tokens=6, copy_matches=3)[0].tree_size == 19
+  assert make_proposer("pld", None, ProposerOptions(copy_tokens=6, copy_matches=3))[0].tree_size == 19
   lookup = make_proposer("auto")[0].lookup
   assert (lookup.num_tokens, lookup.matches) == copies
-  lookup = make_proposer("auto", draft, copy_tokens=5, copy_matches=2)[0].lookup
+  lookup = make_proposer("auto", draft, ProposerOptions(copy_tokens=5, copy_matches=2))[0].lookup
   assert (lookup.num_tokens, lookup.matches) == (5, 2)
   if draft.config.kind is DraftKind.LONGSPEC:
-    grafted = make_proposer("longspec", draft, (2, 2), copy_tokens=3, copy_matches=2)[0]
+    grafted = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2), copy_tokens=3, copy_matches=2))[0]
     assert grafted.tree_size == 1 + 2 + 2 + 2 * 3
 
 
@@ -216,10 +220,10 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
   prompts = [rng.integers(3, 200, size=n).tolist() for n in (29, 13)]
   cache, _ = prefill(target, prompts, 64)
   history = jnp.asarray([p + [0] * (64 - len(p)) for p in prompts])
-  proposer, params = make_proposer(draft.config.kind.value, draft, tree_widths=WIDTHS)
+  proposer, params = make_proposer(draft.config.kind.value, draft, ProposerOptions(tree_widths=WIDTHS))
   start = lambda: proposer.start(params, target=target, cache=cache, history=history)
   whole = start()
-  monkeypatch.setattr(proposers, "START_ROWS", 5)
+  monkeypatch.setattr(longspec, "START_ROWS", 5)
   passes = start()
   np.testing.assert_array_equal(np.asarray(passes.positions), np.asarray(whole.positions))
   np.testing.assert_array_equal(np.asarray(passes.length), np.asarray(whole.length))
@@ -231,12 +235,12 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
 
 
 def test_draft_methods_default_to_the_shipped_draft_and_auto_to_none():
-  assert [proposers.draft_spec(m, None) for m in ("longspec", "glide", "auto", "pld", "ar")] == [
+  assert [Method(m).draft_spec(None) for m in ("longspec", "glide", "auto", "pld", "ar")] == [
     "default",
     "default",
     None,
     None,
     None,
   ]
-  assert [proposers.draft_spec(m, "dir") for m in ("longspec", "auto", "pld")] == ["dir", "dir", None]
-  assert proposers.draft_spec("auto", "none") is None
+  assert [Method(m).draft_spec("dir") for m in ("longspec", "auto", "pld")] == ["dir", "dir", None]
+  assert Method.AUTO.draft_spec("none") is None

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.layers import rms_norm as reference
+from longspec_jax.models.layers import rms_norm as reference
 from pallas_kernels.rms_norm import rms_norm
 
 from kernel_inputs import DTYPES, SEEDS

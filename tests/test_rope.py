@@ -9,9 +9,9 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.errors import UserError
-from longspec_jax.rope import apply_rope, inverse_frequencies, rope_tables
+from longspec_jax.models.config import RopeConfig, TargetConfig
+from longspec_jax.models.rope import apply_rope, inverse_frequencies, rope_tables
 
 HEAD_DIM = 64
 SCALINGS = {
@@ -96,7 +96,7 @@ def test_unsupported_scaling_is_a_user_error():
 def test_anchor_offset_positions():
   import jax
 
-  from longspec_jax.rope import anchor_offset_positions
+  from longspec_jax.models.rope import anchor_offset_positions
 
   positions = np.asarray(anchor_offset_positions(jax.random.key(0), 64, 10, 1000))
   np.testing.assert_array_equal(positions[:, :4], np.broadcast_to(np.arange(4), (64, 4)))  # the sinks

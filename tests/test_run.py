@@ -358,7 +358,7 @@ def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
   import numpy as np
   from flax import nnx
 
-  from longspec_jax.config import TargetConfig
+  from longspec_jax.models.config import TargetConfig
   from longspec_jax.weights.drafts import load_draft
 
   common = [

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from longspec_jax.decoding.sampling import SamplingConfig, log_probs, recent_tokens, sample
 from longspec_jax.errors import UserError
-from longspec_jax.sampling import SamplingConfig, log_probs, recent_tokens, sample
 
 
 def reference_probs(logits, seen, c: SamplingConfig):

@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.attention import Impl, causal_block_mask, with_impl
-from longspec_jax.cache import PartialCache
-from longspec_jax.config import TargetConfig
 from longspec_jax.engine import prefill
-from longspec_jax.self_draft import draft_pass
-from longspec_jax.target import random_model
+from longspec_jax.methods.tokenswift import draft_pass
+from longspec_jax.models.cache import PartialCache
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import random_model
+from longspec_jax.ops.attention import Impl, causal_block_mask, with_impl
 
 TARGET = TargetConfig(
   vocab_size=97,

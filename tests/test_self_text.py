@@ -43,8 +43,8 @@ def test_the_targets_text_as_training_records(tiny_with_tokenizer, tmp_path, cap
     "--draft",
     "none",
   ]
-  from longspec_jax.config import DraftConfig, DraftKind, TargetConfig
-  from longspec_jax.draft import random_draft
+  from longspec_jax.models.config import DraftConfig, DraftKind, TargetConfig
+  from longspec_jax.models.draft import random_draft
   from longspec_jax.weights.drafts import save_draft
 
   config = TargetConfig.from_hf(json.loads((tiny_with_tokenizer / "config.json").read_text()))

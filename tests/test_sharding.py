@@ -1,4 +1,4 @@
-"""Sharding by logical axis (`longspec_jax.sharding`): each weight split as its meaning
+"""Sharding by logical axis (`longspec_jax.ops.sharding`): each weight split as its meaning
 says, the sharded train step equal to the single-device step, and tensor-parallel
 decoding token for token what one device decodes (CPU devices, in subprocesses so that
 the device count can be set before JAX starts)."""
@@ -13,10 +13,10 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     jax.config.update("jax_default_matmul_precision", "highest")
-    from longspec_jax.config import DraftConfig, TargetConfig
-    from longspec_jax.draft import random_draft
-    from longspec_jax.target import random_model
-    from longspec_jax.sharding import batch_sharding, make_mesh, param_shardings
+    from longspec_jax.models.config import DraftConfig, TargetConfig
+    from longspec_jax.models.draft import random_draft
+    from longspec_jax.models.target import random_model
+    from longspec_jax.ops.sharding import batch_sharding, make_mesh, param_shardings
     from train.step import TrainConfig, make_optimizer, make_train_step
 
     assert len(jax.devices()) == 8
@@ -82,16 +82,17 @@ DECODING = textwrap.dedent("""
     jax.config.update("jax_num_cpu_devices", 4)
     jax.config.update("jax_default_matmul_precision", "highest")
     import jax.numpy as jnp, numpy as np
-    from longspec_jax import sharding, topk
-    from longspec_jax.attention import Impl, with_impl
-    from longspec_jax.config import DraftConfig, HeadsConfig, TargetConfig
-    from longspec_jax.draft import random_draft
+    from longspec_jax.ops import sharding
+    from longspec_jax.ops import topk
+    from longspec_jax.ops.attention import Impl, with_impl
+    from longspec_jax.models.config import DraftConfig, HeadsConfig, TargetConfig
+    from longspec_jax.models.draft import random_draft
     from longspec_jax.engine import Decoding, generate
-    from longspec_jax.heads import random_heads
-    from longspec_jax.layers import embed_tokens
-    from longspec_jax.proposers import make_proposer
-    from longspec_jax.sampling import SamplingConfig
-    from longspec_jax.target import random_model
+    from longspec_jax.models.heads import random_heads
+    from longspec_jax.models.layers import embed_tokens
+    from longspec_jax.methods.factory import make_proposer
+    from longspec_jax.decoding.sampling import SamplingConfig
+    from longspec_jax.models.target import random_model
 
     # 2 KV heads: split over 2 devices, whole over 4 (the MLP's 96 columns and the 128-token
     # vocabulary split either way); a tied head, so the embedding is the LM head too.

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.attention import prefix_attention_reference, sparse_prefix_attention_reference
+from longspec_jax.ops.attention import prefix_attention_reference, sparse_prefix_attention_reference
 from pallas_kernels.sparse_decode import compact, sparse_flash_decode
 
 

@@ -1,4 +1,4 @@
-"""`python -m infer.sparse_quality`: the teacher-forced run against one whole-document
+"""`python -m lab.sparse_quality`: the teacher-forced run against one whole-document
 pass, p = 1 against dense, and the CLI end to end on a tiny target with the real
 tokenizer."""
 
@@ -10,16 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from infer.sparse_quality import main, teacher_forced
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.config import DraftConfig, SparseVerify
-from longspec_jax.draft import random_draft
-from longspec_jax.proposers import LongSpecDraft
+from lab.sparse_quality import main, teacher_forced
+from longspec_jax.methods.longspec import LongSpecDraft
+from longspec_jax.models.config import DraftConfig, SparseVerify
+from longspec_jax.models.draft import random_draft
+from longspec_jax.ops.attention import causal_block_mask
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import run_cli, save_tiny_hf_model
 
-PROG = "python -m infer.sparse_quality"
+PROG = "python -m lab.sparse_quality"
 
 
 def test_teacher_forcing_matches_one_pass_and_every_chunk_kept_is_dense(tmp_path):

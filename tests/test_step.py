@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from longspec_jax.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
-from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig
-from longspec_jax.draft import random_draft
-from longspec_jax.heads import random_heads
-from longspec_jax.target import random_model
+from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig
+from longspec_jax.models.draft import random_draft
+from longspec_jax.models.heads import random_heads
+from longspec_jax.models.target import random_model
+from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
 from train import Labels, Positions
 from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
 

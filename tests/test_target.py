@@ -9,8 +9,8 @@ import pytest
 import torch
 from flax import nnx
 
-from longspec_jax.attention import causal_block_mask
-from longspec_jax.cache import KVCache
+from longspec_jax.models.cache import KVCache
+from longspec_jax.ops.attention import causal_block_mask
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import real_texts, save_tiny_hf_model
@@ -92,10 +92,10 @@ def test_the_whole_sequence_forward_is_the_causal_masked_pass(window):
   """`causal_hidden_and_kv` (draft training's frozen target) equals the masked pass over
   a causal mask in sequence order, with jumping (anchor-offset) positions, GQA and a
   sliding window, on the reference and on the fused flash pass training uses."""
-  from longspec_jax.attention import Impl
-  from longspec_jax.config import TargetConfig
-  from longspec_jax.rope import anchor_offset_positions
-  from longspec_jax.target import random_model
+  from longspec_jax.models.config import TargetConfig
+  from longspec_jax.models.rope import anchor_offset_positions
+  from longspec_jax.models.target import random_model
+  from longspec_jax.ops.attention import Impl
 
   config = TargetConfig(
     vocab_size=101,
@@ -163,7 +163,7 @@ def test_a_sparse_read_of_the_cache_keeps_its_first_layers_dense(tmp_path):
   """Kept chunks covering the first m slots of every head read what a cache of length m
   gives, in the layers from `dense_layers` on; every layer dense (dense_layers = L) or
   every chunk kept is the dense pass."""
-  from longspec_jax.config import SparseVerify
+  from longspec_jax.models.config import SparseVerify
 
   model, config = load_hf_dir(save_tiny_hf_model("qwen2", tmp_path / "m"), jnp.float32)
   rng = np.random.default_rng(6)

@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.timing import loop_seconds, phase_seconds
-from longspec_jax.config import DraftConfig
-from longspec_jax.draft import random_draft
 from longspec_jax.engine import Decoding, generate
-from longspec_jax.proposers import make_proposer
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.registry import ProposerOptions
+from longspec_jax.models.config import DraftConfig
+from longspec_jax.models.draft import random_draft
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -29,7 +30,7 @@ def test_loop_seconds_chains_pytrees():
 def test_phase_seconds_on_a_finished_run(tmp_path):
   target, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "tiny"), jnp.float32)
   draft = random_draft(DraftConfig.for_target(target.config, window=8), jnp.float32)
-  proposer, params = make_proposer("longspec", draft, (2, 2))
+  proposer, params = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2)))
   decoding = Decoding(proposer=proposer)
   result = generate(target, [np.arange(3, 20).tolist()], 6, decoding, params)
   draft_seconds, verify_seconds = phase_seconds(target, decoding, params, result.state, iters=2)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.topk import top_k
+from longspec_jax.ops.topk import top_k
 
 
 @pytest.mark.parametrize("n, k, chunk", [(5000, 16, 64), (4097, 4, 128), (200, 7, 64), (1000, 1, 32)])
@@ -30,7 +30,7 @@ def test_bfloat16_rows():
 def test_head_top_log_probs_equal_log_softmax_and_top_k():
   """The fused head pass (interpreted) gives the log-probs and tokens of the unfused one,
   for a separate head and a tied embedding, with leading axes."""
-  from longspec_jax.topk import head_top_log_probs
+  from longspec_jax.ops.topk import head_top_log_probs
 
   rng = np.random.default_rng(3)
   hidden = jnp.asarray(rng.standard_normal((2, 3, 40)), jnp.float32)

@@ -1,13 +1,13 @@
-"""`python -m infer.trace_auto` end to end on a tiny target with the real tokenizer."""
+"""`python -m lab.trace_auto` end to end on a tiny target with the real tokenizer."""
 
 import json
 
-from infer.trace_auto import main
-from longspec_jax import calibration
+from lab.trace_auto import main
+from longspec_jax.methods import prices as round_prices
 
 from conftest import run_cli
 
-PROG = "python -m infer.trace_auto"
+PROG = "python -m lab.trace_auto"
 PRICES_MS = {"ar": 1.0, "chain": 1.1, "copy": 1.25, "draft": 2.5, "switch": 0.01}
 
 
@@ -37,9 +37,9 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
     "--out",
     str(out),
   ]
-  known = calibration.known
+  known = round_prices.known
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
-  assert calibration.known is known  # (the prices are taken inside the tool only)
+  assert round_prices.known is known  # (the prices are taken inside the tool only)
   traced = json.loads(out.read_text())
   assert (traced["copy_tokens"], traced["copy_matches"]) == (3, 2)  # the priced row's continuations
   generations = traced["generations"]

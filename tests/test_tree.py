@@ -7,9 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.config import CapeConfig
-from longspec_jax.errors import UserError
-from longspec_jax.tree import (
+from longspec_jax.decoding.tree import (
   Tree,
   beam_offsets,
   best_children,
@@ -19,6 +17,8 @@ from longspec_jax.tree import (
   graft_chains,
   static_topology,
 )
+from longspec_jax.errors import UserError
+from longspec_jax.models.config import CapeConfig
 
 
 def random_tree(rng, batch, size, vocab):
@@ -172,9 +172,9 @@ def test_best_children_are_the_best_of_all_children(seed, frontier, width):
 
 
 def test_tree_width_limits():
-  from longspec_jax.config import MAX_TREE_NODES, check_tree_widths
+  from longspec_jax.decoding.tree import node_budget
   from longspec_jax.errors import UserError
-  from longspec_jax.tree import node_budget
+  from longspec_jax.models.config import MAX_TREE_NODES, check_tree_widths
 
   check_tree_widths((4, 16, 16, 16, 16), vocab_size=49152)
   with pytest.raises(UserError, match="a tree width of 300 exceeds the vocabulary of 211 tokens"):

@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longspec_jax.attention import masked_attention_reference
-from longspec_jax.tree import random_ancestor_mask
+from lab.inputs import random_ancestor_mask
+from longspec_jax.ops.attention import masked_attention_reference
 from pallas_kernels import blocks
 from pallas_kernels.tree_attention import tree_attention, tree_partial
 from pallas_kernels.tuning import KernelParams

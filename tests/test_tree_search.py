@@ -65,9 +65,10 @@ def test_search_keeps_the_start_unless_a_neighbour_is_clearly_faster():
 def test_cli_measures_stores_and_longspec_uses_the_stored_tree(tiny_with_tokenizer, tmp_path, capsys):
   import jax.numpy as jnp
 
-  from longspec_jax.config import DraftConfig
-  from longspec_jax.draft import random_draft
-  from longspec_jax.proposers import make_proposer
+  from longspec_jax.methods.factory import make_proposer
+  from longspec_jax.methods.registry import ProposerOptions
+  from longspec_jax.models.config import DraftConfig
+  from longspec_jax.models.draft import random_draft
   from longspec_jax.weights import read_target_config
   from longspec_jax.weights.drafts import load_draft, save_draft
 
@@ -109,7 +110,9 @@ def test_cli_measures_stores_and_longspec_uses_the_stored_tree(tiny_with_tokeniz
   assert list(draft.config.tree_widths) == best["tree_widths"] and draft.config.copy_tokens == best["copy_tokens"]
   proposer, _ = make_proposer("longspec", draft)
   assert list(proposer.widths) == best["tree_widths"] and proposer.copy_tokens == best["copy_tokens"]
-  assert make_proposer("longspec", draft, (3,), 0)[0].copy_tokens == 0  # flags override the stored tree
+  assert (
+    make_proposer("longspec", draft, ProposerOptions(tree_widths=(3,), copy_tokens=0))[0].copy_tokens == 0
+  )  # flags override the stored tree
 
   assert run_cli(main, argv[:2] + ["--draft", "random"], PROG) == 2
   assert "proposes noise" in capsys.readouterr().err

@@ -14,14 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tree import random_tree
 
-from longspec_jax.config import CapeConfig
+from longspec_jax.decoding.sampling import SamplingConfig, probs
+from longspec_jax.decoding.tree import Tree, chain, graft_chains, static_topology
+from longspec_jax.decoding.tree import cape_tree as build_cape_tree
+from longspec_jax.decoding.tree import copy_tree as build_copy_tree
+from longspec_jax.decoding.verify import (
+  accept_greedy,
+  accept_sampled,
+  emitted_tokens,
+  fraction_read,
+  verify,
+  walk_outcomes,
+)
 from longspec_jax.engine import prefill
-from longspec_jax.ngram import PromptLookup
-from longspec_jax.sampling import SamplingConfig, probs
-from longspec_jax.tree import Tree, chain, graft_chains, static_topology
-from longspec_jax.tree import cape_tree as build_cape_tree
-from longspec_jax.tree import copy_tree as build_copy_tree
-from longspec_jax.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify, walk_outcomes
+from longspec_jax.methods.prompt_lookup import PromptLookup
+from longspec_jax.models.config import CapeConfig
 from longspec_jax.weights.hf import load_hf_dir
 
 from conftest import save_tiny_hf_model
@@ -215,7 +222,7 @@ def cape_tree(context):
 
 
 def tokenswift_tree(context):
-  """TokenSwift's tree (`proposers.TokenSwift`): a full (1, 2, 2) tree whose depth d holds
+  """TokenSwift's tree (`tokenswift.TokenSwift`): a full (1, 2, 2) tree whose depth d holds
   the top tokens of a head's prediction d places ahead of the root, the same under every
   parent (`tree.static_topology`), with two 3-token n-grams that begin with its depth-1
   token grafted in (`tree.graft_chains`)."""
@@ -379,7 +386,7 @@ def test_batch_invariant_verification_computes_the_ar_bits(kind, tmp_path):
 def test_a_tree_with_kept_chunks_is_verified_reading_only_those(tmp_path):
   """float32: every chunk kept = the dense verification; kept chunks = the target's
   sparse read; padding and grafting keep them; kept without its SparseVerify is refused."""
-  from longspec_jax.config import SparseVerify
+  from longspec_jax.models.config import SparseVerify
 
   model, config = load_hf_dir(save_tiny_hf_model("qwen2", tmp_path / "m"), jnp.float32)
   rng = np.random.default_rng(8)

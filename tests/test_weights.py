@@ -154,8 +154,8 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
   import jax
   from flax import nnx
 
-  from longspec_jax.config import DraftConfig, TargetConfig
-  from longspec_jax.draft import random_draft
+  from longspec_jax.models.config import DraftConfig, TargetConfig
+  from longspec_jax.models.draft import random_draft
   from longspec_jax.weights.drafts import load_draft, save_draft
 
   target = TargetConfig(

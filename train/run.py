@@ -47,8 +47,8 @@ from longspec_jax.cli import (
   resolve_dtype,
   run_main,
 )
-from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig
 from longspec_jax.errors import UserError
+from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig
 from train import Labels, Positions
 
 
@@ -278,10 +278,10 @@ def prepare(args, sources, eval_sources) -> Run:
   import jax.numpy as jnp
   from flax import nnx
 
-  from longspec_jax.attention import Impl
-  from longspec_jax.draft import random_draft
-  from longspec_jax.heads import random_heads
-  from longspec_jax.sharding import batch_sharding, make_mesh, param_shardings
+  from longspec_jax.models.draft import random_draft
+  from longspec_jax.models.heads import random_heads
+  from longspec_jax.ops.attention import Impl
+  from longspec_jax.ops.sharding import batch_sharding, make_mesh, param_shardings
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft
   from train.data import has_chat_records, load_records, pack
@@ -601,7 +601,7 @@ def depth_report(run: Run) -> dict:
   import jax.numpy as jnp
   from flax import nnx
 
-  from longspec_jax.heads import Heads
+  from longspec_jax.models.heads import Heads
   from train.step import eval_step
 
   if run.eval_fn is None:

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from longspec_jax.cli import (
-  METHODS,
   ArgumentParser,
+  method_type,
   nonnegative_float,
   output_path,
   positive_float,
@@ -36,6 +36,7 @@ from longspec_jax.cli import (
   run_main,
 )
 from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
 
 INSTRUCTIONS = (
   "Summarize this document.",
@@ -64,7 +65,13 @@ def parse_args(argv=None):
   )
   p.add_argument("--time-limit", type=positive_float, help="seconds: stop after the first batch past this")
   p.add_argument("--target", default="smollm2-135m")
-  p.add_argument("--method", choices=METHODS, default="auto", help="how the engine decodes (all are lossless)")
+  p.add_argument(
+    "--method",
+    type=method_type,
+    choices=list(Method),
+    default=Method.AUTO,
+    help="how the engine decodes (all are lossless)",
+  )
   p.add_argument(
     "--draft",
     help="for longspec, glide (a GLIDE draft) and auto: 'default' (longspec's and glide's"
@@ -133,9 +140,9 @@ def main(argv=None) -> None:
   sources = resolve_sources(args.data)
   import numpy as np
 
+  from longspec_jax.decoding.sampling import SamplingConfig
   from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.proposers import draft_kind, draft_spec, make_proposer
-  from longspec_jax.sampling import SamplingConfig
+  from longspec_jax.methods.factory import make_proposer
   from longspec_jax.weights import load_target, read_target_config, resolve_target
   from longspec_jax.weights.drafts import load_draft, resolve_draft
 
@@ -143,9 +150,9 @@ def main(argv=None) -> None:
   config = read_target_config(path)
   room = args.prompt_tokens + 64  # (the chat template's and the instruction's tokens)
   check_capacity(config, [[0] * room], args.new_tokens)
-  spec = draft_spec(args.method, args.draft)
+  spec = args.method.draft_spec(args.draft)
   if spec is not None:
-    resolve_draft(spec, args.target, draft_kind(args.method))
+    resolve_draft(spec, args.target, args.method.draft_kind)
   records = load_records(sources)
   if "text" not in records.column_names:
     raise UserError(f"the data has no 'text' column (columns: {', '.join(records.column_names)}).")
@@ -153,7 +160,7 @@ def main(argv=None) -> None:
   if args.chat_share and not getattr(target.tokenizer, "chat_template", None):
     raise UserError("--chat-share asks for answers, but the target's tokenizer has no chat template.")
   draft = (
-    load_draft(spec, target.config, target.model.dtype, args.target, kind=draft_kind(args.method))
+    load_draft(spec, target.config, target.model.dtype, args.target, kind=args.method.draft_kind)
     if spec is not None
     else None
   )

@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from longspec_jax.attention import Impl
-from longspec_jax.config import DraftKind
-from longspec_jax.draft import CrossAttend, SelfAttend
-from longspec_jax.heads import Heads
-from longspec_jax.rope import anchor_offset_positions
-from longspec_jax.sharding import traced_under
+from longspec_jax.models.config import DraftKind
+from longspec_jax.models.draft import CrossAttend, SelfAttend
+from longspec_jax.models.heads import Heads
+from longspec_jax.models.rope import anchor_offset_positions
+from longspec_jax.ops.attention import Impl
+from longspec_jax.ops.sharding import traced_under
 from train import Labels, Positions
 from train.loss import chunked_token_losses
 
@@ -227,7 +227,7 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):
   """The jitted step `(draft_params, opt_state, key, tokens, loss_mask, target_params) ->
   (draft_params, opt_state, metrics)`, params and optimizer state donated. `shardings`:
-  (draft params, optimizer state, batch, target params) shardings from `longspec_jax.sharding`."""
+  (draft params, optimizer state, batch, target params) shardings from `longspec_jax.ops.sharding`."""
   step = functools.partial(
     train_step, draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, optimizer=optimizer, config=config
   )

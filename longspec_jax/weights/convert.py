@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from longspec_jax import sharding
-from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
-from longspec_jax.target import Transformer, abstract_model
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import Transformer, abstract_model
+from longspec_jax.ops import sharding
 
 # name -> float array [out, in] (or [n] for norms and biases), None if absent
 TensorGetter = Callable[[str], "np.ndarray | None"]

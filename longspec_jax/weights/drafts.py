@@ -20,12 +20,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from longspec_jax.attention import Impl
-from longspec_jax.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
-from longspec_jax.draft import Draft, random_draft
 from longspec_jax.errors import UserError
 from longspec_jax.files import write_whole
-from longspec_jax.heads import Heads, random_heads
+from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
+from longspec_jax.models.draft import Draft, random_draft
+from longspec_jax.models.heads import Heads, random_heads
+from longspec_jax.ops.attention import Impl
 
 CONFIG_NAME = "draft_config.json"
 PARAMS_DIR = "params"

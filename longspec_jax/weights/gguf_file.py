@@ -13,9 +13,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from longspec_jax.config import RopeConfig, TargetConfig
 from longspec_jax.errors import UserError
-from longspec_jax.target import Transformer
+from longspec_jax.models.config import RopeConfig, TargetConfig
+from longspec_jax.models.target import Transformer
 from longspec_jax.weights.convert import build_model
 
 # GGUF architecture -> HF model_type. Mistral GGUFs use the "llama" architecture.

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
-from longspec_jax.target import Transformer
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import Transformer
 from longspec_jax.weights.convert import build_model
 
 INDEX_NAME = "model.safetensors.index.json"

@@ -6,10 +6,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from longspec_jax.attention import Impl
-from longspec_jax.config import TargetConfig
 from longspec_jax.errors import UserError
-from longspec_jax.target import Transformer
+from longspec_jax.models.config import TargetConfig
+from longspec_jax.models.target import Transformer
+from longspec_jax.ops.attention import Impl
 from longspec_jax.weights import default
 from longspec_jax.weights.gguf_file import load_gguf, read_gguf_config
 from longspec_jax.weights.hf import load_hf_dir, read_config

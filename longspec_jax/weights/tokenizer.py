@@ -225,7 +225,7 @@ def load_tokenizer(path: Path):
       raise UserError(f"could not read the tokenizer of {path} ({type(e).__name__}: {reason}).") from None
   stat = path.stat()
   key = hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{BUILD_VERSION}".encode()).hexdigest()[:16]
-  from longspec_jax.weights.default import cache_root
+  from longspec_jax.files import cache_root
 
   cached = cache_root() / "tokenizers" / key
   if cached.is_dir():

@@ -1,0 +1,118 @@
+"""Turning logits into the next token: the logit processors and sampling.
+
+`SamplingConfig` is static under jit (new settings compile a new step). The processors
+define the target distribution every method must reproduce, and are applied the same
+way wherever a distribution is formed (AR, drafting, verification):
+
+1. TokenSwift's contextual penalty (paper Eq. 3): the logits of tokens among the last
+   `penalty_window` tokens of the sequence (prompt included) are divided by `penalty`;
+2. temperature;
+3. top-k, then top-p (the smallest set of most likely tokens whose mass reaches p), then
+   min-p (tokens at least min_p times the most likely one), each renormalizing.
+
+At temperature 0 the choice is the argmax of the penalized logits (the other processors
+never change it), so greedy decoding is exactly reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from longspec_jax.errors import UserError
+from longspec_jax.ops.topk import top_k
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  temperature: float = 0.0
+  top_k: int = 0  # 0: off
+  top_p: float = 1.0  # 1: off
+  min_p: float = 0.0  # 0: off
+  penalty: float = 1.0  # theta of the contextual penalty; 1: off
+  penalty_window: int = 1024  # W: how many of the latest tokens are penalized
+
+  def __post_init__(self):
+    checks = [
+      (0.0 <= self.temperature < math.inf, f"temperature must be finite and >= 0, got {self.temperature}"),
+      (self.top_k >= 0, f"top_k must be >= 0 (0: off), got {self.top_k}"),
+      (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+      (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
+      (1.0 <= self.penalty < math.inf, f"penalty must be finite and >= 1 (1: off), got {self.penalty}"),
+      (self.penalty_window >= 1, f"penalty_window must be >= 1, got {self.penalty_window}"),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise UserError(message + ".")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  @property
+  def penalized(self) -> bool:
+    return self.penalty != 1.0
+
+
+def penalize(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
+  """logits [..., V] with those of `seen` [..., V] tokens (recent ones) divided by theta."""
+  if not config.penalized or seen is None:
+    return logits
+  return jnp.where(seen, logits / config.penalty, logits)
+
+
+def log_probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
+  """The processed distribution as log-probabilities [..., V] (-inf where removed), for
+  temperature > 0."""
+  scores = jax.nn.log_softmax(penalize(logits.astype(jnp.float32), seen, config) / config.temperature, axis=-1)
+  if config.top_k:
+    kth = top_k(scores, min(config.top_k, scores.shape[-1]))[0][..., -1:]
+    scores = jax.nn.log_softmax(jnp.where(scores >= kth, scores, -jnp.inf), axis=-1)
+  if config.top_p < 1.0:
+    ordered = jnp.sort(scores, axis=-1)[..., ::-1]
+    mass_before = jnp.cumsum(jnp.exp(ordered), axis=-1) - jnp.exp(ordered)  # mass of strictly likelier tokens
+    cutoff = jnp.min(jnp.where(mass_before < config.top_p, ordered, jnp.inf), axis=-1, keepdims=True)
+    scores = jax.nn.log_softmax(jnp.where(scores >= cutoff, scores, -jnp.inf), axis=-1)
+  if config.min_p > 0.0:
+    floor = jnp.max(scores, axis=-1, keepdims=True) + jnp.log(config.min_p)
+    scores = jax.nn.log_softmax(jnp.where(scores >= floor, scores, -jnp.inf), axis=-1)
+  return scores
+
+
+def probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
+  return jnp.exp(log_probs(logits, seen, config))
+
+
+def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig, seen: jax.Array | None = None) -> jax.Array:
+  """logits [B, V] float32 -> token ids [B] int32."""
+  if config.greedy:
+    return jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, log_probs(logits, seen, config), axis=-1).astype(jnp.int32)
+
+
+def recent_tokens(
+  history: jax.Array, ends: jax.Array, tail: jax.Array, config: SamplingConfig, vocab: int
+) -> jax.Array:
+  """Which tokens the penalty sees [B, N, V] for N continuations of each sequence:
+  continuation n is history [B, S] up to index ends [B] (inclusive) followed by its own
+  tokens tail [B, N, D] (-1 where shorter: a tree node's path below the root). The
+  window is the last `penalty_window` tokens of that."""
+  batch, n, depth = tail.shape
+  window = config.penalty_window
+  length = jnp.sum(tail >= 0, axis=-1)  # [B, N]
+  # Window slot j holds sequence index ends + length - window + 1 + j.
+  index = (ends[:, None, None] + length[:, :, None] - window + 1) + jnp.arange(window)[None, None, :]  # [B, N, W]
+  from_history = jnp.take_along_axis(
+    history, jnp.clip(index, 0, history.shape[1] - 1).reshape(batch, -1), axis=1
+  ).reshape(batch, n, window)
+  tail_slot = jnp.clip(index - ends[:, None, None] - 1, 0, depth - 1)
+  from_tail = jnp.take_along_axis(tail, tail_slot, axis=2)
+  tokens = jnp.where(index > ends[:, None, None], from_tail, from_history)
+  tokens = jnp.where(index >= 0, tokens, -1)  # before the sequence start: nothing
+  seen = jnp.zeros((batch, n, vocab + 1), bool)
+  b = jnp.arange(batch)[:, None, None]
+  m = jnp.arange(n)[None, :, None]
+  return seen.at[b, m, jnp.where(tokens >= 0, tokens, vocab)].set(True)[..., :vocab]

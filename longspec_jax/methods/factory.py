@@ -1,0 +1,104 @@
+"""`make_proposer`: a method's proposer and its params, from the method, a draft and the
+proposer options (`registry`)."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from longspec_jax.decoding.sampling import SamplingConfig
+from longspec_jax.errors import UserError
+from longspec_jax.methods.auto import Adaptive
+from longspec_jax.methods.base import RootOnly
+from longspec_jax.methods.longspec import LongSpecDraft
+from longspec_jax.methods.prompt_lookup import PromptLookup
+from longspec_jax.methods.registry import Method, ProposerOptions
+from longspec_jax.methods.tokenswift import TokenSwift
+from longspec_jax.models.config import CapeConfig
+from longspec_jax.models.draft import Draft
+from longspec_jax.models.heads import Heads
+
+
+def auto_copies() -> tuple[int, int]:
+  """`auto`'s prompt-lookup continuations when neither the flags nor the draft set them:
+  (tokens each, how many). On a GPU, where a round of a small target costs about the
+  same for a hundred nodes as for one (its kernels are launch-bound), four of 24 tokens:
+  on SmolLM2 (H100, 4k, seven prompt sets) `auto` with them ran 1.04-1.93x prompt
+  lookup's one of 10, median 1.45x, and with four of 16 median 1.23x
+  (docs/benchmarks.md, session 19). Where the trie is dear (a large target's long
+  contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
+  continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with
+  its nodes, prompt lookup's own one of 10."""
+  if jax.default_backend() == "gpu":
+    return 24, 4
+  return PromptLookup().num_tokens, 1
+
+
+def make_proposer(
+  method: Method | str, draft: Draft | Heads | None = None, options: ProposerOptions = ProposerOptions()
+):
+  """(proposer, proposer_params) for `engine.generate`. A draft method's proposer holds the
+  draft's graphdef and tree, `options.tree_widths` (or with `cape`, CAPE's tree) with
+  `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in (each
+  by default the draft's own, `DraftConfig`), and its params are the draft's. `pld`
+  proposes `copy_matches` continuations of `copy_tokens` (default: one of 10, the published
+  method). `auto` chooses each round among AR, prompt lookup's continuations (by default the
+  draft's copy length, else `auto_copies`) and, if a draft is given, the draft's tree with
+  them grafted in. GLIDE's draft takes CAPE's tree (its paper's) unless widths or CAPE are
+  given. `tokenswift`'s draft is its heads (`Heads`), whose full tree `tree_widths`
+  replaces; it ranks its candidates under `sampling`'s penalty. `sparse`: the draft methods'
+  trees are verified sparsely (SpecAttn, lossy). The other methods have no params."""
+  method, o = Method(method), options
+  if o.sparse is not None and not method.reads_sparsely:
+    raise UserError(
+      f"sparse verification selects what the target reads from a draft's cross-attention: method longspec or"
+      f" glide, not {method.value}."
+    )
+  stored = draft.config if draft is not None else None
+  if method.needs_draft and stored is not None and stored.kind is not method.draft_kind:
+    raise UserError(
+      f"method {method.value} runs {method.draft_kind.value}'s draft, but this draft is {stored.kind.value}'s."
+    )
+  if method is Method.TOKENSWIFT:
+    return _tokenswift(draft, o)
+  cape = CapeConfig() if method is Method.GLIDE and o.tree_widths is None and o.cape is None else o.cape
+  if cape is not None and stored is not None:
+    cape.check_fits(stored.vocab_size)
+  if method is Method.AR:
+    return RootOnly(), None
+  if method is Method.PLD:
+    return PromptLookup(num_tokens=o.copy_tokens or PromptLookup().num_tokens, matches=o.copy_matches or 1), None
+  if method is Method.AUTO:
+    tokens, matches = auto_copies()
+    lookup = PromptLookup(
+      num_tokens=o.copy_tokens or (stored.copy_tokens if stored else 0) or tokens, matches=o.copy_matches or matches
+    )
+    if draft is None:
+      return Adaptive(lookup), None
+    graphdef, params = nnx.split(draft)
+    return Adaptive(lookup, LongSpecDraft(graphdef, tuple(o.tree_widths or stored.tree_widths), cape=cape)), params
+  graphdef, params = nnx.split(draft)
+  copies = stored.copy_tokens if o.copy_tokens is None else o.copy_tokens
+  widths = tuple(o.tree_widths or stored.tree_widths)
+  return LongSpecDraft(graphdef, widths, copies, cape, o.copy_matches or 1, o.sparse), params
+
+
+def _tokenswift(heads: Heads, o: ProposerOptions) -> tuple[TokenSwift, nnx.State]:
+  """`make_proposer`'s TokenSwift: its heads' full tree (or `tree_widths`) with
+  `copy_matches` n-grams of `copy_tokens` tokens grafted (its continuations: 20 of 4 by
+  default, its paper's; `copy_tokens` 0: none)."""
+  if o.cape is not None:
+    raise UserError("method tokenswift drafts with its heads' full tree: CAPE's tree does not apply to it.")
+  slots = TokenSwift.ngram_slots
+  if o.copy_tokens == 1 or (o.copy_matches is not None and not 1 <= o.copy_matches <= slots):
+    raise UserError(
+      f"method tokenswift grafts n-grams of at least 2 tokens (copy_tokens 0: none), at most {slots} of them a round"
+      f" (copy_matches), got {o.copy_tokens} x {o.copy_matches}."
+    )
+  graphdef, params = nnx.split(heads)
+  widths = heads.config.tree_widths if o.tree_widths is None else tuple(o.tree_widths)
+  if o.copy_tokens == 0:
+    grams = dict(ngrams=0)
+  else:
+    grams = dict(n=o.copy_tokens or TokenSwift.n, ngrams=o.copy_matches or TokenSwift.ngrams)
+  return TokenSwift(graphdef, widths, **grams, sampling=o.sampling or SamplingConfig()), params

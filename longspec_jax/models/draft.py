@@ -1,0 +1,183 @@
+"""The draft models: LongSpec's (constant memory at any context length) and GLIDE's.
+
+One block (or a few, stacked and scanned like the target's layers) of
+RMSNorm -> self-attention over the draft's own cache -> RMSNorm -> cross-attention whose
+keys and values are the target's cached K/V of one layer -> RMSNorm -> SwiGLU MLP, then a
+final RMSNorm. The input embedding and the LM head are the target's arrays, passed in,
+never copied: the draft's parameters are only its blocks, and its state only its cache.
+The two kinds differ only in what the attentions see (`config.DraftKind`): LongSpec's
+self-attention the latest `window` positions (a ring buffer) and every layer the same
+target layer; GLIDE's every earlier position (a cache as long as the target's) and
+layer m the target layer `cross_layer` + m.
+
+Cross-attention is delayed as at inference: a query at position p sees target slots below
+a per-query limit (the committed length, never p itself), which is what flash noisy
+training simulates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from longspec_jax.models.cache import RingCache
+from longspec_jax.models.config import DraftConfig
+from longspec_jax.models.layers import DecoderLayer, build_random, embed_tokens, init_weight, rms_norm, stacked_layers
+from longspec_jax.models.rope import apply_rope, inverse_frequencies, rope_tables
+from longspec_jax.models.target import Transformer
+from longspec_jax.ops import attention
+from longspec_jax.ops.attention import Impl
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfAttend:
+  """What the draft's self-attention sees: the ring's positions below `ring_limit` within
+  the window (no ring: nothing before this call), and the block's keys under `mask`. The
+  block is this call's own tokens (N = T), or, with `buffer = (k, v [L, B, N, K, D],
+  slots [B, T])`, a buffer of earlier tree nodes into which this call's K/V are first
+  written at `slots`. Training passes no mask: the block is a whole sequence, each token
+  seeing itself and the `window` - 1 before it (structured, so `Impl.FLASH` never builds
+  the [T, T] mask)."""
+
+  mask: jax.Array | None  # [B, T, N] bool; None: causal within `window`
+  window: int | None = None
+  ring: RingCache | None = None
+  ring_limit: jax.Array | None = None  # [B] int32
+  buffer: tuple[jax.Array, jax.Array, jax.Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossAttend:
+  """The target's cached keys/values of every layer [L, B, S, K, D] (each draft layer
+  reads the one its config names, in place: the attention kernel takes the layer's index,
+  no copy per pass) and, per query, how many slots it may see (the committed length,
+  delayed as flash noisy training simulates). Training gives a `delay` per sequence, or
+  a `block` length, instead of limits: the K/V are those of the same tokens, and query i
+  sees slots 0 .. i - delay (LongSpec's flash noisy training), or those of the blocks
+  before its own (GLIDE's; both structured, for `Impl.FLASH`)."""
+
+  k: jax.Array  # [L, B, S, K, D]
+  v: jax.Array  # [L, B, S, K, D]
+  limits: jax.Array | None  # [B, T] int32; None: by `delay` or `block`
+  delay: jax.Array | None = None  # [B] int32
+  block: int | None = None
+
+
+class DraftLayer(DecoderLayer):
+  """A decoder layer with a cross-attention over the target's K/V between its
+  self-attention and its MLP (none where the config ablates it)."""
+
+  def __init__(self, config: DraftConfig, dtype, rngs: nnx.Rngs):
+    super().__init__(config, dtype, rngs)
+    if not config.cross_attention:
+      return
+    e, h, d = config.hidden_size, config.num_heads, config.head_dim
+    self.cross_norm = nnx.Param(jnp.ones((e,), dtype))
+    self.cross_q = nnx.Param(init_weight(rngs.params(), (e, h, d), dtype))
+    self.cross_o = nnx.Param(init_weight(rngs.params(), (h, d, e), dtype))
+
+  def add_cross_attention(self, x, cos, sin, cross: CrossAttend, layer, impl: attention.Impl, chunk: int = 0):
+    """x [B, T, E] attends to the target's cached keys/values of `layer` (an int, or an
+    int32 scalar inside the layer scan) at the slots `cross` allows; queries get RoPE at
+    their own positions (cos/sin). Returns the new x and, with `chunk`, the attention's
+    mass per chunk of the cache and KV head [B, K, C] (`attention.prefix_chunk_mass`)."""
+    c = self.config
+    b, t = x.shape[:2]
+    h = rms_norm(x, self.cross_norm[...], c.rms_norm_eps)
+    q = apply_rope(jnp.einsum("bte,ehd->bthd", h, self.cross_q[...]), cos, sin)
+    q = q.reshape(b, t, c.num_kv_heads, c.group_size, c.head_dim)  # [B, T, K, G, D]
+    mass = None
+    if cross.block is not None:
+      out = attention.blockwise_attention(q, cross.k[layer], cross.v[layer], cross.block, impl=impl)
+    elif cross.delay is not None:
+      out = attention.delayed_attention(q, cross.k[layer], cross.v[layer], cross.delay, impl=impl)
+    else:
+      out, lse = attention.prefix_attention(q, cross.k, cross.v, cross.limits, layer=layer, impl=impl)
+      if chunk:
+        mass = attention.prefix_chunk_mass(q, cross.k, lse, cross.limits, chunk, layer=layer)
+    return self.add_attention(x, out, self.cross_o[...]), mass
+
+
+class Draft(nnx.Module):
+  """The draft's own parameters; the target supplies embedding, LM head and K/V.
+  `attention` picks the code of all its attention, self and cross (`attention.Impl`; a
+  draft being trained needs FLASH or REFERENCE, which are differentiable)."""
+
+  def __init__(
+    self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs, attention: attention.Impl | None = None
+  ):
+    self.config = config
+    self.attention = attention or Impl.default()
+
+    self.layers = stacked_layers(DraftLayer, config, dtype, rngs)
+    self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+
+  def __call__(
+    self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend, cross: CrossAttend
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V [L, B, N, K, D],
+    this call's included). The self-attention sees what `own` names, the
+    cross-attention what `cross` names."""
+    hidden, block_kv, _ = self.forward(target, tokens, positions, own, cross)
+    return hidden, block_kv
+
+  def forward(
+    self,
+    target: Transformer,
+    tokens: jax.Array,
+    positions: jax.Array,
+    own: SelfAttend,
+    cross: CrossAttend,
+    chunk: int = 0,
+  ):
+    """`__call__`, and with `chunk` also where its cross-attention looked (cross.limits
+    given): its mass per chunk of `chunk` slots of the target's cache and per KV head, [B,
+    K, ceil(S / chunk)], summed over this call's queries, the heads of each group and the
+    draft's layers (SpecAttn's signal for which chunks the target reads; a one-layer
+    draft's stands for every target layer); None without."""
+    c = self.config
+    x = embed_tokens(target.embed[...], tokens).astype(self.final_norm.dtype)  # [B, T, E]
+    inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
+    cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
+    ring = own.ring
+    ring_visible = None if ring is None else ring.visible(positions, own.ring_limit)  # [B, T, W]
+    rows = jnp.arange(tokens.shape[0])[:, None]
+    layer_def, layer_state = nnx.split(self.layers)
+    block_k, block_v, slots = (None, None, None) if own.buffer is None else own.buffer
+    # Each layer's cross-attended target layer: one static index when all are one
+    # (LongSpec's), else scanned with the layers (GLIDE's).
+    cross_layers = c.target_layers(target.config.num_layers)
+    scanned_layers = None if len(set(cross_layers)) == 1 else jnp.asarray(cross_layers, jnp.int32)
+
+    def step(x, xs):
+      state, ring_k, ring_v, buffer_k, buffer_v, cross_layer = xs
+      layer = nnx.merge(layer_def, state)
+      q, k, v = layer.project_qkv(x, cos, sin)
+      if buffer_k is not None:
+        k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
+        v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
+      if own.mask is None:
+        out, lse = attention.causal_attention(q, k, v, own.window, impl=self.attention), None
+      else:
+        out, lse = attention.masked_attention(q, k, v, own.mask, impl=self.attention)
+      if ring_k is not None:
+        ring_out, ring_lse = attention.masked_attention(q, ring_k, ring_v, ring_visible, impl=self.attention)
+        out, _ = attention.merge(ring_out, ring_lse, out, lse)
+      x = layer.add_attention(x, out)
+      mass = None
+      if c.cross_attention:
+        x, mass = layer.add_cross_attention(
+          x, cos, sin, cross, cross_layers[0] if cross_layer is None else cross_layer, self.attention, chunk
+        )
+      return layer.add_mlp(x), (k, v, mass)
+
+    ring_kv = (None, None) if ring is None else (ring.k, ring.v)
+    x, (k, v, mass) = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers))
+    return rms_norm(x, self.final_norm[...], c.rms_norm_eps), (k, v), None if mass is None else mass.sum(axis=0)
+
+
+def random_draft(config: DraftConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Draft:
+  return build_random(lambda rngs: Draft(config, dtype, rngs=rngs, attention=attention), seed)
