@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from infer.cli import (
+  MethodSpec,
   add_copy_flags,
   add_sampling_flags,
   add_tree_flags,
@@ -164,7 +165,7 @@ def main(argv=None):
     "--methods",
     nargs="+",
     type=method_spec,
-    default=[(Method.AR, None, None), (Method.PLD, None, None)],
+    default=[MethodSpec(Method.AR), MethodSpec(Method.PLD)],
     help=f"of {', '.join(m.value for m in Method)}; METHOD:TOKENSxMATCHES gives a copying method its own"
     " prompt-lookup continuations (e.g. pld:16x4)",
   )
@@ -187,10 +188,16 @@ def main(argv=None):
     help=f"prompt sets; {HELD_OUT_NAME}: all that no training data holds ({', '.join(HELD_OUT)})",
   )
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
-  p.add_argument("--num-prompts", type=cli.positive_int, default=3)
-  p.add_argument("--new-tokens", type=cli.positive_int, default=256)
-  p.add_argument("--target", default=default.NAME)
-  p.add_argument("--dtype", choices=("float32", "bfloat16"))
+  p.add_argument("--num-prompts", type=cli.positive_int, default=3, help="prompts per set and length")
+  p.add_argument("--new-tokens", type=cli.positive_int, default=256, help="tokens each run decodes")
+  p.add_argument(
+    "--target",
+    default=default.NAME,
+    help="'smollm2-135m' (the embedded default), a Hugging Face model directory, or a .gguf file",
+  )
+  p.add_argument(
+    "--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bfloat16 on a GPU, float32 elsewhere)"
+  )
   cli.add_attention_flag(p)
   cli.add_batch_invariant_flag(p)
   add_sampling_flags(p)
@@ -234,7 +241,7 @@ def main(argv=None):
   cli.check_batch_invariant(p, args)
   if args.out:
     cli.output_path(args.out)
-  methods = [(Method.AR, None, None)] + [
+  methods = [MethodSpec(Method.AR)] + [
     m for m in args.methods if m[0] is not Method.AR
   ]  # AR first: the baseline of every ratio
   # (label, method, (tree widths, CAPE), copy tokens, copy matches, sparse verification): a

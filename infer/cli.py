@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from longspec_jax.cli import any_int, nonnegative_float, nonnegative_int, number_type, positive_int
 from longspec_jax.errors import UserError
@@ -15,7 +16,19 @@ from longspec_jax.methods.registry import Method
 TOKENSWIFT_PENALTY = 1.2  # theta of TokenSwift's paper (Table 11, Llama 3.1 8B), its method's default
 
 
-def method_spec(text: str) -> tuple[Method, int | None, int | None]:
+class MethodSpec(NamedTuple):
+  """A method and, for one that copies, its own prompt-lookup continuations (their length
+  and number; None: the flags' or the method's)."""
+
+  method: Method
+  tokens: int | None = None
+  matches: int | None = None
+
+  def __str__(self) -> str:  # as written on the command line
+    return self.method.value + (f":{self.tokens}x{self.matches}" if self.tokens else "")
+
+
+def method_spec(text: str) -> MethodSpec:
   """An argparse type: a method, or for one that copies (pld, longspec, glide, auto,
   tokenswift) METHOD:TOKENSxMATCHES, prompt lookup's continuations (TokenSwift's n-grams)
   for that method's run alone (e.g. pld:16x4, four of 16 tokens), over --copy-tokens and
@@ -29,11 +42,11 @@ def method_spec(text: str) -> tuple[Method, int | None, int | None]:
       f" METHOD:TOKENSxMATCHES, got {text!r}"
     )
   if not copies:
-    return method, None, None
+    return MethodSpec(method)
   tokens, _, matches = copies.partition("x")
   if not (tokens.isdigit() and matches.isdigit() and int(tokens) >= 1 and int(matches) >= 1):
     raise argparse.ArgumentTypeError(f"expected {method}:TOKENSxMATCHES with two integers >= 1, got {text!r}")
-  return method, int(tokens), int(matches)
+  return MethodSpec(method, int(tokens), int(matches))
 
 
 # --sparse-verify's P: the share of the draft's attention whose chunks the verifier reads.
@@ -63,7 +76,9 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     f" with --method tokenswift alone, its paper's {TOKENSWIFT_PENALTY})",
   )
   p.add_argument("--penalty-window", type=positive_int, default=1024, help="how many recent tokens the penalty sees")
-  p.add_argument("--seed", type=any_int, default=0)
+  p.add_argument(
+    "--seed", type=any_int, default=0, help="the random draws of sampling (T > 0); the same seed, the same text"
+  )
 
 
 def sampling_config(args, method: Method | None = None):

@@ -63,7 +63,7 @@ def parse_args(argv=None):
   )
   add_tree_flags(p)
   add_copy_flags(p)
-  p.add_argument("--max-new-tokens", type=positive_int, default=256)
+  p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most")
   p.add_argument(
     "--sparse-verify",
     type=sparse_fraction,
@@ -71,7 +71,7 @@ def parse_args(argv=None):
     help="longspec, glide: verify each tree reading, per KV head, only the chunks of the cache that hold"
     " P of the draft's cross-attention (SpecAttn; the first two layers read everything). LOSSY:"
     " outputs then differ from the target's own (SmolLM2, P = 0.95: 16-25%% of the K/V read for"
-    " +9-43%% perplexity; docs/benchmarks.md). Off by default",
+    " +9-43%% perplexity; docs/results.md). Off by default",
   )
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")

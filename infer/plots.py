@@ -6,8 +6,8 @@
 `infer.tree_search`, auto's rounds from `lab.bench_auto`, long outputs from
 `lab.bench_long`, sparse verification's quality from `lab.sparse_quality`, the draft's
 training step from `lab.bench_step`) and draws it;
-`python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results, which is how
-docs/figures is made from docs/results; `--join OUT.png` draws several method comparisons
+`python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results (those in
+docs/results included); `--join OUT.png` draws several method comparisons
 (e.g. runs at different prompt lengths) as one.
 """
 

@@ -5,8 +5,8 @@ deep the draft's guesses hold: both are measured, not modelled. Each candidate t
 widths per depth, and prompt-lookup tokens grafted in as a copy branch) decodes a
 calibration prompt set with `longspec` and is scored by its decode tokens/s (a warm-up run
 first, then every prompt `--repeats` times; the median pass's tokens over its seconds).
-Timing noise is the limit: in the first run (docs/benchmarks.md) trees of equal tau
-differed by up to 22% in one pass, hence the repeats. The search climbs from a start
+Timing noise is the limit: trees of equal tau were seen to differ by up to 22% in one
+pass, hence the repeats. The search climbs from a start
 tree (by default the draft's own): each step measures the neighbours of the
 best tree so far (a step up or down the ladder `WIDTHS` for the first depth's width, for
 every deeper depth's at once, and for the deepest one's alone; one depth more or less;
@@ -174,26 +174,32 @@ def main(argv=None):
   from longspec_jax.weights import default
 
   p = cli.ArgumentParser(prog="python -m infer.tree_search", description=__doc__.splitlines()[0])
-  p.add_argument("--target", default=default.NAME)
+  p.add_argument(
+    "--target",
+    default=default.NAME,
+    help="'smollm2-135m' (the embedded default), a Hugging Face model directory, or a .gguf file",
+  )
   p.add_argument("--draft", default="default", help="'default' (the shipped draft) or a draft checkpoint dir")
   p.add_argument("--start", type=tree_widths, help="beam widths per depth to start from (default: the draft's)")
   p.add_argument(
     "--start-copy-tokens", type=cli.nonnegative_int, help="copy branch to start from (default: the draft's)"
   )
-  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"])
+  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code", "docs"], help="prompt sets")
   p.add_argument("--length", type=cli.positive_int, default=4096, help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=2, help="per set")
-  p.add_argument("--new-tokens", type=cli.positive_int, default=128)
+  p.add_argument("--new-tokens", type=cli.positive_int, default=128, help="tokens each run decodes")
   p.add_argument("--repeats", type=cli.positive_int, default=3, help="timed passes over the prompts per tree")
-  p.add_argument("--max-evaluations", type=cli.positive_int, default=12)
+  p.add_argument("--max-evaluations", type=cli.positive_int, default=12, help="trees measured at most")
   p.add_argument(
     "--tolerance",
     type=cli.nonnegative_float,
     default=0.02,
     help="how much faster (a fraction) a neighbour must be to move to it",
   )
-  p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--seed", type=cli.any_int, default=0)
+  p.add_argument(
+    "--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bfloat16 on a GPU, float32 elsewhere)"
+  )
+  p.add_argument("--seed", type=cli.any_int, default=0, help="orders the hill climb's neighbours")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   p.add_argument("--store", action="store_true", help="write the chosen tree into the draft's config")
   args = p.parse_args(argv)

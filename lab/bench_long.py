@@ -1,4 +1,4 @@
-"""`python -m lab.bench_long`: long outputs, where TokenSwift is meant to pay (issue 19).
+"""`python -m lab.bench_long`: long outputs, where TokenSwift is meant to pay.
 
 Each method writes the same long continuation of one prompt, once to each output length
 (`--lengths`, ascending): a run to a longer length repeats the shorter runs' rounds (the
@@ -6,8 +6,8 @@ same tokens, the same random draws), so the differences between consecutive leng
 each segment's tau and speed, the shape of TokenSwift's Table 3 (speedup as the output
 grows). Speedups are against AR at the same length and the same logit processors, in
 the same run. Each run follows a warm-up generation of its own length (its own shapes:
-on an H100 a TokenSwift run at a length not run before took ~12 s more than its rounds,
-session 23); its JSON row gives the seconds XLA compiled in the warm-up and any it
+on an H100 a TokenSwift run at a length not run before took ~12 s more than its rounds);
+its JSON row gives the seconds XLA compiled in the warm-up and any it
 compiled inside the timed decoding all the same (`decode_compile_seconds`).
 `--penalties` repeats everything per contextual penalty (TokenSwift's theta, over the
 last `--penalty-window` tokens), and the JSON gives the output's Distinct-n (distinct
@@ -29,7 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from infer.cli import method_spec
+from infer.cli import MethodSpec, method_spec
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import Compiles, warmed_up
@@ -75,7 +75,7 @@ def main(argv=None):
     "--methods",
     nargs="+",
     type=method_spec,
-    default=[(Method.AR, None, None), (Method.TOKENSWIFT, None, None)],
+    default=[MethodSpec(Method.AR), MethodSpec(Method.TOKENSWIFT)],
     help=f"of {', '.join(m.value for m in Method)} (AR always runs: the baseline)",
   )
   p.add_argument("--heads", help="TokenSwift's heads: 'default' (the default), 'random' or a checkpoint dir")
@@ -108,7 +108,7 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.lengths != sorted(set(args.lengths)):
     p.error(f"--lengths must rise, each once, got {' '.join(map(str, args.lengths))}")
-  methods = [(Method.AR, None, None)] + [m for m in args.methods if m[0] is not Method.AR]
+  methods = [MethodSpec(Method.AR)] + [m for m in args.methods if m[0] is not Method.AR]
   names = [m for m, _, _ in methods]
   specs = {m: m.draft_spec(args.heads if m is Method.TOKENSWIFT else args.draft) for m in names}
   if args.out:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from infer.cli import method_spec
+from infer.cli import MethodSpec, method_spec
 from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.timing import loop_seconds, measure_bandwidth, median_seconds
@@ -429,7 +429,7 @@ def main(argv=None):
     "--methods",
     type=method_spec,
     nargs="+",
-    default=[(Method.AR, None, None), (Method.LONGSPEC, None, None)],
+    default=[MethodSpec(Method.AR), MethodSpec(Method.LONGSPEC)],
     help="methods for --suite floor: ar, pld, longspec (with a random draft), tokenswift (random heads,"
     " its drafting pass also timed alone), each copying one as"
     " METHOD:TOKENSxMATCHES too (e.g. pld:24x4, auto's trie on a GPU); prompt lookup's rounds"

@@ -9,7 +9,7 @@ writes JSON (`--out`).
 
 Random weights alone can pass where a real model does not: bf16 values of similar
 magnitude give exact float32 sums, whatever their order, while a real model's outlier
-dimensions make them inexact (docs/benchmarks.md).
+dimensions make them inexact.
 
   python -m lab.check_invariance --target smollm2-135m --set docs --context 4000 --starts 30 --out inv.json
   python -m lab.check_invariance --shape llama-3.1-8b --context 4000 --starts 8 --gemm cublas

@@ -1,5 +1,5 @@
 """`python -m lab.sparse_quality`: what SpecAttn's sparse verification costs in quality
-(issue 20; the paper's Table 1).
+(the paper's Table 1).
 
 Each document (the start of a held-out file, `--length` tokens) is prefilled but for its
 last `--eval-tokens`, which are then teacher-forced through the target in blocks of

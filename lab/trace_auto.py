@@ -12,7 +12,7 @@ by kind, tau, what its rounds cost at those prices (tokens per second there), th
 gains it leaves to the next and its waits before exploring the draft. Device time is
 dear; a wrong choice found this way costs none.
 
-  python -m lab.trace_auto --prices docs/results/h100_smollm2_broad_draft_s18.json --sets held-out
+  python -m lab.trace_auto --prices results.json --sets held-out
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from longspec_jax.methods.registry import ProposerOptions
 def read_prices(path: Path) -> tuple[dict[str, float], dict]:
   """Seconds per round of each kind (and "switch") of the first `auto` row of an
   `infer.benchmark` results JSON, and that row's prompt-lookup continuations
-  (`copy_tokens`, `copy_matches`; rows written before session 19 give one, its length
+  (`copy_tokens`, `copy_matches`; a row without `copy_matches` gives one, its length
   only)."""
   try:
     rows = json.loads(path.read_text())["rows"]

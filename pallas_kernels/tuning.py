@@ -1,7 +1,7 @@
 """Kernel launch parameters per shape, in one table.
 
 Rows per block, keys per block, warps and pipeline stages come from the measurements of
-`python -m lab.bench_kernels --suites sweep` on an H100 (docs/benchmarks.md); the
+`python -m lab.bench_kernels --suites sweep` on an H100 (docs/results.md, "Kernels"); the
 prefix pass's split count is derived from the shape so that the grid is one wave.
 """
 
@@ -24,8 +24,8 @@ DEFAULT_WAVE = 132
 
 @functools.cache
 def wave_programs() -> int:
-  """Programs that fill the GPU once: its SM count (132 on an H100 SXM). The session-4 sweep
-  (docs/results/h100_kernel_sweep.json) found one wave of long splits faster than ~4
+  """Programs that fill the GPU once: its SM count (132 on an H100 SXM). A sweep of
+  the launch parameters (docs/results.md, "Kernels") found one wave of long splits faster than ~4
   waves of short ones for every shape (less partial output to write and merge, fewer
   pipeline warm-ups)."""
   return getattr(jax.devices()[0], "core_count", None) or DEFAULT_WAVE
@@ -50,7 +50,7 @@ class KernelParams:
 
 
 # (pass, largest query rows per KV head, head_dim) -> (block_rows, block_keys, warps, stages).
-# Measured on an H100 with bf16 K/V (docs/results/h100_kernel_sweep.json); the first row
+# Measured on an H100 with bf16 K/V (docs/results.md, "Kernels"); the first row
 # whose row limit is >= the shape's rows wins. The head_dim-128 rows for <= 16 and for
 # 256+ query rows per KV head were swept at 16k-32k (T = 1 and 64 with G = 4); the others
 # hold the defaults the first grid ran with.

@@ -1,8 +1,8 @@
 """`python -m train.corpus`: a training corpus from the text a machine has installed.
 
-A draft trained on one language reads other text poorly (issue 17: tau 4.2 on held-out
-Python, 1.4-2.3 on other code and documentation). Every machine this project runs on
-holds sources of many languages, documentation and configuration: this walks the usual
+A draft trained on one language reads other text poorly (one trained on Python alone:
+tau 4.2 on held-out Python, 1.4-2.3 on other code and documentation). Every machine this
+project runs on holds sources of many languages, documentation and configuration: this walks the usual
 places (`ROOTS`), keeps the text files it can place in a domain (`DOMAINS`, by name and
 location), drops exact duplicates (the same file shipped by several packages), and
 splits what is left into `train.jsonl` and `heldout.jsonl` by source unit (a package or

@@ -87,7 +87,9 @@ def delay_weights(text: str) -> tuple[float, ...]:
 
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m train.run", description=__doc__.splitlines()[0])
-  p.add_argument("--stage", choices=sorted(STAGES), required=True)
+  p.add_argument(
+    "--stage", choices=sorted(STAGES), required=True, help="the stage, whose defaults the other flags override"
+  )
   p.add_argument("--data", nargs="+", required=True, help="globs of text/code files, JSONL files, or hub dataset names")
   p.add_argument(
     "--max-tokens", type=positive_int, help="train on at most this many tokens (a seeded sample of documents)"
@@ -100,19 +102,25 @@ def parse_args(argv=None):
     type=positive_int,
     help="also evaluate every this many steps (eval_curve.jsonl, plotted beside the loss)",
   )
-  p.add_argument("--out", type=Path, required=True)
+  p.add_argument(
+    "--out", type=Path, required=True, help="the run's directory: checkpoints, metrics, the exported draft"
+  )
   p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
   p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest intact checkpoint")
-  p.add_argument("--target", default="smollm2-135m")
+  p.add_argument(
+    "--target",
+    default="smollm2-135m",
+    help="'smollm2-135m' (the embedded default), a Hugging Face model directory, or a .gguf file",
+  )
   p.add_argument("--init-draft", help="start from this draft checkpoint (e.g. the previous stage's draft/)")
   p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps")
   p.add_argument(
     "--length", type=at_least_two, help="tokens per sequence (default: the stage's, capped by the context)"
   )
   p.add_argument("--batch", type=positive_int, help="sequences per micro-batch, all hosts together")
-  p.add_argument("--accumulate", type=positive_int, default=1)
-  p.add_argument("--learning-rate", type=positive_float)
-  p.add_argument("--warmup-steps", type=nonnegative_int, default=100)
+  p.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches per optimizer step")
+  p.add_argument("--learning-rate", type=positive_float, help="peak learning rate (default: the stage's)")
+  p.add_argument("--warmup-steps", type=nonnegative_int, default=100, help="linear warm-up before the cosine decay")
   p.add_argument(
     "--delays",
     type=delay_weights,
@@ -156,17 +164,17 @@ def parse_args(argv=None):
     help="a new draft without cross-attention: the ablation of GLIDE's section 5.2",
   )
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
-  p.add_argument("--draft-layers", type=positive_int, default=1)
+  p.add_argument("--draft-layers", type=positive_int, default=1, help="a new draft's blocks")
   p.add_argument("--draft-intermediate-size", type=positive_int, help="a new draft's MLP width (default: the target's)")
   p.add_argument("--model-parallel", type=positive_int, default=1, help="devices that share each parameter")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
-  p.add_argument("--save-every", type=positive_int, default=200)
+  p.add_argument("--save-every", type=positive_int, default=200, help="optimizer steps between checkpoints")
   p.add_argument(
     "--time-limit",
     type=positive_float,
     help="seconds: stop after the first optimizer step past this (then save, export, evaluate)",
   )
-  p.add_argument("--seed", type=any_int, default=0)
+  p.add_argument("--seed", type=any_int, default=0, help="initialization, data order and noise draws")
   p.add_argument(
     "--distributed",
     action="store_true",
@@ -422,7 +430,7 @@ def train(args, run: Run) -> int:
   deadline = time.perf_counter() + (args.time_limit or float("inf"))
   # An optimizer step's metrics are read back once the next step is queued: reading them
   # at once left the GPU idle while the host fed the next batch (8% of an H100's SFT
-  # step, session 28). None, or (step, its metrics, the tokens since the last record).
+  # step). None, or (step, its metrics, the tokens since the last record).
   pending = None
 
   def write_pending():

@@ -1,4 +1,4 @@
-"""`python -m train.self_text`: the target's own text, to train a draft on (issue 17, item 2).
+"""`python -m train.self_text`: the target's own text, to train a draft on.
 
 A draft predicts what the target will write, so its last stage of training should read
 the target's own writing, as the LongSpec paper's final stage trains on its target's
@@ -64,7 +64,11 @@ def parse_args(argv=None):
     help="continue --out: keep its records, skip the documents they used, write the rest",
   )
   p.add_argument("--time-limit", type=positive_float, help="seconds: stop after the first batch past this")
-  p.add_argument("--target", default="smollm2-135m")
+  p.add_argument(
+    "--target",
+    default="smollm2-135m",
+    help="'smollm2-135m' (the embedded default), a Hugging Face model directory, or a .gguf file",
+  )
   p.add_argument(
     "--method",
     type=method_type,
@@ -94,8 +98,10 @@ def parse_args(argv=None):
     help="sampling temperature of each batch in turn (0: greedy)",
   )
   p.add_argument("--batch", type=positive_int, default=8, help="prompts decoded together")
-  p.add_argument("--dtype", choices=("float32", "bfloat16"))
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+    "--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bfloat16 on a GPU, float32 elsewhere)"
+  )
+  p.add_argument("--seed", type=int, default=0, help="document order and sampling draws")
   args = p.parse_args(argv)
   if args.chat_share > 1:
     p.error(f"--chat-share must be in [0, 1], got {args.chat_share}")

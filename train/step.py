@@ -99,7 +99,7 @@ def frozen_target(target_graphdef, target_params):
   whole-sequence forward (`causal_hidden_and_kv`) on `Impl.FLASH`, cuDNN's fused causal
   pass on a GPU. (Its Pallas kernels are built for decoding: run over a whole sequence
   with a [B, T, T] mask, they took 134 ms of a 155 ms step at 2 x 8,192 for SmolLM2 on an
-  H100, `docs/training.md`.)"""
+  H100.)"""
   target = nnx.merge(target_graphdef, target_params)
   target.attention = Impl.FLASH
   return target

@@ -1,5 +1,5 @@
 """Counting XLA's compilations: a timed region that compiles times the compiler, not the
-work (once 13 s inside a LongSpec generation of 0.2 s, H200, session 20), so the engine
+work (13 s inside a LongSpec generation of 0.2 s, once, on an H200), so the engine
 reports what compiled inside its decode time and the benchmarks what compiled in theirs."""
 
 from __future__ import annotations

@@ -1,66 +1,23 @@
-"""`auto`: each round, the kind of tree that is expected to emit the most tokens per second.
+"""`auto`: each round, the kind of tree expected to emit the most tokens per second.
 
-Four kinds of round (`Kind`), all lossless, so the choice only moves the speed:
+Four kinds of round (`Kind`), all lossless, so the choice moves only the speed: AR (the
+root alone), CHAIN (prompt lookup's first continuation alone: the cheapest copy round, and
+much the cheaper at a large target's long contexts, where a tree's attention is
+compute-bound), COPY (prompt lookup's continuations as a trie) and DRAFT (the draft's beam
+tree with the same continuations grafted in, when a draft is named).
 
-  AR     the root alone: one target step.
-  CHAIN  prompt lookup's first continuation alone (PLD's chain; only where the lookup
-         proposes several): the cheapest copy round, as long as the trie's where the
-         other continuations add nothing. At a 7B-70B target's long contexts a
-         tree's attention is compute-bound, and there it is much the cheaper: at
-         Llama-3.1-8B's shape and 32k tokens the 97-node trie costs 2.06 AR steps, the
-         chain 1.06 (H200; 1.36 and 1.04 at 4k).
-  COPY   prompt lookup's continuations (PLD; several, as a trie, `ngram.PromptLookup`):
-         cheap, and long when the output copies the context.
-  DRAFT  the LongSpec draft's beam tree with the same continuations grafted in (with a
-         draft named, `registry.Method.draft_spec`): the most tokens a round, at the highest
-         price.
-
-A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
-takes the kind with the most gain / cost, summed over the batch's running sequences.
-Each kind's rounds run as a loop of their own (the engine's), so changing kind has a
-price of its own (a switch to the next loop on a GPU, a call from the host elsewhere;
-measured on the device, `calibration`), spread over `run` rounds of the new kind: a
-choice flapping between kinds that differ by a few percent would pay it every other
-round.
-The costs are measured on the device at hand, for this target and context
-(`calibration`). The gains are moving averages of what rounds emitted, per sequence: the
-draft's tree's, and the continuations' for each length of the n-gram that prompt lookup
-matched (a 3-gram match predicts a good copy better than a 1-gram one), the trie's and
-the first continuation's apart. The continuations' gains are learnt in the rounds that
-verify them (a COPY round shows the first continuation's too: the trie accepts at least
-as deep as any of its branches agrees) and in the other rounds too: their continuations
-are kept (one round's at a time per sequence, taken whatever they will show) and set
-against the tokens emitted from there on until each breaks or ends, which tells what
-they would have given (in law, at T > 0 too). Without that, a
-chain's gain that fell near one was never seen again: auto ran 94 AR rounds of 185 on
-POD summaries at 0.82x prompt lookup's tau. Without a match a COPY round is an AR step
-at a higher price. A gain not seen yet (NaN) counts as half the tree's depth, so that
-each kind gets tried, and its first sighting replaces that guess:
-the guess, kept until the moving average forgot it, had the draft chosen for ~7 of 48
-rounds of each generation on code it does not help (H100, SmolLM2). A generation starts
-from the gains the previous one learnt (`Learnt`, carried by the engine). A draft round
-runs after at most `explore_every` rounds without one, so that its gain follows the text;
-each such round forced while the draft was not the choice doubles that wait (up to
-`max_explore_every`), and a draft round chosen on its merit resets it: on text the draft
-does not help, exploring every 32 rounds cost a draft round and a long catch-up each
-time. The wait is kept for each of the draft's two gains (rounds without a chain's match
-and with one), counting the rounds of that case: with one wait, the draft was explored
-where chains matched and never again where none did, so one unlucky draft round without
-a match (1 token) had every such round run AR for the rest of a generation and the next
-(180 AR rounds of 227 on a POD question, tau 1.9 where the draft's rounds give 4.6;
-H100, session 17's draft). An explored round that beat the choice it displaced (more
-tokens per second than that choice expected) is followed by another in the next round
-of its case, until one loses or the draft is chosen on its merit: the gain it was
-explored for is stale (one early sighting replaced the guess whole), and each winning
-round moves it by only `ema`. The waits start again at `explore_every` in every
-generation, where the gains carry on: a new prompt is new text, on which the gains
-learnt elsewhere are a guess to check, and a wait doubled on text the draft did not help
-left it unexplored on text it might. Traced on a CPU at the H100's prices
-(`lab.trace_auto`, session 18's draft, the six held-out sets in turn, 12 generations),
-waits that start again took 2% less time in all than carried ones: 12% less on one Perl
-explanation, 7% more on one Perl module, within 8% either way elsewhere. The choice
-depends on earlier rounds only, so every round's tokens keep the target's law (greedy:
-AR's tokens).
+A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer takes
+the kind with the most gain / cost over the batch's running sequences. The costs are
+measured on the device for this target and context (`prices`); a change of kind has its
+own price, spread over `run` rounds so that the choice does not flap. The gains are moving
+averages per sequence: the draft's tree's, and the continuations' per matched n-gram length
+(the trie's and the first continuation's apart), learnt also in rounds of other kinds by
+setting their continuations against the tokens emitted after them. An unseen gain counts
+as half the tree's depth, so each kind gets tried; a generation starts from the gains the
+previous one learnt (`Learnt`). A draft round runs after at most `explore_every` rounds
+without one, per case (with and without a match); a forced round that loses doubles that
+wait, one that wins is followed by another. The choice depends on earlier rounds only, so
+every round's tokens keep the target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ def auto_copies() -> tuple[int, int]:
   """`auto`'s prompt-lookup continuations when neither the flags nor the draft set them:
   (tokens each, how many). On a GPU, where a round of a small target costs about the
   same for a hundred nodes as for one (its kernels are launch-bound), four of 24 tokens:
-  on SmolLM2 (H100, 4k, seven prompt sets) `auto` with them ran 1.04-1.93x prompt
-  lookup's one of 10, median 1.45x, and with four of 16 median 1.23x
-  (docs/benchmarks.md, session 19). Where the trie is dear (a large target's long
-  contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
+  on SmolLM2 at 4k their trie ran at a median 1.35x prompt lookup's one of 10 over seven
+  prompt sets (docs/results.md, "End-to-end decoding"). Where the trie is dear (a large
+  target's long contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
   continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with
   its nodes, prompt lookup's own one of 10."""
   if jax.default_backend() == "gpu":

@@ -10,9 +10,9 @@ first, then the shorter ones') are proposed together, merged as a trie
 another often does not. On the held-out C headers and C++ sources at 4k (SmolLM2's
 greedy output, an offline count), 4 continuations of 16 tokens gave 11.0 and 6.8 tokens
 a round against one of 10's 5.5 and 4.4. On a GPU a round of this small target costs
-about the same for 97 nodes as for 11 (launch-bound): four of 24 ran 1.24-2.24x one of
-10 on seven prompt sets (H100, docs/benchmarks.md, session 19); on a CPU a round's cost
-grows with its nodes.
+about the same for 97 nodes as for 11 (launch-bound): four of 24 ran 0.74-1.92x one of
+10 on seven prompt sets, median 1.35x (H100, docs/results.md, "End-to-end decoding"); on
+a CPU a round's cost grows with its nodes.
 """
 
 from __future__ import annotations

@@ -57,8 +57,9 @@ class Method(enum.Enum):
     """The draft the method runs, given the draft a user named (None: none named; 'none':
     none): a draft method's named one or else 'default' (the one shipped for the target);
     `auto`'s only when named. By default `auto` chooses between AR and prompt lookup's
-    continuations: on SmolLM2 its draft rounds cost more than the tokens they add on most
-    prompt sets (docs/results.md, "auto"); `--draft default` adds them."""
+    continuations: on SmolLM2 the shipped draft's tree with the copy trie grafted in runs
+    slower than the trie alone on all seven prompt sets at 4k (docs/results.md,
+    "End-to-end decoding"); `--draft default` adds its rounds."""
     if self.needs_draft:
       return named or "default"
     if self is Method.AUTO and named != "none":

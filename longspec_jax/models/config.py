@@ -360,7 +360,7 @@ class SparseVerify:
 
   chunk: 64 slots where the paper selects 16: read as 16-key blocks the sparse pass runs
   at 0.30-0.44x the dense pass's rate per key on an H100, as 64-key blocks at 0.69-0.84x
-  (docs/benchmarks.md, "SpecAttn's kernels")."""
+  (docs/results.md, "Kernels")."""
 
   p: float
   chunk: int = 64

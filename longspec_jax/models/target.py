@@ -89,7 +89,7 @@ class Transformer(nnx.Module):
     as long on the device (SmolLM2 at 4k: ~50 us), so the device waited on the host:
     measured on an H100, engine rounds of random SmolLM2-shape weights took 1.50 / 2.61 /
     2.67 ms (AR / PLD's 16 nodes / LongSpec's 80) as a loop and 1.27 / 1.44 / 2.36 ms
-    unrolled, the round then one launch (docs/benchmarks.md, "Unrolled rounds"). The
+    unrolled, the round then one launch. The
     price is compile time (SmolLM2's AR loop 2.8 -> 8.8 s); off a GPU a loop costs no
     launches, so it stays a loop."""
     return jax.default_backend() == "gpu"

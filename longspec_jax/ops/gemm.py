@@ -8,7 +8,8 @@ stacked array; a Triton fusion cannot read that slice where it lies, so XLA copi
 layer's weights before its products (a decode step reads the weights twice and writes
 them once), while cuBLAS reads the slice in place.
 
-Measured on an H100, bf16, in the same runs (docs/benchmarks.md, "GEMM choice"):
+Measured on an H100, bf16, in the same runs (docs/results.md, "Rounds against the bandwidth
+floor"):
 
 | model shape | context | AR step, XLA | AR step, cuBLAS | prefill tok/s, XLA | cuBLAS |
 | --- | ---: | ---: | ---: | ---: | ---: |

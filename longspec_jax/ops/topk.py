@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from longspec_jax.ops import sharding
 
-# H100, top-16 of 49k-128k entries (`--suite topk`, docs/results/h100_topk.json): chunks of
+# H100, top-16 of 49k-128k entries (`lab.bench_target --suite topk`, docs/results.md): chunks of
 # 512 took 60-170 us against lax.top_k's 165-285 us for up to 16 rows, and lost at 64.
 CHUNK = 512
 MAX_ROWS = 16

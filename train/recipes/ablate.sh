@@ -4,7 +4,7 @@
 # positions past 1k are unseen by the vanilla draft), and flash noisy training (delays
 # 1 .. the tree's depth) against a fixed delay of one token (the fair baseline: a draft
 # at inference never reads the target at its own position), evaluated at each tree
-# depth's delay. Each arm writes OUT/ARM/eval.json; docs/training.md tabulates them.
+# depth's delay. Each arm writes OUT/ARM/eval.json.
 #
 #   train/recipes/ablate.sh runs/ablate [more train.run flags]
 set -euo pipefail

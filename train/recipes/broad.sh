@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A draft trained on everything the machine has (issue 17), in stages that each resume:
+# A draft trained on everything the machine has, in stages that each resume:
 # run it again with the same OUT (e.g. once per device call, OUT carried between calls as
 # a tar) and it goes on where it stopped, each call spending at most SECONDS.
 #
@@ -30,10 +30,10 @@
 # Sizes (defaults in brackets): PRETRAIN_STEPS [20000], LONG_STEPS [600], SELF_SAMPLES
 # [4000] of SELF_NEW_TOKENS [768], SFT_STEPS [3000]; FINETUNE_LR [1e-4] is the long and
 # SFT stages' learning rate (the paper's 5e-6, for 7B drafts, barely moved this 4M-
-# parameter draft in 600 long steps: session 17), LONG_LR the long stage's alone (GLIDE's
+# parameter draft in 600 long steps), LONG_LR the long stage's alone (GLIDE's
 # shipped draft: 3e-4, its full attention first meeting contexts past 1k there).
 #
-# The shipped drafts for SmolLM2-135M (docs/training.md, sessions 18, 20 and 22):
+# The shipped drafts for SmolLM2-135M (docs/training.md):
 #   PRETRAIN_STEPS=9000 LONG_STEPS=200 SELF_SAMPLES=1024 SELF_NEW_TOKENS=512 SFT_STEPS=400 \
 #     EXTRA_DATA=extra.jsonl train/recipes/broad.sh runs/broad
 #   DRAFT_KIND=glide PRETRAIN_STEPS=9000 LONG_STEPS=725 LONG_LR=3e-4 SELF_SAMPLES=1024 \
