@@ -305,7 +305,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     " | cache MiB target+draft | stream gap s | same tokens as AR",
     flush=True,
   )
-  rows = []
+  rows, written = [], []
 
   def save() -> None:  # after every row: a crash loses nothing measured
     if not args.out:
@@ -332,6 +332,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     }
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
+    written.append(args.out)
 
   for set_name in set_names(args.sets):
     for length in args.lengths:
@@ -401,6 +402,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
             " a user's first such prompt stalls that long",
             flush=True,
           )
+  if written:
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -449,7 +449,8 @@ def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int
   longest = max(len(p) for p in prompts)
   if longest + max_new_tokens > config.max_position_embeddings:
     raise UserError(
-      f"the prompt ({longest} tokens) plus {max_new_tokens} new tokens exceeds the model's context of"
+      f"the prompt ({longest} token{'' if longest == 1 else 's'}) plus {max_new_tokens} new"
+      f" token{'' if max_new_tokens == 1 else 's'} exceeds the model's context of"
       f" {config.max_position_embeddings} tokens."
     )
 

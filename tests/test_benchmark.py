@@ -34,6 +34,7 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   ]
   greedy = common + ["--tree-widths", "2,2", "cape", "--copy-tokens", "0", "4", "--out", str(tmp_path / "greedy.json")]
   assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
+  assert f"wrote {tmp_path / 'greedy.json'} and {tmp_path / 'greedy.png'}" in capsys.readouterr().out
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
   assert [r["method"] for r in rows] == [
     "ar",

@@ -12,7 +12,7 @@ from flax import nnx
 from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.decoding.tree import Tree, static_topology
 from longspec_jax.decoding.verify import accept_greedy, verify
-from longspec_jax.engine import Decoding, acceptance_by_depth, generate, propose, start, verified_size
+from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, propose, start, verified_size
 from longspec_jax.errors import UserError
 from longspec_jax.methods.base import RootOnly
 from longspec_jax.methods.factory import make_proposer
@@ -85,6 +85,8 @@ def test_capacity_and_empty_prompt_errors(tiny):
     generate(tiny, [[5] * 500], 20)
   with pytest.raises(UserError, match="empty"):
     generate(tiny, [[]], 4)
+  with pytest.raises(UserError, match=r"the prompt \(1 token\) plus 512 new tokens exceeds"):
+    check_capacity(tiny.config, [[5]], 512)
 
 
 def test_nonfinite_logits_are_reported(tiny):

@@ -208,7 +208,10 @@ def check_out_dir(args) -> None:
   held = [name for name in RUN_FILES if (out / name).exists()]
   if args.resume:
     if not (out / "checkpoints").is_dir():
-      raise UserError(f"--resume: {out} holds no checkpoints to resume from.")
+      raise UserError(
+        f"--resume: {out} holds no checkpoints to resume from; leave out --resume to start a run there"
+        " (--overwrite replaces what it holds)."
+      )
   elif held and not args.overwrite:
     raise UserError(
       f"{out} already holds a run ({', '.join(held)}); pass --resume to continue it or --overwrite to replace it."
