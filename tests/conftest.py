@@ -1,20 +1,55 @@
-"""Shared fixtures: tiny random HF models saved to disk, the real SmolLM2 GGUF, real text."""
+"""Shared fixtures (the real SmolLM2 GGUF, a tiny target with the real tokenizer), the test
+tiers by folder, and the Hypothesis profiles. Helpers the tests import are in helpers.py."""
 
 from __future__ import annotations
 
 import gc
-import glob
 import os
 from pathlib import Path
 
 import jax
 import pytest
+from hypothesis import settings
+
+from helpers import save_tiny_hf_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
 # The backend starts now, with one CPU device, whatever a test runs first: a CLI run
 # in-process with `--devices N` then finds it started and cannot add devices (one that
 # started it would give the rest of the worker's tests N devices).
 jax.devices()
+
+# Hypothesis: `ci` (the default) draws each test's own count of examples, `dev` a few.
+settings.register_profile("ci", deadline=None)
+settings.register_profile("dev", max_examples=3, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The tiers: each test's folder is its marker (`pytest -m unit`).
+TIERS = ("unit", "kernels", "parity", "e2e")
+
+
+def pytest_ignore_collect(collection_path, config):
+  """Skips a tier's folder that the `-m` expression cannot select whatever a test's other
+  marks are (`pytest -m unit` then imports no other tier's modules: no torch)."""
+  from _pytest.mark.expression import Expression
+
+  tier = collection_path.name if collection_path.is_dir() else None
+  if tier not in TIERS or not config.option.markexpr:
+    return None
+  expression = Expression.compile(config.option.markexpr)
+  if any(
+    expression.evaluate(lambda name, other=other: name == tier if name in TIERS else other) for other in (False, True)
+  ):
+    return None
+  return True
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    tier = Path(str(item.fspath)).parent.name
+    if tier in TIERS:
+      item.add_marker(getattr(pytest.mark, tier))
+
 
 # Mapped memory regions past which `release_compiled_programs` frees compiled programs:
 # under half the kernel's default limit, as one module was seen to add 23,000.
@@ -49,28 +84,6 @@ def fresh_round_costs(tmp_path, monkeypatch):
   monkeypatch.setattr(prices, "cache_root", lambda: tmp_path / "cache")
 
 
-def real_texts(min_chars: int = 4000, limit: int = 40) -> list[str]:
-  """Real local documents: licenses, Python stdlib sources and Debian docs."""
-  import sysconfig
-
-  patterns = [
-    "/usr/share/common-licenses/*",
-    os.path.join(sysconfig.get_paths()["stdlib"], "*.py"),
-  ]
-  texts = []
-  for pattern in patterns:
-    for path in sorted(glob.glob(pattern)):
-      try:
-        text = Path(path).read_text()
-      except (UnicodeDecodeError, IsADirectoryError, PermissionError):
-        continue
-      if len(text) >= min_chars:
-        texts.append(text)
-      if len(texts) >= limit:
-        return texts
-  return texts
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
   from longspec_jax.weights.default import default_gguf_path
@@ -94,69 +107,4 @@ def tiny_with_tokenizer(tmp_path_factory, smollm2_gguf) -> Path:
 
   path = save_tiny_hf_model("llama", tmp_path_factory.mktemp("m") / "tiny", vocab_size=49152, eos_token_id=2)
   load_tokenizer(smollm2_gguf).save_pretrained(path)
-  return path
-
-
-def run_cli(main, argv, prog: str) -> int:
-  """Runs a CLI's main in-process as `python -m` would; returns its exit code."""
-  from longspec_jax.cli import run_main
-
-  try:
-    run_main(lambda: main(argv), prog)
-    return 0
-  except SystemExit as e:
-    return e.code
-
-
-def save_tiny_hf_model(kind: str, path: Path, **overrides) -> Path:
-  """A tiny randomly initialised transformers model saved with save_pretrained."""
-  import torch
-  import transformers
-
-  common = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-    tie_word_embeddings=False,
-  )
-  configs = {
-    "llama": lambda: transformers.LlamaConfig(
-      **common,
-      rope_theta=500000.0,
-      rope_scaling={
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-      },
-    ),
-    "qwen2": lambda: transformers.Qwen2Config(**{**common, "tie_word_embeddings": True}, rope_theta=10000.0),
-    "mistral": lambda: transformers.MistralConfig(**common, rope_theta=10000.0, sliding_window=None),
-    "yarn": lambda: transformers.Qwen2Config(
-      **common,
-      rope_theta=10000.0,
-      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    ),
-    "linear": lambda: transformers.LlamaConfig(
-      **common, rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}
-    ),
-  }
-  config = configs[kind]()
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  torch.manual_seed(0)
-  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-  with torch.no_grad():  # HF zero-inits biases and ones norms; randomise so they are tested
-    for name, p in model.named_parameters():
-      if name.endswith("bias") or "norm" in name:
-        p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
-  model.save_pretrained(path)
   return path

@@ -1,0 +1,213 @@
+"""Draft training: flash noisy cross-attention against the paper's slicing, and real steps
+(TokenSwift's heads too)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig
+from longspec_jax.models.draft import random_draft
+from longspec_jax.models.heads import random_heads
+from longspec_jax.models.target import random_model
+from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
+from train import Labels, Positions
+from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
+
+from helpers import real_texts
+
+
+def test_delayed_cross_attention_matches_the_papers_slicing():
+  """Algorithm 2: out[j:] = causal attention(Q[j:], K[:-j], V[:-j]), out[:j] = 0, for the
+  delay j each sequence drew."""
+  rng = np.random.default_rng(0)
+  length = 11
+  q = jnp.asarray(rng.standard_normal((3, length, 2, 2, 8)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((3, length, 2, 8)), jnp.float32) for _ in "kv")
+  delays = noisy_delays(jax.random.key(1), 3, (1.0,) * 4)
+  out = delayed_attention(q, k, v, delays, impl=Impl.REFERENCE)
+  for b in range(3):
+    shift = int(delays[b])
+    assert 1 <= shift <= 4
+    causal = jnp.arange(1, length - shift + 1)[None]  # query m of the slice sees keys 0..m
+    sliced, _ = prefix_attention_reference(q[b : b + 1, shift:], k[b : b + 1, :-shift], v[b : b + 1, :-shift], causal)
+    explicit = np.concatenate([np.zeros((shift, 2, 2, 8)), np.asarray(sliced[0])], axis=0)
+    np.testing.assert_allclose(np.asarray(out[b]), explicit, atol=1e-6)
+
+
+def test_delays_are_drawn_with_their_weights():
+  """Per sequence j in 1..len(weights) with probability weight / sum, and (0,) is no
+  delay (the sampler's law, checked with a chi-square bound)."""
+  weights = (1.0, 2.0, 0.0, 5.0)
+  counts = np.bincount(np.asarray(noisy_delays(jax.random.key(3), 8000, weights)), minlength=5)
+  expected = 8000 * np.asarray(weights) / sum(weights)
+  drawn = expected > 0
+  assert counts[0] == counts[3] == 0
+  assert sum((counts[1:] - expected)[drawn] ** 2 / expected[drawn]) < 16.3  # (chi2, 2 dof: p 3e-4)
+  np.testing.assert_array_equal(np.asarray(noisy_delays(jax.random.key(0), 4, (0.0,))), [0] * 4)
+  assert tree_delays(5) == (1.0,) * 5
+
+
+TARGET = TargetConfig(
+  vocab_size=211,
+  hidden_size=64,
+  intermediate_size=96,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  max_position_embeddings=4096,
+)
+
+
+@pytest.mark.parametrize(
+  "positions,labels,kind",
+  [
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC),
+    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC),
+    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE),
+  ],
+)
+def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
+  """LongSpec's draft with flash noisy training, GLIDE's (two layers: each reads its own
+  target layer) with its block-wise cross mask."""
+  target = random_model(TARGET, jnp.float32, seed=0)
+  layers = 2 if kind is DraftKind.GLIDE else 1
+  draft = random_draft(DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers), jnp.float32, seed=1)
+  draft_graphdef, draft_params = nnx.split(draft)
+  target_graphdef, target_params = nnx.split(target)
+  text = real_texts(limit=1)[0].encode()
+  tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)  # real bytes
+  config = TrainConfig(
+    learning_rate=3e-3,
+    warmup_steps=2,
+    total_steps=30,
+    loss_chunk=16,
+    compute_dtype="float32",
+    positions=positions,
+    max_position=4096,
+    labels=labels,
+  )
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(draft_params)
+  step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+  losses, hits = [], []
+  for i in range(12):
+    draft_params, opt_state, metrics = step(
+      draft_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens), target_params
+    )
+    losses.append(float(metrics["loss"]))
+    hits.append(float(metrics["hit_rate"]))
+  assert int(metrics["tokens"]) == 4 * 47
+  if labels == "data":
+    assert losses[-1] < losses[0] - 0.5, losses
+  else:  # a random target is nearly uniform: the loss is mostly its entropy, agreement is what moves
+    assert losses[-1] < losses[0] and hits[-1] > hits[0] + 0.2, (losses, hits)
+
+
+@pytest.mark.parametrize("labels", [Labels.DATA, Labels.TARGET])
+def test_tokenswift_heads_learn_the_tokens_further_ahead(labels):
+  """TokenSwift's heads on the frozen target: the loss falls; it counts each head's
+  tokens inside the rows (head i at position t predicts the token at t + 1 + i)."""
+  target = random_model(TARGET, jnp.float32, seed=0)
+  heads_graphdef, heads_params = nnx.split(random_heads(HeadsConfig.for_target(TARGET), jnp.float32))
+  target_graphdef, target_params = nnx.split(target)
+  text = real_texts(limit=1)[0].encode()
+  tokens = jnp.asarray(np.frombuffer(text[: 4 * 48], np.uint8).reshape(4, 48) % 211, jnp.int32)
+  config = TrainConfig(
+    learning_rate=3e-3,
+    warmup_steps=2,
+    total_steps=30,
+    loss_chunk=16,
+    compute_dtype="float32",
+    positions=Positions.VANILLA,
+    labels=labels,
+  )
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(heads_params)
+  step = make_train_step(heads_graphdef, target_graphdef, optimizer, config)
+  losses = []
+  for i in range(12):
+    heads_params, opt_state, metrics = step(
+      heads_params, opt_state, jax.random.key(i), tokens, jnp.ones_like(tokens), target_params
+    )
+    losses.append(float(metrics["loss"]))
+  assert int(metrics["tokens"]) == 4 * (46 + 45 + 44)
+  assert losses[-1] < losses[0] - (0.5 if labels is Labels.DATA else 0.0), losses
+
+
+def test_accumulation_applies_one_update_per_k_micro_batches():
+  target = random_model(TARGET, jnp.float32, seed=0)
+  draft_graphdef, draft_params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32))
+  target_graphdef, target_params = nnx.split(target)
+  config = dataclasses.replace(TrainConfig(compute_dtype="float32", loss_chunk=8), accumulate=2)
+  optimizer = make_optimizer(config)
+  opt_state = optimizer.init(draft_params)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 16)), jnp.int32)
+  before = jax.tree.map(jnp.copy, draft_params)
+  step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+  draft_params, opt_state, _ = step(
+    draft_params, opt_state, jax.random.key(0), tokens, jnp.ones_like(tokens), target_params
+  )
+  unchanged = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params))
+  assert all(unchanged)  # the first micro-batch only accumulates
+  draft_params, opt_state, _ = step(
+    draft_params, opt_state, jax.random.key(1), tokens, jnp.ones_like(tokens), target_params
+  )
+  assert not all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, draft_params)))
+
+
+def test_the_targets_pallas_forward_gives_the_same_step():
+  """The frozen target may run on the Pallas masked-attention kernel (no gradient needs
+  to pass through it): the loss and the draft's gradients are the reference's."""
+  from train.step import draft_loss, training_positions
+
+  target = random_model(TARGET, jnp.float32, seed=0)
+  draft_graphdef, draft_params = nnx.split(random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 211, (2, 37)), jnp.int32)
+  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
+  positions = training_positions(jax.random.key(0), config, 2, 37)
+  delays = noisy_delays(jax.random.key(1), 2, (1.0,) * 4)
+
+  def loss_and_grads(impl):
+    grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
+    return nnx.jit(grad_fn, static_argnums=(1, 7))(
+      draft_params, draft_graphdef, with_impl(target, impl), tokens, jnp.ones_like(tokens), positions, delays, config
+    )
+
+  (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
+  (got, _), got_grads = loss_and_grads(Impl.PALLAS)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", [(1.0,) * 5, (0.0,)])
+def test_the_drafts_flash_attention_gives_the_same_step(weights):
+  """The draft's own attention in training as structured flash passes (a window shorter
+  than the sequence, a delay per sequence or none): the reference's loss and gradients."""
+  from train.step import draft_loss, training_positions
+
+  target = random_model(TARGET, jnp.float32, seed=0)
+  config = TrainConfig(compute_dtype="float32", loss_chunk=16, positions=Positions.ANCHOR_OFFSET, max_position=4096)
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 211, (3, 41)), jnp.int32)
+  positions = training_positions(jax.random.key(2), config, 3, 41)
+  delays = noisy_delays(jax.random.key(3), 3, weights)
+
+  def loss_and_grads(impl):
+    graphdef, params = nnx.split(
+      random_draft(DraftConfig.for_target(TARGET, window=16), jnp.float32, seed=4, attention=impl)
+    )
+    grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
+    return jax.jit(grad_fn, static_argnums=(1, 7))(
+      params, graphdef, target, tokens, jnp.ones_like(tokens), positions, delays, config
+    )
+
+  (want, _), want_grads = loss_and_grads(Impl.REFERENCE)
+  (got, _), got_grads = loss_and_grads(Impl.FLASH)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)

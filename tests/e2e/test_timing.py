@@ -1,0 +1,36 @@
+"""The benchmarks' timing helpers: chained on-device loops over pytrees, and the split of
+a decode round into drafting and verification."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from infer.timing import loop_seconds, phase_seconds
+from longspec_jax.engine import Decoding, generate
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.registry import ProposerOptions
+from longspec_jax.models.config import DraftConfig
+from longspec_jax.models.draft import random_draft
+
+from helpers import tiny_target
+
+
+def test_loop_seconds_chains_pytrees():
+  seconds = loop_seconds(
+    lambda carry, w: (carry[0] @ w, carry[1] + 1),
+    (jnp.ones((8, 8)), jnp.int32(0)),
+    jnp.eye(8),
+    iters=4,
+    unroll=2,
+    repeats=2,
+  )
+  assert seconds > 0
+
+
+def test_phase_seconds_on_a_finished_run(tmp_path):
+  target = tiny_target("llama")
+  draft = random_draft(DraftConfig.for_target(target.config, window=8), jnp.float32)
+  proposer, params = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2)))
+  decoding = Decoding(proposer=proposer)
+  result = generate(target, [np.arange(3, 20).tolist()], 6, decoding, params)
+  draft_seconds, verify_seconds = phase_seconds(target, decoding, params, result.state, iters=2)
+  assert draft_seconds > 0 and verify_seconds > 0
