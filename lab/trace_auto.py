@@ -17,11 +17,11 @@ dear; a wrong choice found this way costs none.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import sys
 from pathlib import Path
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -31,12 +31,25 @@ from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import warmed_up
 from lab.bench_auto import add_run_flags, load_run
 from longspec_jax import cli
-from longspec_jax.engine import Decoding, generate
+from longspec_jax.engine import Decoding, Memory, generate
 from longspec_jax.errors import UserError
 from longspec_jax.methods import prices as round_prices
 from longspec_jax.methods.auto import Adaptive, Kind
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import ProposerOptions
+
+
+@dataclasses.dataclass
+class GivenPrices(round_prices.PriceBook):
+  """Another machine's prices, for every key; nothing measured here is kept."""
+
+  given: round_prices.Prices | None = None
+
+  def known(self, key: str) -> round_prices.Prices | None:
+    return self.given
+
+  def remember(self, key: str, prices: round_prices.Prices) -> None:
+    pass
 
 
 def read_prices(path: Path) -> tuple[dict[str, float], dict]:
@@ -101,7 +114,8 @@ def main(argv=None):
     raise UserError(f"--prices has no price for {', '.join(sorted(set(names) - set(prices)))} rounds.")
   known = round_prices.Prices(seconds=(*(prices[n] for n in names), prices["switch"]), chunks=((),) * len(names))
   decoding = Decoding(proposer=proposer)
-  run = lambda prompt: generate(target.model, [prompt], args.new_tokens, decoding, params)
+  memory = Memory(prices=GivenPrices(given=known))  # every generation takes these prices
+  run = lambda prompt: generate(target.model, [prompt], args.new_tokens, decoding, params, memory=memory)
   result = {
     "kind": "auto_trace",
     "device": jax.devices()[0].device_kind,
@@ -134,12 +148,11 @@ def main(argv=None):
     if args.out:  # after every generation: a crash loses nothing traced
       args.out.write_text(json.dumps(result, indent=1))
 
-  with mock.patch.object(round_prices, "known", lambda key: known):  # every generation takes these prices
-    for set_name in set_names(args.sets):
-      prompts = PROMPT_SETS[set_name](target.tokenizer, args.length, args.num_prompts)
-      record(set_name, "warm-up", warmed_up(lambda: run(prompts[0])))
-      for index, prompt in enumerate(prompts):
-        record(set_name, index, run(prompt))
+  for set_name in set_names(args.sets):
+    prompts = PROMPT_SETS[set_name](target.tokenizer, args.length, args.num_prompts)
+    record(set_name, "warm-up", warmed_up(lambda: run(prompts[0])))
+    for index, prompt in enumerate(prompts):
+      record(set_name, index, run(prompt))
 
 
 if __name__ == "__main__":

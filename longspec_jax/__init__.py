@@ -22,6 +22,7 @@ _EXPORTS = {
   "Decoding": "longspec_jax.engine",
   "GenerationResult": "longspec_jax.engine",
   "GenerationStats": "longspec_jax.engine",
+  "Memory": "longspec_jax.engine",
   "generate": "longspec_jax.engine",
   "start": "longspec_jax.engine",
   "decode_chunk": "longspec_jax.engine",

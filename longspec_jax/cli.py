@@ -248,7 +248,9 @@ def resolve_dtype(name: str | None):
   import jax.numpy as jnp
 
   if name is None:
-    name = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+    from longspec_jax import backend
+
+    name = "bfloat16" if backend.on_gpu() else "float32"
   if name == "float32":
     jax.config.update("jax_default_matmul_precision", "highest")
   return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]

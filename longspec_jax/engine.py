@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from longspec_jax import backend
 from longspec_jax.decoding.compiles import Compiles
 from longspec_jax.decoding.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
 from longspec_jax.decoding.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify
@@ -51,14 +52,24 @@ PAD_ID = -1  # fills token slots after a sequence has finished
 CHUNK_SECONDS = 0.2
 # Rounds one chunk may run (its token buffer is [B, MAX_ROUNDS_PER_CHUNK * tree size]).
 MAX_ROUNDS_PER_CHUNK = 128
-# Seconds per round of the latest full chunk, by (decoding, batch, target config): a
-# generation's first chunk is sized from its predecessor's pace. From one round instead,
-# a short generation ran three chunks, each with a fixed cost (H100, SmolLM2, prompt
-# lookup: 256 tokens in 48 rounds took 87 ms, the first chunk 6.4 ms for its one round).
-_PACE: dict[tuple, float] = {}
-# `auto`'s gains at the end of the latest generation, by (decoding, target config): the
-# next generation starts from them (`adaptive.Learnt`).
-_LEARNT: dict[tuple, Any] = {}
+
+
+@dataclasses.dataclass
+class Memory:
+  """What a generation leaves to the next ones: seconds per round of the latest full chunk,
+  by (decoding, batch, target config), from which a generation's first chunk is sized (from
+  one round instead, a short generation ran three chunks, each with a fixed cost: prompt
+  lookup's 256 tokens in 48 rounds took 87 ms on an H100, its first chunk 6.4 ms for its one
+  round); `auto`'s gains at the end of the latest generation, by (decoding, target config),
+  from which the next starts (`auto.Learnt`); and the measured price of each kind of round.
+  `generate` uses the process's `MEMORY` unless given another."""
+
+  pace: dict[tuple, float] = dataclasses.field(default_factory=dict)
+  learnt: dict[tuple, Any] = dataclasses.field(default_factory=dict)
+  prices: prices.PriceBook = dataclasses.field(default_factory=prices.PriceBook)
+
+
+MEMORY = Memory()
 
 
 @jax.tree_util.register_dataclass
@@ -418,7 +429,7 @@ def _one_program() -> bool:
   AR steps; `auto` then stayed with the draft's rounds where prompt lookup's were 1.9x
   cheaper), against ~0.07 ms a copy of its 4k cache. On a CPU a call is ~4.5 ms of a
   ~50 ms round, and the copies and the nested loops cost more (~47 ms a chunk)."""
-  return jax.default_backend() == "gpu"
+  return backend.on_gpu()
 
 
 def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConfig, vocab: int) -> jax.Array:
@@ -628,12 +639,15 @@ def generate(
   rounds_per_chunk: int | None = None,
   on_tokens: Callable[[np.ndarray], None] | None = None,
   on_prefill: Callable[[int, int], None] | None = None,
+  memory: Memory | None = None,
 ) -> GenerationResult:
   """Decodes a batch of prompts with `decoding.proposer`'s trees (its arrays:
   `proposer_params`) verified by the target; the AR baseline is the one-node tree.
   `on_tokens` receives each chunk of new tokens [B, n] (PAD_ID marks no token) as soon as
   it is on the host; a chunk is `rounds_per_chunk` rounds, by default as many as run in
-  about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens."""
+  about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens.
+  `memory`: what earlier generations left (`Memory`; default the process's `MEMORY`)."""
+  memory = MEMORY if memory is None else memory
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
     raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
   started = start(
@@ -667,7 +681,7 @@ def generate(
     t1 = time.perf_counter()
     chunks = [first[:, None]]
     pace_key = (decoding, len(prompts), model.config)
-    rounds = rounds_per_chunk or _rounds_in(_PACE.get(pace_key))
+    rounds = rounds_per_chunk or _rounds_in(memory.pace.get(pace_key))
     dispatched, pending, ready_at, max_gap = 0, None, t1, 0.0
     previous_done = t1
     round_seconds, calibration_seconds = None, 0.0
@@ -682,18 +696,18 @@ def generate(
       # first (a warm-up), not inside the decode time of the first that starts from gains
       # learnt (~0.4 s on an H100: that generation ran at 13% of prompt lookup's speed).
       learnt_key = (decoding, model.config)
-      learnt = _LEARNT.get(learnt_key) or decoding.proposer.nothing_learnt()
+      learnt = memory.learnt.get(learnt_key) or decoding.proposer.nothing_learnt()
       state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
       key = prices.cost_key(
         model, decoding.proposer, proposer_params, decoding.sampling, len(prompts), state.history.shape[1]
       )
-      table = prices.known(key)
+      table = memory.prices.known(key)
       if table is None or not table.complete:  # measured by the first rounds, which emit tokens as usual
         measured = prices.calibrate(decoding.proposer, run, state, emit, table)
         state, table, dispatched = measured.state, measured.prices, measured.rounds
         if measured.finished:
           dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
-        prices.remember(key, table)  # (a part too: the next generation goes on from it)
+        memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
         ready_at = previous_done = time.perf_counter()
         calibration_seconds = ready_at - t1
       else:
@@ -710,8 +724,8 @@ def generate(
       done_at = chunk.done_at or now
       finished = bool(chunk.finished)
       if not finished:  # (a chunk that finished may have run fewer rounds than it was given)
-        _PACE[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
-        rounds = rounds_per_chunk or _rounds_in(_PACE[pace_key])
+        memory.pace[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
+        rounds = rounds_per_chunk or _rounds_in(memory.pace[pace_key])
       ready_at, previous_done = now, done_at
       emit(tokens)
       return finished
@@ -736,7 +750,7 @@ def generate(
       raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
     decode_seconds = time.perf_counter() - t1
   if decoding.multi_kind:
-    _LEARNT[learnt_key] = decoding.proposer.learnt(state.proposal)
+    memory.learnt[learnt_key] = decoding.proposer.learnt(state.proposal)
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]

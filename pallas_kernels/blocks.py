@@ -136,3 +136,9 @@ def merge_in_order(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
   safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
   out = functools.reduce(jnp.add, [out * jnp.exp(part_lse - safe)[..., None] for out, part_lse in partials])
   return from_rows(out, t, g), from_rows(lse, t, g)
+
+
+def interpret_off_gpu(interpret: bool | None) -> bool:
+  """`interpret` as given, or by default whether the kernels must run in Pallas's
+  interpreter: everywhere but a GPU."""
+  return jax.default_backend() != "gpu" if interpret is None else interpret

@@ -178,7 +178,7 @@ def flash_decode(
   Returns (out f32 [B, T, K, G, D], lse [B, T, K, G])."""
   b, t, kv_heads, g, d = q.shape
   params = params or params_for(Pass.PREFIX, t * g, d, k.shape[-3], b * kv_heads)
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
   return blocks.merge([prefix_partials(rows, k, v, lo, hi, params, interpret, layer=layer)], t, g)

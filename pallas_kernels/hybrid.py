@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from pallas_kernels import blocks
@@ -51,7 +50,7 @@ def hybrid_attention(
   out f32 [B, T, K, G, D]. `split_keys`: a fixed split-K range for the prefix pass, its
   partials merged in order (the bits then do not depend on S), else one from the shape."""
   b, t, kv_heads, g, d = q.shape
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   prefix = dataclasses.replace(
     params_for(Pass.PREFIX, t * g, d, k_cache.shape[-3], b * kv_heads), split_keys=split_keys
   )
@@ -98,7 +97,7 @@ def invariant_hybrid_attention(
   from the cache or from the query's own ancestors, attended one query per program. The
   parts are merged one after another in a fixed order."""
   b, t, kv_heads, g, d = q.shape
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   if layer is None:
     k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
   seq_len = k_cache.shape[2]

@@ -89,7 +89,7 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
     raise ValueError(
       f"kept must be [B, K, ceil(S / {chunk})] = {(b, kv_heads, pl.cdiv(seq_len, chunk))}, got {kept.shape}."
     )
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   params = params_for(Pass.PREFIX, t * g, d, seq_len, b * kv_heads)
   rows = blocks.to_rows(q, params.block_rows)
   row_blocks = rows.shape[2] // params.block_rows

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import blocks
+
 CHUNK = 16  # positions per chunk (the paper's, as Quest's pages)
 HALVINGS = 10  # bisection steps (the paper's implementation)
 
@@ -95,7 +97,7 @@ def select_chunks(mass: jax.Array, p: float, halvings: int = HALVINGS, *, interp
   (interpreted off a GPU unless told)."""
   if not 0 < p <= 1:
     raise ValueError(f"top-p needs 0 < p <= 1, got {p}.")
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   rows, chunks = mass.shape
   kept = pl.pallas_call(
     functools.partial(_kernel, chunks=chunks, width=pl.next_power_of_2(chunks), p=p, halvings=halvings),

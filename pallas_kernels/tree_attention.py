@@ -74,6 +74,6 @@ def tree_attention(q, k, v, mask, *, params: KernelParams | None = None, interpr
   Returns (out f32 [B, T, K, G, D], lse [B, T, K, G])."""
   b, t, kv_heads, g, d = q.shape
   params = params or params_for(Pass.TREE, t * g, d, k.shape[1], b * kv_heads)
-  interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+  interpret = blocks.interpret_off_gpu(interpret)
   rows = blocks.to_rows(q, params.block_rows)
   return blocks.merge([tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret)], t, g)

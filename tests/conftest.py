@@ -77,11 +77,9 @@ def fresh_round_costs(tmp_path, monkeypatch):
   """Every test measures `auto`'s round prices afresh and learns its gains afresh: none
   from earlier tests or runs."""
   from longspec_jax import engine
-  from longspec_jax.methods import prices
+  from longspec_jax.methods.prices import PriceBook
 
-  monkeypatch.setattr(prices, "_MEMORY", {})
-  monkeypatch.setattr(engine, "_LEARNT", {})
-  monkeypatch.setattr(prices, "cache_root", lambda: tmp_path / "cache")
+  monkeypatch.setattr(engine, "MEMORY", engine.Memory(prices=PriceBook(tmp_path / "cache")))
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@ proposer options (`registry`)."""
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
+from longspec_jax import backend
 from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.errors import UserError
 from longspec_jax.methods.auto import Adaptive
@@ -28,7 +28,7 @@ def auto_copies() -> tuple[int, int]:
   target's long contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
   continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with
   its nodes, prompt lookup's own one of 10."""
-  if jax.default_backend() == "gpu":
+  if backend.on_gpu():
     return 24, 4
   return PromptLookup().num_tokens, 1
 

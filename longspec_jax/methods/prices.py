@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -99,9 +100,6 @@ def price(chunks, switch: bool) -> float | None:
   return difference if difference > whole / 4 else whole
 
 
-_MEMORY: dict[str, Prices] = {}
-
-
 def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: int) -> str:
   """What a round's price depends on: what a price covers (`PRICES_VERSION`), the device,
   the target's config, dtype and code choices, the trees of every kind (the draft's array
@@ -128,30 +126,40 @@ def cost_key(model, proposer, proposer_params, sampling, batch: int, max_len: in
   return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-def known(key: str) -> Prices | None:
-  """What was measured before under `key` (this process, then the cache file), or None."""
-  if key not in _MEMORY:
+@dataclasses.dataclass
+class PriceBook:
+  """Prices measured by key (`cost_key`): this process's, backed by a JSON file in
+  `directory` (default: the cache directory) that later processes read."""
+
+  directory: Path | None = None
+  measured: dict[str, Prices] = dataclasses.field(default_factory=dict)
+
+  @property
+  def path(self) -> Path:
+    return (self.directory or cache_root()) / FILE_NAME
+
+  def known(self, key: str) -> Prices | None:
+    """What was measured before under `key` (this process, then the file), or None."""
+    if key not in self.measured:
+      try:
+        stored = Prices.from_json(json.loads(self.path.read_text()).get(key))
+      except (OSError, ValueError, AttributeError):
+        stored = None
+      if stored is not None:
+        self.measured[key] = stored
+    return self.measured.get(key)
+
+  def remember(self, key: str, prices: Prices) -> None:
+    self.measured[key] = prices
     try:
-      stored = Prices.from_json(json.loads((cache_root() / FILE_NAME).read_text()).get(key))
-    except (OSError, ValueError, AttributeError):
-      stored = None
-    if stored is not None:
-      _MEMORY[key] = stored
-  return _MEMORY.get(key)
-
-
-def remember(key: str, prices: Prices) -> None:
-  _MEMORY[key] = prices
-  path = cache_root() / FILE_NAME
-  try:
-    table = json.loads(path.read_text()) if path.exists() else {}
-  except ValueError:
-    table = {}  # a damaged file is rewritten
-  table[key] = prices.to_json()
-  try:
-    write_whole(path, json.dumps(table, indent=1))
-  except OSError:
-    pass  # a read-only cache: the prices stay in this process
+      table = json.loads(self.path.read_text()) if self.path.exists() else {}
+    except ValueError:
+      table = {}  # a damaged file is rewritten
+    table[key] = prices.to_json()
+    try:
+      write_whole(self.path, json.dumps(table, indent=1))
+    except OSError:
+      pass  # a read-only cache: the prices stay in this process
 
 
 @dataclasses.dataclass

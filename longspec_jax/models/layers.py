@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from longspec_jax import backend
 from longspec_jax.models.config import BlockConfig
 from longspec_jax.models.rope import apply_rope
 from longspec_jax.ops import sharding
@@ -35,7 +36,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, layer=None, invaria
   if invariant:
     from pallas_kernels.rms_norm import rms_norm as invariant_rms_norm
 
-    return invariant_rms_norm(x, weight, eps, layer, interpret=jax.default_backend() != "gpu")
+    return invariant_rms_norm(x, weight, eps, layer, interpret=not backend.on_gpu())
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   return (weight if layer is None else weight[layer]) * normed.astype(x.dtype)
@@ -57,7 +58,7 @@ def linear(x: jax.Array, w: jax.Array, contract: int = 1, *, layer=None, invaria
 
   lead = x.shape[: x.ndim - contract]
   flat = w.reshape(*stack, math.prod(c_shape), math.prod(o_shape))
-  y = matmul(x.reshape(*lead, -1), flat, layer, interpret=jax.default_backend() != "gpu")
+  y = matmul(x.reshape(*lead, -1), flat, layer, interpret=not backend.on_gpu())
   return y.reshape(*lead, *o_shape)
 
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from longspec_jax import backend
 from longspec_jax.models.cache import KVCache, write_block
 from longspec_jax.models.config import SparseVerify, TargetConfig
 from longspec_jax.models.layers import DecoderLayer, build_random, embed_tokens, init_weight, rms_norm, stacked_layers
@@ -92,7 +93,7 @@ class Transformer(nnx.Module):
     unrolled, the round then one launch. The
     price is compile time (SmolLM2's AR loop 2.8 -> 8.8 s); off a GPU a loop costs no
     launches, so it stays a loop."""
-    return jax.default_backend() == "gpu"
+    return backend.on_gpu()
 
   @property
   def dtype(self):
@@ -258,7 +259,7 @@ class Transformer(nnx.Module):
     if invariant:
       from pallas_kernels.matmul import matmul
 
-      logits = matmul(hidden, head, transposed=transposed, interpret=jax.default_backend() != "gpu")
+      logits = matmul(hidden, head, transposed=transposed, interpret=not backend.on_gpu())
     else:
       logits = jnp.einsum("...e,ve->...v" if transposed else "...e,ev->...v", hidden, head)
     return logits.astype(jnp.float32)

@@ -25,6 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from longspec_jax import backend
 from longspec_jax.ops import sharding
 
 _NEG_INF = -jnp.inf
@@ -68,7 +69,7 @@ class Impl(enum.Enum):
   @classmethod
   def default(cls) -> Impl:
     """PALLAS on a GPU, REFERENCE elsewhere."""
-    return cls.PALLAS if jax.default_backend() == "gpu" else cls.REFERENCE
+    return cls.PALLAS if backend.on_gpu() else cls.REFERENCE
 
 
 class Invariance(enum.Enum):
@@ -303,7 +304,7 @@ def _flash(q, k, v, **masks) -> jnp.ndarray:
   k * G + g reads key head k, its grouping): cuDNN on a GPU in 16-bit floats, XLA
   elsewhere."""
   b, t, kv, g, d = q.shape
-  fused = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+  fused = backend.on_gpu() and q.dtype in (jnp.bfloat16, jnp.float16)
   out = jax.nn.dot_product_attention(
     q.reshape(b, t, kv * g, d), k, v, is_causal=True, implementation="cudnn" if fused else "xla", **masks
   )

@@ -34,6 +34,8 @@ from typing import Any
 
 import jax
 
+from longspec_jax import backend
+
 
 class Gemm(enum.Enum):
   """XLA: XLA's own choice (Triton GEMM fusions on a GPU). CUBLAS: every dot as a cuBLAS
@@ -45,7 +47,7 @@ class Gemm(enum.Enum):
   @classmethod
   def default(cls) -> Gemm:
     """CUBLAS on a GPU, XLA elsewhere (where the option means nothing)."""
-    return cls.CUBLAS if jax.default_backend() == "gpu" else cls.XLA
+    return cls.CUBLAS if backend.on_gpu() else cls.XLA
 
   def compiler_options(self) -> dict[str, Any] | None:
     return {"xla_gpu_enable_triton_gemm": False} if self is Gemm.CUBLAS else None
@@ -79,7 +81,7 @@ def aligned_rows(rows: int) -> int:
   need no padding copies (measured: a 69-node tree's verification on SmolLM2 spent ~0.2 ms
   of a 2.8 ms round in them); one row stays one (a GEMV). Elsewhere `rows`: the padding
   rows would be work for nothing."""
-  if rows == 1 or jax.default_backend() != "gpu":
+  if rows == 1 or not backend.on_gpu():
     return rows
   return -(-rows // _ROW_MULTIPLE) * _ROW_MULTIPLE
 

@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from longspec_jax import backend
 from longspec_jax.ops import sharding
 
 # H100, top-16 of 49k-128k entries (`lab.bench_target --suite topk`, docs/results.md): chunks of
@@ -38,7 +39,7 @@ def top_k(x: jax.Array, k: int, chunk: int | None = None) -> tuple[jax.Array, ja
     local = lambda x: _gathered(*_offset(top_k(x, k, chunk), x.shape[-1]))
     return _best(*sharding.per_device(local, (x,), (("vocab",),), (None, None)), k)
   few_rows = math.prod(x.shape[:-1]) <= MAX_ROWS
-  chunk = chunk or (CHUNK if jax.default_backend() == "gpu" and few_rows else n)
+  chunk = chunk or (CHUNK if backend.on_gpu() and few_rows else n)
   if n <= 2 * chunk or k > chunk:
     return jax.lax.top_k(x, k)
   chunks = -(-n // chunk)
@@ -73,7 +74,7 @@ def _gathered(*arrays: jax.Array) -> tuple[jax.Array, ...]:
 def fused_head_pays(rows: int) -> bool:
   """Whether the fused head + top-k pass (`head_top_log_probs`) beats the logits, a
   log-softmax and `top_k` for `rows` rows: on a GPU, for a draft's few frontier rows."""
-  return jax.default_backend() == "gpu" and rows <= MAX_ROWS
+  return backend.on_gpu() and rows <= MAX_ROWS
 
 
 def head_top_log_probs(hidden: jax.Array, head: jax.Array, k: int, *, transposed: bool):
@@ -86,9 +87,7 @@ def head_top_log_probs(hidden: jax.Array, head: jax.Array, k: int, *, transposed
 
   lead, e = hidden.shape[:-1], hidden.shape[-1]
   vocab = head.shape[0] if transposed else head.shape[1]
-  candidates = lambda rows, head: head_candidates(
-    rows, head, k, transposed=transposed, interpret=jax.default_backend() != "gpu"
-  )
+  candidates = lambda rows, head: head_candidates(rows, head, k, transposed=transposed, interpret=not backend.on_gpu())
   rows = hidden.reshape(-1, e)
   if sharding.splits("vocab", vocab) > 1:  # each device's candidates and normalizer, gathered
 

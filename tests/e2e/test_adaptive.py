@@ -513,14 +513,14 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert key == prices.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
   assert key != prices.cost_key(tiny, proposer, None, greedy, 2, 300)
   assert key != prices.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
-  assert prices.known(key) is None
-  prices.remember(key, measured.prices)
-  monkeypatch.setattr(prices, "_MEMORY", {})  # a new process: from the file
-  assert prices.known(key) == measured.prices
-  path = prices.cache_root() / prices.FILE_NAME
-  path.write_text(json.dumps({key: [1.0, 2.0, 3.0]}))  # an older file's form: measured again
-  monkeypatch.setattr(prices, "_MEMORY", {})
-  assert prices.known(key) is None
+  book = engine.MEMORY.prices
+  assert book.known(key) is None
+  book.remember(key, measured.prices)
+  book.measured.clear()  # a new process: from the file
+  assert book.known(key) == measured.prices
+  book.path.write_text(json.dumps({key: [1.0, 2.0, 3.0]}))  # an older file's form: measured again
+  book.measured.clear()
+  assert book.known(key) is None
 
 
 def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
@@ -557,7 +557,7 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
   first = generate(tiny, prompts, 120, decoding)
-  learnt = engine._LEARNT[(decoding, tiny.config)]
+  learnt = engine.MEMORY.learnt[(decoding, tiny.config)]
   np.testing.assert_array_equal(learnt.copy_gain, Adaptive.learnt(first.state.proposal).copy_gain)
   started = []
   monkeypatch.setattr(Adaptive, "with_learnt", staticmethod(lambda state, gains: started.append(gains) or state))

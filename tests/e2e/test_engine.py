@@ -502,7 +502,7 @@ def test_chunks_follow_the_measured_round_time(tiny, monkeypatch):
 
   def chunks(seconds):
     monkeypatch.setattr(engine, "CHUNK_SECONDS", seconds)
-    monkeypatch.setattr(engine, "_PACE", {})  # (no pace remembered from other generations)
+    engine.MEMORY.pace.clear()  # (no pace remembered from other generations)
     calls = []
     result = engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append)
     assert sum(int((c >= 0).sum()) for c in calls) == 40
@@ -529,7 +529,7 @@ def test_chunks_done_when_their_call_returns_are_streamed_before_the_next(tiny, 
 
   monkeypatch.setattr(engine._Chunk, "run", classmethod(waiting))
   monkeypatch.setattr(engine, "CHUNK_SECONDS", 1e3)
-  monkeypatch.setattr(engine, "_PACE", {})
+  engine.MEMORY.pace.clear()
   calls = []
   assert engine.generate(tiny, [[5, 6, 7]], 40, on_tokens=calls.append).token_ids == reference
   assert dispatched == [1, engine.MAX_ROUNDS_PER_CHUNK]  # one round, then all the rest at its pace; nothing after

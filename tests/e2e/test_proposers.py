@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from longspec_jax import backend
 from longspec_jax.decoding.tree import cape_tree
 from longspec_jax.engine import prefill
 from longspec_jax.errors import UserError
@@ -192,13 +193,13 @@ def test_each_draft_method_runs_its_own_kind_of_draft(models):
   assert make_proposer(kind, draft, ProposerOptions(tree_widths=(2, 2)))[0].cape is None
 
 
-@pytest.mark.parametrize("backend, copies", [("gpu", (24, 4)), ("cpu", (10, 1))])
-def test_prompt_lookups_continuations_by_method_and_device(models, backend, copies, monkeypatch):
+@pytest.mark.parametrize("gpu, copies", [(True, (24, 4)), (False, (10, 1))])
+def test_prompt_lookups_continuations_by_method_and_device(models, gpu, copies, monkeypatch):
   """`pld` is prompt lookup as published unless told; `auto` proposes four continuations
   of 24 on a GPU (a round costs about the same for ~100 nodes there) and one of 10
   elsewhere; flags win, and a draft method grafts as many as it is given."""
   _, draft = models
-  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  monkeypatch.setattr(backend, "on_gpu", lambda: gpu)
   assert make_proposer("pld")[0].tree_size == 11
   assert make_proposer("pld", None, ProposerOptions(copy_tokens=6, copy_matches=3))[0].tree_size == 19
   lookup = make_proposer("auto")[0].lookup

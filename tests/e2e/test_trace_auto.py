@@ -3,7 +3,7 @@
 import json
 
 from lab.trace_auto import main
-from longspec_jax.methods import prices as round_prices
+from longspec_jax import engine
 
 from helpers import run_cli
 
@@ -37,9 +37,8 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
     "--out",
     str(out),
   ]
-  known = round_prices.known
   assert run_cli(main, args, PROG) == 0, capsys.readouterr().err
-  assert round_prices.known is known  # (the prices are taken inside the tool only)
+  assert engine.MEMORY.prices.measured == {}  # (the given prices stay inside the tool)
   traced = json.loads(out.read_text())
   assert (traced["copy_tokens"], traced["copy_matches"]) == (3, 2)  # the priced row's continuations
   generations = traced["generations"]

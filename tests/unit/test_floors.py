@@ -18,7 +18,7 @@ PACKAGES = ("pallas_kernels", "longspec_jax", "train", "infer", "lab")
 # library: ops < models < weights < decoding < methods < engine < cli < the public API.
 FLOORS = (
   ("pallas_kernels",),
-  ("longspec_jax.errors", "longspec_jax.files"),
+  ("longspec_jax.errors", "longspec_jax.files", "longspec_jax.backend"),
   ("longspec_jax.ops",),
   ("longspec_jax.models",),
   ("longspec_jax.weights",),
