@@ -288,8 +288,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
   printing a row and saving the JSON after each."""
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
-  target = load_target(path, dtype, load_tokenizer(path), attention=impl)
-  target.model.batch_invariant = args.batch_invariant
+  target = load_target(path, dtype, load_tokenizer(path), numerics=cli.numerics(args))
   drafts = {
     kind: sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind))
     for kind, spec in kinds.items()

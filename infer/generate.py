@@ -31,6 +31,7 @@ from longspec_jax.cli import (
   check_batch_invariant,
   device_mesh,
   method_type,
+  numerics,
   positive_int,
   resolve_dtype,
   run_main,
@@ -196,8 +197,7 @@ def main(argv=None) -> None:
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}{devices}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
   with jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
-    target = load_target(path, dtype, tokenizer, attention=impl)
-    target.model.batch_invariant = args.batch_invariant
+    target = load_target(path, dtype, tokenizer, numerics=numerics(args))
     draft = (
       sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=method.draft_kind))
       if uses_draft

@@ -232,7 +232,7 @@ def suite_verify(args) -> list[dict]:
   model = random_model(LLAMA_31_8B, jnp.bfloat16)
   params, graphdefs = nnx.state(model), {}
   for impl in (Impl.PALLAS, Impl.REFERENCE):  # the same weights under each attention code
-    model.attention = impl
+    model = model.with_numerics(attention=impl)
     graphdefs[impl] = nnx.graphdef(model)
   sparse = SparseVerify(0.95)  # (its p is the draft's business: the kept chunks are given here)
   kv_heads, head_dim = LLAMA_31_8B.num_kv_heads, LLAMA_31_8B.head_dim

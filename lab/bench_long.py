@@ -120,7 +120,7 @@ def main(argv=None):
     if spec is not None:
       resolve_draft(spec, args.target, method.draft_kind)
   impl = cli.attention_impl(args.attention)
-  target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path), attention=impl)
+  target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path), numerics=cli.numerics(args))
   dtype = target.model.dtype
   drafts = {
     m: load_draft(spec, target.config, dtype, args.target, attention=impl, kind=m.draft_kind)

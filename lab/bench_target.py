@@ -112,7 +112,7 @@ def suite_smollm2(args) -> dict:
 
   dtype = cli.resolve_dtype(args.dtype)
   dtype_name = jnp.dtype(dtype).name
-  target = load_target("smollm2-135m", dtype, attention=cli.attention_impl(args.attention))
+  target = load_target("smollm2-135m", dtype, numerics=cli.numerics(args))
   hf_model = load_transformers(resolve_target("smollm2-135m"), dtype_name) if args.transformers else None
   rows = []
   for length in args.prompt_lengths:
@@ -191,8 +191,7 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
   from longspec_jax.weights.drafts import load_draft
 
   steps, warmup, iters = STEPS, 2, 5
-  model = random_model(config, dtype, attention=impl)
-  cli.set_gemm(model, args.gemm)
+  model = random_model(config, dtype, numerics=cli.numerics(args))
   graphdef, params = nnx.split(model)
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   itemsize = jnp.dtype(dtype).itemsize
@@ -223,7 +222,7 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
         run = lambda: prefill(model, prompts, context + 128)[1]
         prefill_rate = context / median_seconds(run, warmup=1, iters=2)
       for method, numerics in itertools.product(proposers, args.numerics):
-        model.batch_invariant = numerics == "invariant"
+        model = model.with_numerics(batch_invariant=numerics == "invariant")
         proposer, proposer_params = proposers[method]
         decoding = Decoding(proposer=proposer)
         # A random draft's tokens are rarely accepted; room for 4 tokens a round regardless.

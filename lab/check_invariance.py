@@ -41,7 +41,7 @@ CHAIN = 10  # drafted tokens per verified chain (PLD's default)
 
 def check(model: Transformer, prompt: list[int], starts: int, gemm: Gemm, exact: bool, room: int = 640) -> dict:
   """The counts (module docstring) for `model` (made batch-invariant) after `prompt`."""
-  model.batch_invariant = True
+  model = model.with_numerics(batch_invariant=True)
   graphdef, params = nnx.split(model)
   run = jax.jit(
     lambda params, tree, cache: verify(nnx.merge(graphdef, params), tree, cache)[::2],

@@ -47,11 +47,11 @@ from longspec_jax.cli import (
   attention_impl,
   method_type,
   number_type,
+  numerics,
   output_path,
   positive_int,
   resolve_dtype,
   run_main,
-  set_gemm,
 )
 from longspec_jax.errors import UserError
 from longspec_jax.methods.registry import Method
@@ -285,7 +285,7 @@ def main(argv=None):
   if args.shape:  # (no weights to read: the GGUF reader is not imported)
     target_name = f"random {args.shape}"
     config = SHAPES[args.shape]
-    model = random_model(config, dtype, attention=impl)
+    model = random_model(config, dtype, numerics=numerics(args))
     prompts = (
       np.random.default_rng(args.seed)
       .integers(0, config.vocab_size, (args.generations * args.batch, args.length))
@@ -295,10 +295,9 @@ def main(argv=None):
     from longspec_jax.weights import default, load_target
 
     target_name = args.target or default.NAME
-    target = load_target(target_name, dtype, attention=impl)
+    target = load_target(target_name, dtype, numerics=numerics(args))
     model, config = target.model, target.config
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
-  set_gemm(model, args.gemm)
   draft = (
     load_draft(spec, config, dtype, target_name, attention=impl, kind=args.method.draft_kind)
     if spec is not None

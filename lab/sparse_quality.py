@@ -204,7 +204,7 @@ def main(argv=None):
     p.error(f"--length {args.length} does not fit the target's context of {config.max_position_embeddings} tokens")
   resolve_draft(args.draft, args.target, DraftKind.LONGSPEC)
   impl = cli.attention_impl(args.attention)
-  target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path), attention=impl)
+  target = load_target(path, cli.resolve_dtype(args.dtype), load_tokenizer(path), numerics=cli.numerics(args))
   draft = load_draft(args.draft, target.config, target.model.dtype, args.target, attention=impl)
   graphdef, draft_params = nnx.split(draft)
   device = jax.devices()[0].device_kind

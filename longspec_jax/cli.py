@@ -175,12 +175,17 @@ def add_gemm_flag(p: argparse.ArgumentParser) -> None:
   )
 
 
-def set_gemm(model, name: str | None) -> None:
-  """Gives `model` the `gemm.Gemm` a flag names; None keeps its default."""
+def numerics(args: argparse.Namespace):
+  """The target's `numerics.Numerics` as the flags name them (`--attention`, `--gemm`,
+  `--batch-invariant`, where a command has them; the backend's defaults otherwise),
+  decided once before the target loads."""
   from longspec_jax.ops.gemm import Gemm
+  from longspec_jax.ops.numerics import Numerics
 
-  if name:
-    model.gemm = Gemm(name)
+  chosen = {"attention": attention_impl(getattr(args, "attention", None))}
+  if name := getattr(args, "gemm", None):
+    chosen["gemm"] = Gemm(name)
+  return Numerics(**chosen, batch_invariant=getattr(args, "batch_invariant", False))
 
 
 def add_batch_invariant_flag(p: argparse.ArgumentParser) -> None:

@@ -100,9 +100,7 @@ def frozen_target(target_graphdef, target_params):
   pass on a GPU. (Its Pallas kernels are built for decoding: run over a whole sequence
   with a [B, T, T] mask, they took 134 ms of a 155 ms step at 2 x 8,192 for SmolLM2 on an
   H100.)"""
-  target = nnx.merge(target_graphdef, target_params)
-  target.attention = Impl.FLASH
-  return target
+  return nnx.merge(target_graphdef, target_params).with_numerics(attention=Impl.FLASH)
 
 
 def draft_token_losses(

@@ -24,6 +24,7 @@ trees.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -38,15 +39,17 @@ from longspec_jax.models.rope import inverse_frequencies, rope_tables
 from longspec_jax.ops import attention, topk
 from longspec_jax.ops.attention import Impl, Invariance
 from longspec_jax.ops.gemm import Compilation, Gemm
+from longspec_jax.ops.numerics import Numerics
 
 
 class Transformer(nnx.Module):
   """The target model. Call it with tokens, positions, a block mask and (optionally) a
-  cache. `attention` picks the code every attention of the model runs (`attention.Impl`;
-  by default the Pallas kernels on a GPU, the jnp reference elsewhere); `gemm` the code of
-  its matrix products in the engine's compiled functions (`gemm.Gemm`; cuBLAS on a GPU);
-  `batch_invariant` whether decoding rounds compute batch-invariantly (module docstring;
-  the engine passes it to `__call__` and `logits` for its rounds)."""
+  cache. Its `numerics` (`numerics.Numerics`, fixed when it is built or loaded) say which
+  code every attention of the model runs (`attention`), which code its matrix products run
+  in the engine's compiled functions (`gemm`) and whether decoding rounds compute
+  batch-invariantly (`batch_invariant`, module docstring; the engine passes it to
+  `__call__` and `logits` for its rounds); `with_numerics` gives a copy that computes
+  another way."""
 
   def __init__(
     self,
@@ -54,14 +57,10 @@ class Transformer(nnx.Module):
     dtype=jnp.float32,
     *,
     rngs: nnx.Rngs,
-    attention: attention.Impl | None = None,
-    gemm: Gemm | None = None,
-    batch_invariant: bool = False,
+    numerics: Numerics | None = None,
   ):
     self.config = config
-    self.attention = attention or Impl.default()
-    self.gemm = gemm or Gemm.default()
-    self.batch_invariant = batch_invariant
+    self.numerics = numerics or Numerics()
     self.embed = nnx.Param(init_weight(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
 
     self.layers = stacked_layers(DecoderLayer, config, dtype, rngs)
@@ -71,6 +70,26 @@ class Transformer(nnx.Module):
       if config.tie_word_embeddings
       else nnx.Param(init_weight(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
     )
+
+  @property
+  def attention(self) -> Impl:
+    return self.numerics.attention
+
+  @property
+  def gemm(self) -> Gemm:
+    return self.numerics.gemm
+
+  @property
+  def batch_invariant(self) -> bool:
+    return self.numerics.batch_invariant
+
+  def with_numerics(self, numerics: Numerics | None = None, **changes) -> Transformer:
+    """A copy computing with `numerics` (default: its own) with `changes` to its fields;
+    the two share their arrays."""
+    graphdef, state = nnx.split(self)
+    copy = nnx.merge(graphdef, state)
+    copy.numerics = dataclasses.replace(numerics or self.numerics, **changes)
+    return copy
 
   def compilation(self, rounds: bool = False) -> Compilation:
     """How the engine compiles this model's functions (`gemm.jit`): its `gemm`, exact bf16
@@ -276,10 +295,10 @@ class Transformer(nnx.Module):
     return topk.top_k(jax.nn.log_softmax(self.logits(hidden), axis=-1), k)
 
 
-def abstract_model(config: TargetConfig, dtype, attention: Impl | None = None) -> Transformer:
+def abstract_model(config: TargetConfig, dtype, numerics: Numerics | None = None) -> Transformer:
   """The model's structure with shape/dtype placeholders instead of arrays (no memory)."""
-  return nnx.eval_shape(lambda: Transformer(config, dtype, rngs=nnx.Rngs(0), attention=attention))
+  return nnx.eval_shape(lambda: Transformer(config, dtype, rngs=nnx.Rngs(0), numerics=numerics))
 
 
-def random_model(config: TargetConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Transformer:
-  return build_random(lambda rngs: Transformer(config, dtype, rngs=rngs, attention=attention), seed)
+def random_model(config: TargetConfig, dtype, seed: int = 0, numerics: Numerics | None = None) -> Transformer:
+  return build_random(lambda rngs: Transformer(config, dtype, rngs=rngs, numerics=numerics), seed)

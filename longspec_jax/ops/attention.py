@@ -149,16 +149,6 @@ def masked_attention_reference(
   return _softmax_pass(_scores(q, k), mask[:, None, None, :, :], v)
 
 
-def with_impl(module, impl: Impl):
-  """A copy of a model (a `Transformer` or a `Draft`) whose attention runs `impl`; the two
-  share their arrays."""
-  from flax import nnx
-
-  copy = nnx.merge(*nnx.split(module))
-  copy.attention = impl
-  return copy
-
-
 def prefix_attention(q, k, v, lengths, q_positions=None, window=None, *, layer=None, impl: Impl):
   """The prefix pass with the chosen implementation; see `prefix_attention_reference`
   (and the module docstring for `layer`)."""

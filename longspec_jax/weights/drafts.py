@@ -109,15 +109,13 @@ def load_draft(
     if kind is DraftKind.TOKENSWIFT:
       return random_heads(HeadsConfig.for_target(target_config), dtype)
     return random_draft(DraftConfig.for_target(target_config, kind=kind), dtype, attention=attention)
-  draft = _restore(path, target_config, dtype)
+  draft = _restore(path, target_config, dtype, attention)
   if draft.config.kind is not kind:
     raise UserError(f"{path} holds {draft.config.kind.value}'s draft, where {kind.value}'s is needed.")
-  if isinstance(draft, Draft):
-    draft.attention = attention or Impl.default()
   return draft
 
 
-def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft | Heads:
+def _restore(path: Path, target_config: TargetConfig, dtype, attention: Impl | None = None) -> Draft | Heads:
   import orbax.checkpoint as ocp
 
   try:
@@ -125,8 +123,11 @@ def _restore(path: Path, target_config: TargetConfig, dtype) -> Draft | Heads:
   except (ValueError, TypeError) as e:
     raise UserError(f"the draft config {path / CONFIG_NAME} is unreadable ({e}).") from None
   config.check_matches(target_config)
-  module = Heads if isinstance(config, HeadsConfig) else Draft
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: module(config, dtype, rngs=nnx.Rngs(0))))
+  if isinstance(config, HeadsConfig):
+    build = lambda: Heads(config, dtype, rngs=nnx.Rngs(0))
+  else:
+    build = lambda: Draft(config, dtype, rngs=nnx.Rngs(0), attention=attention)
+  graphdef, abstract = nnx.split(nnx.eval_shape(build))
   # Restored onto the device: without a sharding orbax returns host (numpy) arrays, which
   # every jitted call then copies to the device again (~1 ms a call on an H100 for
   # SmolLM2's draft).

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from longspec_jax.errors import UserError
 from longspec_jax.models.config import TargetConfig
 from longspec_jax.models.target import Transformer
-from longspec_jax.ops.attention import Impl
+from longspec_jax.ops.numerics import Numerics
 from longspec_jax.weights import default
 from longspec_jax.weights.gguf_file import load_gguf, read_gguf_config
 from longspec_jax.weights.hf import load_hf_dir, read_config
@@ -46,13 +46,14 @@ def read_target_config(path: Path) -> TargetConfig:
   return read_gguf_config(path) if path.suffix == ".gguf" else read_config(path)
 
 
-def load_target(spec: str | Path, dtype, tokenizer=None, attention: Impl | None = None) -> LoadedTarget:
+def load_target(spec: str | Path, dtype, tokenizer=None, numerics: Numerics | None = None) -> LoadedTarget:
   """Loads the target a spec names (`resolve_target`); `tokenizer` skips loading it again;
-  `attention` is the model's attention code (default: `Impl.default()`)."""
+  `numerics`: how it computes (default: `Numerics()`, the backend's fastest)."""
   path = spec if isinstance(spec, Path) else resolve_target(spec)
   if path.suffix == ".gguf":
     model, config = load_gguf(path, dtype)
   else:
     model, config = load_hf_dir(path, dtype)
-  model.attention = attention or Impl.default()
+  if numerics is not None:
+    model = model.with_numerics(numerics)
   return LoadedTarget(model=model, config=config, tokenizer=tokenizer or load_tokenizer(path), name=str(spec))

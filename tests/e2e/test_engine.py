@@ -24,7 +24,7 @@ from longspec_jax.models.config import CapeConfig, DraftConfig, DraftKind, Heads
 from longspec_jax.models.draft import random_draft
 from longspec_jax.models.heads import random_heads
 from longspec_jax.ops import gemm
-from longspec_jax.ops.attention import Impl, causal_block_mask, with_impl
+from longspec_jax.ops.attention import Impl, causal_block_mask
 from longspec_jax.weights.drafts import load_draft
 
 from helpers import real_texts, tiny_target
@@ -281,7 +281,7 @@ def test_pallas_attention_gives_the_same_tokens(tiny):
   rng = np.random.default_rng(10)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (19, 7)]
   reference = generate(tiny, prompts, 10).token_ids
-  pallas = with_impl(tiny, Impl.PALLAS)
+  pallas = tiny.with_numerics(attention=Impl.PALLAS)
   assert generate(pallas, prompts, 10, prefill_chunk=16).token_ids == reference
   proposer, params = longspec(tiny, window=8, attention=Impl.PALLAS)
   assert generate(pallas, prompts, 10, Decoding(proposer=proposer), params).token_ids == reference
@@ -293,8 +293,7 @@ def test_batch_invariant_bf16_speculation_emits_the_ar_tokens(tmp_path):
   AR's tokens, though their caches are allocated longer (108 + 16 tokens fit in 128 slots
   with AR's one-node tree, not with their trees); a tree deeper than the invariant pass
   allows is refused in one sentence."""
-  model = tiny_target("llama", jnp.bfloat16)
-  model.batch_invariant = True
+  model = tiny_target("llama", jnp.bfloat16).with_numerics(batch_invariant=True)
   rng = np.random.default_rng(12)
   pattern = rng.integers(3, 211, size=7).tolist()
   prompts = [pattern * 5, rng.integers(3, 211, size=108).tolist()]

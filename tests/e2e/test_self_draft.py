@@ -10,7 +10,7 @@ from longspec_jax.methods.tokenswift import draft_pass
 from longspec_jax.models.cache import PartialCache
 from longspec_jax.models.config import TargetConfig
 from longspec_jax.models.target import random_model
-from longspec_jax.ops.attention import Impl, causal_block_mask, with_impl
+from longspec_jax.ops.attention import Impl, causal_block_mask
 
 TARGET = TargetConfig(
   vocab_size=97,
@@ -35,7 +35,7 @@ def test_with_room_for_everything_the_pass_is_the_targets_own_step(impl):
   """A budget that holds the whole context: each pass (a selection first, then appends
   of the tokens committed since) gives the target's own final state at the newest
   token, round after round."""
-  model = with_impl(random_model(TARGET, jnp.float32, seed=0), impl)
+  model = random_model(TARGET, jnp.float32, seed=0).with_numerics(attention=impl)
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, 97, size=(2, 40)), jnp.int32)
   reference = full_hidden(model, tokens)  # [B, T, E]

@@ -84,7 +84,7 @@ DECODING = textwrap.dedent("""
     import jax.numpy as jnp, numpy as np
     from longspec_jax.ops import sharding
     from longspec_jax.ops import topk
-    from longspec_jax.ops.attention import Impl, with_impl
+    from longspec_jax.ops.attention import Impl
     from longspec_jax.models.config import DraftConfig, HeadsConfig, TargetConfig
     from longspec_jax.models.draft import random_draft
     from longspec_jax.engine import Decoding, generate
@@ -120,7 +120,7 @@ DECODING = textwrap.dedent("""
 
     one = {m: run(target, m).token_ids for m in methods}
     one["sampled"] = run(target, "longspec", sampled).token_ids
-    pallas = with_impl(target, Impl.PALLAS)
+    pallas = target.with_numerics(attention=Impl.PALLAS)
     one["pallas"] = run(pallas, "longspec").token_ids
     assert one["pallas"] == one["longspec"] == one["ar"]
     ties = jnp.asarray(rng.normal(size=(3, 128)).round(1), jnp.float32)

@@ -13,7 +13,7 @@ from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, Targ
 from longspec_jax.models.draft import random_draft
 from longspec_jax.models.heads import random_heads
 from longspec_jax.models.target import random_model
-from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference, with_impl
+from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference
 from train import Labels, Positions
 from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
 
@@ -175,7 +175,14 @@ def test_the_targets_pallas_forward_gives_the_same_step():
   def loss_and_grads(impl):
     grad_fn = jax.value_and_grad(draft_loss, has_aux=True)
     return nnx.jit(grad_fn, static_argnums=(1, 7))(
-      draft_params, draft_graphdef, with_impl(target, impl), tokens, jnp.ones_like(tokens), positions, delays, config
+      draft_params,
+      draft_graphdef,
+      target.with_numerics(attention=impl),
+      tokens,
+      jnp.ones_like(tokens),
+      positions,
+      delays,
+      config,
     )
 
   (want, _), want_grads = loss_and_grads(Impl.REFERENCE)

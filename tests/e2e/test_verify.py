@@ -353,8 +353,7 @@ def test_batch_invariant_verification_computes_the_ar_bits(kind, tmp_path):
   """bf16: with `batch_invariant`, every node on a random tree's paths gets the logits an
   AR step at its position computes alone, bit for bit (the kernels interpreted on CPU),
   after a 400-token prefill (the cache spans two split-K ranges)."""
-  model = tiny_target(kind, jnp.bfloat16)
-  model.batch_invariant = True
+  model = tiny_target(kind, jnp.bfloat16).with_numerics(batch_invariant=True)
   graphdef, params = nnx.split(model)
   run = jax.jit(lambda params, tree, cache: verify(nnx.merge(graphdef, params), tree, cache)[::2])
   rng = np.random.default_rng(4)

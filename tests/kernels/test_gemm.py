@@ -50,8 +50,7 @@ def test_the_engine_runs_the_models_choice():
   assert model.gemm is Gemm.default()
   tokens = {}
   for choice in Gemm:
-    model.gemm = choice
-    tokens[choice] = generate(model, [[1, 2, 3, 4, 5]], 6).token_ids
+    tokens[choice] = generate(model.with_numerics(gemm=choice), [[1, 2, 3, 4, 5]], 6).token_ids
   assert tokens[Gemm.XLA] == tokens[Gemm.CUBLAS]
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 
 from longspec_jax.models.cache import KVCache
 from longspec_jax.ops.attention import causal_block_mask
+from longspec_jax.ops.numerics import Numerics
 from longspec_jax.weights.hf import load_hf_dir
 
 from helpers import real_texts, save_tiny_hf_model
@@ -108,14 +109,13 @@ def test_the_whole_sequence_forward_is_the_causal_masked_pass(window):
     max_position_embeddings=512,
     sliding_window=window,
   )
-  model = random_model(config, jnp.float32, seed=4, attention=Impl.REFERENCE)
+  model = random_model(config, jnp.float32, seed=4, numerics=Numerics(attention=Impl.REFERENCE))
   tokens = jnp.asarray(np.random.default_rng(6).integers(0, 101, (3, 29)), jnp.int32)
   positions = anchor_offset_positions(jax.random.key(2), 3, 29, 512)
   index = jnp.broadcast_to(jnp.arange(29), (3, 29))
   expected = model.hidden_and_kv(tokens, positions, causal_block_mask(index, jnp.ones((3, 29), bool), window))
   for impl in (Impl.REFERENCE, Impl.FLASH):
-    model.attention = impl
-    for got, want in zip(model.causal_hidden_and_kv(tokens, positions), expected):
+    for got, want in zip(model.with_numerics(attention=impl).causal_hidden_and_kv(tokens, positions), expected):
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
@@ -125,7 +125,7 @@ def test_batch_invariant_prefill_does_not_depend_on_the_cache_length(tmp_path):
   from longspec_jax.engine import prefill
 
   model, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "llama"), jnp.bfloat16)
-  model.batch_invariant = True
+  model = model.with_numerics(batch_invariant=True)
   prompt = np.random.default_rng(2).integers(3, 211, size=(1, 300)).tolist()
   (short, hidden_a), (long, hidden_b) = (prefill(model, prompt, n, chunk=128) for n in (384, 1152))  # 1 or 3 splits
   np.testing.assert_array_equal(np.asarray(hidden_a), np.asarray(hidden_b))
