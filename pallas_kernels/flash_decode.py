@@ -29,8 +29,7 @@ from pallas_kernels import blocks
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
-def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, block_keys, split_len, seq_len, scale):
-  out_ref, lse_ref = refs[-2:]  # (earlier refs: initial output buffers, when given)
+def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, out_ref, lse_ref, *, block_keys, split_len, seq_len, scale):
   layer = layer_ref[0]  # k_ref, v_ref [L, S, D]
   lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
   start = pl.program_id(2) * split_len
@@ -118,11 +117,10 @@ class SplitK:
     return [jax.ShapeDtypeStruct((*lead, self.head_dim), jnp.float32), jax.ShapeDtypeStruct(lead, jnp.float32)]
 
 
-def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, initial=None, layer=None):
+def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, layer=None):
   """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D], or [L, B, S, K, D]
   with `layer` (an int or int32 scalar) naming the one to read; lo, hi [B, R] int32.
-  Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R].
-  `initial`: buffers the outputs are written into (tests poison them with NaN)."""
+  Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R]."""
   if layer is None:
     k, v, layer = k[None], v[None], 0
   b, kv_heads, r, d = rows.shape
@@ -136,14 +134,13 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, i
   return pl.pallas_call(
     kernel,
     grid=grid.grid,
-    in_specs=[*grid.inputs, grid.per_row, grid.per_row] + ([] if initial is None else grid.outputs),
+    in_specs=[*grid.inputs, grid.per_row, grid.per_row],
     out_specs=grid.outputs,
     out_shape=grid.out_shape,
     compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-    input_output_aliases={} if initial is None else {6: 0, 7: 1},
     interpret=interpret,
     name="flash_decode",
-  )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, lo, hi, *(initial or ()))
+  )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, lo, hi)
 
 
 def split_length(seq_len: int, params: KernelParams) -> int:

@@ -20,8 +20,7 @@ from pallas_kernels import blocks
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
-def _kernel(q_ref, k_ref, v_ref, mask_ref, *refs, block_keys, num_keys, scale):
-  out_ref, lse_ref = refs[-2:]  # (earlier refs: initial output buffers, when given)
+def _kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, *, block_keys, num_keys, scale):
 
   def visible(slots, i):
     cols = pl.ds(i * block_keys, block_keys)
@@ -34,10 +33,9 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, *refs, block_keys, num_keys, scale):
   lse_ref[...] = lse
 
 
-def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool, initial=None):
+def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool):
   """rows [B, K, R, D]; k, v [B, N, K, D]; mask_rows [B, R, N] bool (row r: query r // G).
-  Returns out [1, B, K, R, D] f32 and lse [1, B, K, R], shaped as one more partial.
-  `initial`: buffers [B, K, R, D] and [B, K, R] the outputs are written into."""
+  Returns out [1, B, K, R, D] f32 and lse [1, B, K, R], shaped as one more partial."""
   b, kv_heads, r, d = rows.shape
   n = k.shape[1]
   kernel = functools.partial(_kernel, block_keys=params.block_keys, num_keys=n, scale=d**-0.5)
@@ -54,18 +52,16 @@ def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool, i
       pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
       pl.BlockSpec((None, n, None, d), lambda bh, i: (head(bh)[0], 0, head(bh)[1], 0)),
       pl.BlockSpec((None, params.block_rows, n), lambda bh, i: (head(bh)[0], i, 0)),
-    ]
-    + ([] if initial is None else out_specs),
+    ],
     out_specs=out_specs,
     out_shape=[
       jax.ShapeDtypeStruct((b, kv_heads, r, d), jnp.float32),
       jax.ShapeDtypeStruct((b, kv_heads, r), jnp.float32),
     ],
     compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
-    input_output_aliases={} if initial is None else {4: 0, 5: 1},
     interpret=interpret,
     name="tree_attention",
-  )(rows, k, v, mask_rows, *(initial or ()))
+  )(rows, k, v, mask_rows)
   return out[None], lse[None]
 
 

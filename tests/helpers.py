@@ -107,6 +107,18 @@ def random_tree(rng, batch, size, vocab):
   return tree, parents, depths, valid, tokens, target
 
 
+def interpret_outputs_start_as_nan() -> bool:
+  """Whether Pallas's interpreter starts a kernel's float outputs as NaN (its uninitialized
+  value), so that a test finds every element a kernel leaves unwritten."""
+  from jax.experimental import pallas as pl
+
+  def writes_nothing(out_ref):
+    pass
+
+  out = pl.pallas_call(writes_nothing, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)()
+  return bool(np.all(np.isnan(np.asarray(out))))
+
+
 # The kernels' random inputs (fresh normal values, never zeros) and tolerances.
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
 # The hypothesis strategies every kernel test draws from.

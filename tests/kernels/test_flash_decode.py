@@ -12,7 +12,16 @@ from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials
 from pallas_kernels.tuning import KernelParams
 
-from helpers import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, examples, random_attention_inputs
+from helpers import (
+  DTYPES,
+  GROUPS,
+  HEAD_DIMS,
+  SEEDS,
+  TOLERANCE,
+  examples,
+  interpret_outputs_start_as_nan,
+  random_attention_inputs,
+)
 
 
 @examples(6)
@@ -60,14 +69,15 @@ def test_per_query_limits_and_window(block_keys):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_output_element_is_written(splits):
-  """Outputs poisoned with NaN before the call: any element left unwritten shows."""
+  """Interpreted, the outputs start as NaN (`interpret_outputs_start_as_nan`): any element
+  left unwritten shows."""
+  assert interpret_outputs_start_as_nan()
   rng = np.random.default_rng(2)
   q, k, v = random_attention_inputs(rng, 2, 2, 70, 2, 4, 64, jnp.float32)
   params = KernelParams(block_rows=16, block_keys=16, num_warps=4, num_stages=2, splits=splits)
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, 4, rows.shape[2]) for x in bounds(jnp.asarray([70, 0]), None, None, 2))
-  poison = (jnp.full((splits, 2, 2, rows.shape[2], 64), jnp.nan), jnp.full((splits, 2, 2, rows.shape[2]), jnp.nan))
-  out, lse = prefix_partials(rows, k, v, lo, hi, params, interpret=True, initial=poison)
+  out, lse = prefix_partials(rows, k, v, lo, hi, params, interpret=True)
   assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
 
 

@@ -11,7 +11,16 @@ from pallas_kernels import blocks
 from pallas_kernels.tree_attention import tree_attention, tree_partial
 from pallas_kernels.tuning import KernelParams
 
-from helpers import DTYPES, GROUPS, HEAD_DIMS, SEEDS, TOLERANCE, examples, random_attention_inputs
+from helpers import (
+  DTYPES,
+  GROUPS,
+  HEAD_DIMS,
+  SEEDS,
+  TOLERANCE,
+  examples,
+  interpret_outputs_start_as_nan,
+  random_attention_inputs,
+)
 
 
 @examples(6)
@@ -34,12 +43,13 @@ def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
 
 
 def test_every_output_element_is_written():
+  """Interpreted, the outputs start as NaN: any element left unwritten shows."""
+  assert interpret_outputs_start_as_nan()
   rng = np.random.default_rng(3)
   q, k, v = random_attention_inputs(rng, 1, 21, 21, 2, 4, 64, jnp.float32)
   mask = random_ancestor_mask(rng, 1, 21).at[0, 20].set(False)  # a row with nothing visible
   params = KernelParams(block_rows=32, block_keys=16, num_warps=4, num_stages=2)
   rows = blocks.to_rows(q, params.block_rows)
-  poison = (jnp.full((1, 2, rows.shape[2], 64), jnp.nan), jnp.full((1, 2, rows.shape[2]), jnp.nan))
-  out, lse = tree_partial(rows, k, v, blocks.per_row(mask, 4, rows.shape[2]), params, True, initial=poison)
+  out, lse = tree_partial(rows, k, v, blocks.per_row(mask, 4, rows.shape[2]), params, True)
   assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
   assert np.all(np.isneginf(np.asarray(lse)[0, 0, :, 80:84]))  # the empty row (node 20, 4 heads)
