@@ -92,11 +92,11 @@ def parse_args(argv=None):
         p.error(f"--method {args.method} uses no draft tree, but {flag} was given")
   if args.draft == "none" and args.method.needs_draft:
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
+  check_batch_invariant(p, args)
   if args.sparse_verify is not None and not args.method.reads_sparsely:
     p.error(
       f"--sparse-verify reads what a draft's cross-attention selects: --method longspec or glide, not {args.method}"
     )
-  check_batch_invariant(p, args)
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")
   return args

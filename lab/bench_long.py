@@ -151,7 +151,7 @@ def main(argv=None):
         "set": args.set,
         "prompt_tokens": len(prompt),
         "sampling": dataclasses.asdict(sampling),
-        "drafts": specs,
+        "drafts": {m.value: spec for m, spec in specs.items()},
         "seed": args.seed,
         "rows": rows,
         "distinct": diversity,
