@@ -95,7 +95,8 @@ def parse_args(argv=None):
   check_batch_invariant(p, args)
   if args.sparse_verify is not None and not args.method.reads_sparsely:
     p.error(
-      f"--sparse-verify reads what a draft's cross-attention selects: --method longspec or glide, not {args.method}"
+      "sparse verification selects what the target reads from a draft's cross-attention: --method longspec or"
+      f" glide, not {args.method}"
     )
   if args.draft == "none" and args.tree_widths:
     p.error("--tree-widths shapes a draft's tree, but --draft none was given")

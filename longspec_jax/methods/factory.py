@@ -3,6 +3,8 @@ proposer options (`registry`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 
 from longspec_jax import backend
@@ -95,9 +97,12 @@ def _tokenswift(heads: Heads, o: ProposerOptions) -> tuple[TokenSwift, nnx.State
       f" (copy_matches), got {o.copy_tokens} x {o.copy_matches}."
     )
   graphdef, params = nnx.split(heads)
-  widths = heads.config.tree_widths if o.tree_widths is None else tuple(o.tree_widths)
+  # (the heads' config checks the widths: one per depth, its gamma + 1)
+  config = (
+    heads.config if o.tree_widths is None else dataclasses.replace(heads.config, tree_widths=tuple(o.tree_widths))
+  )
   if o.copy_tokens == 0:
     grams = dict(ngrams=0)
   else:
     grams = dict(n=o.copy_tokens or TokenSwift.n, ngrams=o.copy_matches or TokenSwift.ngrams)
-  return TokenSwift(graphdef, widths, **grams, sampling=o.sampling or SamplingConfig()), params
+  return TokenSwift(graphdef, config.tree_widths, **grams, sampling=o.sampling or SamplingConfig()), params

@@ -89,7 +89,7 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
     (["--prompt", "x", "--method", "ar", "--copy-matches", "4"], "--method ar uses no draft tree, but --copy-m"),
     (["--prompt", "x", "--copy-tokens", "-1"], "an integer >= 0"),
     (["--prompt", "x", "--method", "longspec", "--draft", "none"], "--method longspec needs a draft"),
-    (["--prompt", "x", "--method", "ar", "--sparse-verify", "0.9"], "--sparse-verify reads what a draft's"),
+    (["--prompt", "x", "--method", "ar", "--sparse-verify", "0.9"], "a draft's cross-attention: --method longspec or"),
     (
       ["--prompt", "x", "--tree-widths", "0,4"],
       "tree widths must be one or more positive integers, got [0, 4] (see --help).",
