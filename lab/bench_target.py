@@ -276,7 +276,7 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
 
 
 def draft_pass_ms(model, state, most: int) -> dict:
-  """TokenSwift's drafting pass alone (`self_draft.draft_pass`), from a decode state of its
+  """TokenSwift's drafting pass alone (`tokenswift.draft_pass`), from a decode state of its
   rounds: steady (the positions committed since appended to its partial cache) and
   selecting (every layer ranking the whole cache again, as once per budget - sink
   committed tokens), in ms (medians). An AR step is the same pass over the full cache."""

@@ -14,7 +14,7 @@ loop from the host; there the next chunk is sized from the one just done, and no
 dispatched after the last, `_Chunk`). A chunk runs as
 many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
 that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
-host (Ctrl-C included) gets control back as often. `auto` (`adaptive.py`) chooses each
+host (Ctrl-C included) gets control back as often. `auto` (`methods/auto.py`) chooses each
 round's kind on device; on a GPU one program holds a loop per kind, elsewhere each kind
 is a program of its own and a chunk of its rounds is one call per run of one kind
 (`_Rounds`, `_one_program`).

@@ -344,7 +344,7 @@ class Adaptive:
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
     """The state (donated) with the measured seconds per round of each kind, then of a
-    change of kind (`calibration.Prices.seconds`), choosing each round's kind."""
+    change of kind (`prices.Prices.seconds`), choosing each round's kind."""
     return _donated(_with_costs, state, np.asarray(seconds, np.float32))
 
 

@@ -107,7 +107,7 @@ class LongSpecDraft:
     """One draft pass over the tokens committed since the ring's last position and the
     root (at most `depth` + 1 of them after a round of this tree), which joins them to the
     ring. Returns the root's hidden state [B, 1, E] and the ring. With `lagging`, the ring
-    may be any number of tokens behind (rounds without the draft, `adaptive.Adaptive`):
+    may be any number of tokens behind (rounds without the draft, `auto.Adaptive`):
     passes of `LAG_ROWS` tokens first bring it within one pass of the root, starting
     where the window still matters."""
     lengths = cache.lengths

@@ -97,7 +97,7 @@ class PromptLookup:
 
   def match(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`lookup`, and the length of the n-gram the first continuation matched [B] int32
-    (0: none): how much evidence it has (`adaptive.Adaptive` predicts its gain by it)."""
+    (0: none): how much evidence it has (`auto.Adaptive` predicts its gain by it)."""
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     per_ngram = 1 if self.matches == 1 else CANDIDATES_PER_MATCH * self.matches

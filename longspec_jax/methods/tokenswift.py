@@ -47,12 +47,12 @@ class SelfDraftState:
 @dataclasses.dataclass(frozen=True)
 class TokenSwift:
   """TokenSwift (tokenswift.md, Algorithm 1): the target drafts for itself. Each round it
-  runs its newest token over its partial cache (`self_draft.draft_pass`); its own
+  runs its newest token over its partial cache (`draft_pass`); its own
   prediction there and its heads' (`heads.py`: `params` are theirs) give each depth's
   most likely tokens, set as a full tree with `tree_widths[d - 1]` children per node at
   depth d (the paper's ternary (1, 3, 3, 3), Medusa-style: a depth's candidates are the
   same under every parent); and the `ngrams` most frequent n-grams of the text so far
-  that begin with the target's own top token (`ngram.NGramTable`, n-grams entered once
+  that begin with the target's own top token (`NGramTable`, n-grams entered once
   they are `lag` tokens old, the contextual penalty's window: the paper's table lags
   as much) join it as branches (`tree.graft_chains`). Verification then runs over the
   full cache, so the draft's approximations cost acceptance, never exactness.
