@@ -91,6 +91,7 @@ DECODING = textwrap.dedent("""
     from longspec_jax.models.heads import random_heads
     from longspec_jax.models.layers import embed_tokens
     from longspec_jax.methods.factory import make_proposer
+    from longspec_jax.methods.registry import ProposerOptions
     from longspec_jax.decoding.sampling import SamplingConfig
     from longspec_jax.models.target import random_model
 
@@ -106,9 +107,9 @@ DECODING = textwrap.dedent("""
     prompt = rng.integers(0, 128, 30).tolist() * 2  # (repeats: prompt lookup has matches)
     methods = {
         "ar": lambda: (None, None),
-        "pld": lambda: make_proposer("pld", copy_tokens=4, copy_matches=2),
-        "longspec": lambda: make_proposer("longspec", draft, (2, 2), copy_tokens=3),
-        "tokenswift": lambda: make_proposer("tokenswift", heads, (1, 2, 2)),
+        "pld": lambda: make_proposer("pld", None, ProposerOptions(copy_tokens=4, copy_matches=2)),
+        "longspec": lambda: make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2), copy_tokens=3)),
+        "tokenswift": lambda: make_proposer("tokenswift", heads, ProposerOptions(tree_widths=(1, 2, 2))),
     }
 
     sampled = SamplingConfig(temperature=0.8, top_k=20)
