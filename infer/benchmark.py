@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ import numpy as np
 from infer.cli import (
   MethodSpec,
   add_copy_flags,
+  add_draft_vocab_flag,
   add_sampling_flags,
   add_tree_flags,
   check_tree,
@@ -48,12 +50,27 @@ from longspec_jax import cli
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import Method, ProposerOptions
-from longspec_jax.models.config import DraftKind, SparseVerify
+from longspec_jax.models.config import CapeConfig, DraftKind, SparseVerify
+from longspec_jax.models.draft import Draft
 from longspec_jax.ops import sharding
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
 from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
+
+
+class Variant(NamedTuple):
+  """One configuration a benchmark runs: its label, the method, its tree (beam widths,
+  CAPE's; both None: the draft's own), prompt lookup's continuations, the draft's
+  vocabulary subset (None: the draft's own) and sparse verification."""
+
+  label: str
+  method: Method
+  tree: tuple[tuple[int, ...] | None, CapeConfig | None]
+  copies: int | None
+  matches: int | None
+  vocab: int | None = None
+  sparse: SparseVerify | None = None
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -179,6 +196,7 @@ def main(argv=None):
     "--heads", help="TokenSwift's heads for tokenswift: 'default' (the default), 'random' or a checkpoint dir"
   )
   add_tree_flags(p, many=True)
+  add_draft_vocab_flag(p, many=True)
   add_copy_flags(p, many=True)
   p.add_argument(
     "--sets",
@@ -227,6 +245,11 @@ def main(argv=None):
       f"--tree-widths shapes a draft's trees, but none of --methods {said} runs a draft"
       " (auto runs one only when --draft names it)"
     )
+  if args.draft_vocab is not None and not treed:
+    p.error(
+      f"--draft-vocab sets what a block draft scores, but none of --methods {said} runs one"
+      " (auto runs one only when --draft names it)"
+    )
   if not any(m.copies for m in names):
     for flag, value in (("--copy-tokens", args.copy_tokens), ("--copy-matches", args.copy_matches)):
       if value is not None:
@@ -244,27 +267,36 @@ def main(argv=None):
   methods = [MethodSpec(Method.AR)] + [
     m for m in args.methods if m[0] is not Method.AR
   ]  # AR first: the baseline of every ratio
-  # (label, method, (tree widths, CAPE), copy tokens, copy matches, sparse verification): a
-  # draft method once per tree (and per --sparse-verify P), each copying method once per
-  # continuation length and number
+  # A draft method once per tree and vocabulary subset (and per --sparse-verify P), each
+  # copying method once per continuation length and number.
   variants = []
   for m, own_copies, own_matches in methods:
     if not m.copies:
-      variants.append((m.value, m, (None, None), 0, None, None))
+      variants.append(Variant(m.value, m, (None, None), 0, None))
       continue
     for spec in (args.tree_widths or [None]) if m in treed else [None]:
-      for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
-        for matches in [own_matches] if own_matches else args.copy_matches or [None]:
-          shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
-          # (TokenSwift's continuations are its n-grams, their length 0 none of them)
-          grams = m is Method.TOKENSWIFT and copies is not None
-          label = m.value + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
-          label += f"x{matches}" if matches else ""
-          variants.append((label, m, tree_choice(spec, args), copies, matches, None))
-          for fraction in (args.sparse_verify or ()) if m.reads_sparsely else ():
-            variants.append(
-              (f"{label}+sparse{fraction:g}", m, tree_choice(spec, args), copies, matches, SparseVerify(fraction))
-            )
+      for vocab in (args.draft_vocab or [None]) if m in treed else [None]:
+        for copies in [own_copies] if own_copies else args.copy_tokens or [None]:
+          for matches in [own_matches] if own_matches else args.copy_matches or [None]:
+            shape = "" if spec is None else f"[{spec if isinstance(spec, str) else ','.join(map(str, spec))}]"
+            shape += "" if vocab is None else f"+vocab{vocab}"
+            # (TokenSwift's continuations are its n-grams, their length 0 none of them)
+            grams = m is Method.TOKENSWIFT and copies is not None
+            label = m.value + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
+            label += f"x{matches}" if matches else ""
+            variants.append(Variant(label, m, tree_choice(spec, args), copies, matches, vocab=vocab))
+            for fraction in (args.sparse_verify or ()) if m.reads_sparsely else ():
+              variants.append(
+                Variant(
+                  f"{label}+sparse{fraction:g}",
+                  m,
+                  tree_choice(spec, args),
+                  copies,
+                  matches,
+                  vocab,
+                  SparseVerify(fraction),
+                )
+              )
   sampling = sampling_config(args)
   mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   dtype = cli.resolve_dtype(args.dtype)
@@ -277,8 +309,10 @@ def main(argv=None):
   kinds = {m.draft_kind: spec for m, spec in specs.items() if spec is not None}
   for kind, spec in kinds.items():
     resolve_draft(spec, args.target, kind)
-  for _, _, (widths, cape), copies, matches, _ in variants:
-    check_tree(widths, cape, config.vocab_size, (copies or 0) * (matches or 1))
+  for v in variants:
+    check_tree(*v.tree, config.vocab_size, (v.copies or 0) * (v.matches or 1))
+    if v.vocab is not None and v.vocab > config.vocab_size:
+      p.error(f"--draft-vocab {v.vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
   with jax.set_mesh(mesh):  # (with --devices: the models placed split, the programs traced for it)
     measure(args, path, dtype, sampling, specs, kinds, variants)
 
@@ -289,9 +323,13 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), numerics=cli.numerics(args))
-  drafts = {
-    kind: sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind))
+  vocabs = {v.vocab for v in variants}
+  drafts = {  # by kind and vocabulary subset (None: the draft's own)
+    (kind, vocab): sharding.placed(
+      load_draft(spec, target.config, dtype, args.target, attention=impl, kind=kind, vocab_subset=vocab)
+    )
     for kind, spec in kinds.items()
+    for vocab in (vocabs if kind is not DraftKind.TOKENSWIFT else {None})
   }
   device = jax.devices()[0].device_kind
   print(
@@ -337,8 +375,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, (widths, cape), copies, matches, sparse in variants:
-        draft = drafts[method.draft_kind] if specs[method] is not None else None
+      for label, method, (widths, cape), copies, matches, vocab, sparse in variants:
+        draft = drafts[method.draft_kind, vocab] if specs[method] is not None else None
         proposer, draft_params = make_proposer(
           method,
           draft,
@@ -354,6 +392,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           "prefill_tokens": length,
           "method": label,
           **proposer.describe(),
+          "draft_vocab": draft.vocab_rows if isinstance(draft, Draft) else None,
           **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
           **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
           "tau": result["tau"],

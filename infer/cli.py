@@ -179,6 +179,18 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   )
 
 
+def add_draft_vocab_flag(p: argparse.ArgumentParser, many: bool = False) -> None:
+  """--draft-vocab: how many tokens a block draft scores (`many`: several, one run each)."""
+  p.add_argument(
+    "--draft-vocab",
+    type=nonnegative_int,
+    nargs="+" if many else None,
+    help="longspec, glide, auto with a draft: the draft scores only this many tokens, the most frequent"
+    " of its training text (FR-Spec; the target still checks every token, so the text is unchanged);"
+    " 0: the whole vocabulary (default: the draft's own setting)" + ("; several: one run each" if many else ""),
+  )
+
+
 def tree_choice(spec, args):
   """(beam widths, CapeConfig) of one --tree-widths value: one of them None (both: the
   draft's default tree)."""

@@ -13,6 +13,7 @@ import time
 
 from infer.cli import (
   add_copy_flags,
+  add_draft_vocab_flag,
   add_sampling_flags,
   add_tree_flags,
   check_tree,
@@ -63,6 +64,7 @@ def parse_args(argv=None):
     " and, with --draft, the draft's tree, by their measured cost and recent gain",
   )
   add_tree_flags(p)
+  add_draft_vocab_flag(p)
   add_copy_flags(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most")
   p.add_argument(
@@ -191,6 +193,11 @@ def main(argv=None) -> None:
     resolve_draft(spec, args.target, method.draft_kind)
   if args.tree_widths and not uses_draft:
     raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
+  if args.draft_vocab is not None:
+    if not uses_draft or method is Method.TOKENSWIFT:
+      raise UserError("--draft-vocab sets what a block draft scores (longspec, glide, auto with --draft)")
+    if args.draft_vocab > config.vocab_size:
+      raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
   widths, cape = tree_choice(args.tree_widths, args)
   check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
   t0 = time.perf_counter()
@@ -200,7 +207,11 @@ def main(argv=None) -> None:
   with jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
     target = load_target(path, dtype, tokenizer, numerics=numerics(args))
     draft = (
-      sharding.placed(load_draft(spec, target.config, dtype, args.target, attention=impl, kind=method.draft_kind))
+      sharding.placed(
+        load_draft(
+          spec, target.config, dtype, args.target, attention=impl, kind=method.draft_kind, vocab_subset=args.draft_vocab
+        )
+      )
       if uses_draft
       else None
     )

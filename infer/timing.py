@@ -12,6 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from longspec_jax import backend
 from longspec_jax.decoding.compiles import Compiles  # noqa: F401 (the benchmarks' import of it)
 
 
@@ -56,6 +57,30 @@ def measure_bandwidth() -> float:
       data = jnp.full((nbytes // jnp.dtype(dtype).itemsize,), 0.5, dtype, device=jax.devices()[0])
       best = max(best, 2 * nbytes / median_seconds(functools.partial(step, data), iters=20))
   return best
+
+
+def measure_read_bandwidth(nbytes: int) -> float:
+  """One device's rate of reading memory in bytes/s, nothing written back: the best of
+  a sum and of row sums over a bfloat16 buffer of `nbytes` (a model's weights' size),
+  as a decode step reads its weights. (`measure_bandwidth`'s copy moves each byte twice;
+  a read-only pass runs at another rate.)"""
+  rows = 8192
+  data = jnp.full((max(nbytes // 2 // rows, 1), rows), 0.5, jnp.bfloat16, device=jax.devices()[0])
+  passes = (
+    jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32)),
+    jax.jit(lambda x: jnp.sum(x, axis=1, dtype=jnp.float32)),
+    jax.jit(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32)),
+  )
+  return max(data.nbytes / median_seconds(functools.partial(read, data), iters=20) for read in passes)
+
+
+def measure_peak_flops(dtype=jnp.bfloat16) -> float:
+  """One device's matmul rate in FLOP/s: a square product in `dtype`, 8192 wide on a GPU
+  (1024 elsewhere, where the wide one takes seconds)."""
+  size = 8192 if backend.on_gpu() else 1024
+  a = jax.device_put(jax.random.normal(jax.random.key(0), (size, size), dtype), jax.devices()[0])
+  product = jax.jit(lambda a: a @ a)
+  return 2 * size**3 / median_seconds(functools.partial(product, a), iters=20)
 
 
 def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:

@@ -32,7 +32,15 @@ from flax import nnx
 from infer.cli import MethodSpec, method_spec
 from infer.plots import plot
 from infer.prompts import code_prompts
-from infer.timing import loop_seconds, measure_bandwidth, median_seconds
+from infer.timing import (
+  loop_seconds,
+  measure_bandwidth,
+  measure_peak_flops,
+  measure_read_bandwidth,
+  median_seconds,
+  phase_seconds,
+)
+from lab import round_floor
 from lab.shapes import LLAMA_31_8B, SHAPES, SMOLLM2_135M
 from longspec_jax import cli
 from longspec_jax.engine import Decoding, decode_chunk, generate
@@ -157,11 +165,15 @@ def suite_floor(args) -> dict:
   (AR; PLD; LongSpec with a random draft and its 69-node tree; TokenSwift with random
   heads, its drafting pass also timed alone over its partial cache, steady and when it
   selects its positions again), against the bytes an AR step must read over the measured
-  memory bandwidth; prefill speed; and transformers' static-cache decoding of the same
-  shape, compiled, as a peer (run first, before JAX takes the GPU). With `--devices N` the
-  model is split over N devices (tensor parallelism, `longspec_jax.ops.sharding`) and the floor
-  is each device's share of the bytes over one device's bandwidth; transformers is then
-  not run (it would need the whole model on one device)."""
+  memory bandwidth (a copy's and a read-only pass's), and each round against its own floor
+  term by term (`round_floor`: the draft's passes and head reads, the verify pass's bytes
+  and FLOPs at the measured read rate and matmul peak), with the drafting's measured time
+  beside it (timed alone; the rest of the round is the verification's); prefill speed;
+  and transformers' static-cache decoding of the same shape, compiled, as a peer (run
+  first, before JAX takes the GPU). With `--devices N` the model is split over N devices
+  (tensor parallelism, `longspec_jax.ops.sharding`) and the floor is each device's share
+  of the bytes over one device's bandwidth; transformers is then not run (it would need
+  the whole model on one device)."""
   config = SHAPES[args.shape]
   dtype = cli.resolve_dtype(args.dtype)
   peers = {}
@@ -175,13 +187,46 @@ def suite_floor(args) -> dict:
           + (f"{step_ms:.2f} ms a step" if step_ms else peers[batch, context]["error"]),
           flush=True,
         )
-  bandwidth = measure_bandwidth()  # (one device's)
+  # One device's rates, before the model takes its memory: a copy's, a read-only pass's
+  # over a buffer of its share of the weights, and a matmul's.
+  itemsize = jnp.dtype(dtype).itemsize
+  rates = {
+    "bandwidth_bytes_per_second": measure_bandwidth(),
+    "read_bandwidth_bytes_per_second": measure_read_bandwidth(
+      round_floor.Round(config, itemsize, 1, 0).target_weight_bytes // args.devices
+    ),
+    "peak_flops": measure_peak_flops(dtype),
+  }
+  print(
+    f"copy {rates['bandwidth_bytes_per_second'] / 1e12:.2f} TB/s,"
+    f" read {rates['read_bandwidth_bytes_per_second'] / 1e12:.2f} TB/s,"
+    f" matmul {rates['peak_flops'] / 1e12:.0f} TFLOP/s",
+    flush=True,
+  )
   impl = cli.attention_impl(args.attention)
   with jax.set_mesh(args.mesh):  # (--devices: each device makes its share of the weights; programs split)
-    return _floor_rows(args, config, dtype, impl, bandwidth, peers)
+    return _floor_rows(args, config, dtype, impl, rates, peers)
 
 
-def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dict:
+def _round(proposer, draft, config, itemsize: int, batch: int, context: int, devices: int) -> round_floor.Round:
+  """The floor's picture (`round_floor.Round`) of a proposer's round; `draft` its draft."""
+  from longspec_jax.methods.longspec import LongSpecDraft
+  from longspec_jax.methods.tokenswift import TokenSwift
+
+  common = dict(
+    target=config, itemsize=itemsize, batch=batch, context=context, nodes=proposer.tree_size, devices=devices
+  )
+  if isinstance(proposer, LongSpecDraft):
+    depth = proposer.cape.gamma if proposer.cape else len(proposer.widths)
+    return round_floor.Round(
+      **common, draft=draft.config, draft_passes=depth, head_reads=depth, head_rows=draft.vocab_rows
+    )
+  if isinstance(proposer, TokenSwift):
+    return round_floor.Round(**common, self_draft_slots=min(proposer.budget, context))
+  return round_floor.Round(**common)
+
+
+def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   """`suite_floor`'s rounds, under its mesh."""
   from longspec_jax.engine import prefill, start
   from longspec_jax.methods.factory import make_proposer
@@ -192,38 +237,37 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
 
   steps, warmup, iters = STEPS, 2, 5
   model = random_model(config, dtype, numerics=cli.numerics(args))
-  graphdef, params = nnx.split(model)
-  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   itemsize = jnp.dtype(dtype).itemsize
-  # One embedding row is read per token, not the table.
-  weight_bytes = param_bytes - config.vocab_size * config.hidden_size * itemsize
+  weight_bytes = round_floor.Round(config, itemsize, 1, 0).target_weight_bytes
   names = {m for m, _, _ in args.methods}
-  drafts = {
-    Method.LONGSPEC: load_draft("random", config, dtype, attention=impl) if Method.LONGSPEC in names else None,
-    Method.TOKENSWIFT: (
-      load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT) if Method.TOKENSWIFT in names else None
-    ),
-  }
-  proposers = {}  # label -> (proposer, its params), e.g. "pld:24x4": four continuations of 24 tokens
+  # The drafts by method and vocabulary subset (0: the whole vocabulary).
+  drafts = {}
+  for vocab in args.draft_vocab if Method.LONGSPEC in names else ():
+    drafts[Method.LONGSPEC, vocab] = load_draft("random", config, dtype, attention=impl, vocab_subset=vocab)
+  if Method.TOKENSWIFT in names:
+    drafts[Method.TOKENSWIFT, 0] = load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT)
+  proposers = {}  # label -> (proposer, its params, its draft), e.g. "pld:24x4": four continuations of 24 tokens
   for method, copies, matches in args.methods:
-    label = method.value + (f":{copies}x{matches}" if copies else "")
-    proposers[label] = make_proposer(
-      method, drafts.get(method), ProposerOptions(copy_tokens=copies, copy_matches=matches)
-    )
+    for vocab in args.draft_vocab if method is Method.LONGSPEC else [0]:
+      label = method.value + (f":{copies}x{matches}" if copies else "") + (f"+vocab{vocab}" if vocab else "")
+      draft = drafts.get((method, vocab))
+      options = ProposerOptions(copy_tokens=copies, copy_matches=matches)
+      proposers[label] = (*make_proposer(method, draft, options), draft)
   rng = np.random.default_rng(0)
   rows = []
   for batch in args.batches:
     for context in args.contexts:
       prompts = rng.integers(0, config.vocab_size, (batch, context)).tolist()
-      kv_bytes = batch * 2 * config.num_layers * context * config.num_kv_heads * config.head_dim * itemsize
-      floor = (weight_bytes + kv_bytes) / args.devices / bandwidth  # (each device reads its share)
+      kv_bytes = round_floor.Round(config, itemsize, batch, context).kv_bytes
+      floor = (weight_bytes + kv_bytes) / args.devices / rates["bandwidth_bytes_per_second"]  # (a device its share)
+      read_floor = floor * rates["bandwidth_bytes_per_second"] / rates["read_bandwidth_bytes_per_second"]
       prefill_rate = None
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
         prefill_rate = context / median_seconds(run, warmup=1, iters=2)
       for method, numerics in itertools.product(proposers, args.numerics):
         model = model.with_numerics(batch_invariant=numerics == "invariant")
-        proposer, proposer_params = proposers[method]
+        proposer, proposer_params, draft = proposers[method]
         decoding = Decoding(proposer=proposer)
         # A random draft's tokens are rarely accepted; room for 4 tokens a round regardless.
         state = [start(model, prompts, 4 * (warmup + iters + 1) * steps, decoding, proposer_params).state]
@@ -235,8 +279,15 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
           return tokens
 
         seconds = median_seconds(decode, warmup=warmup, iters=iters) / steps
-        drafting = draft_pass_ms(model, state[0], proposer.depth + 1) if method == "tokenswift" else {}
+        drafting = draft_pass_ms(model, state[0], proposer.depth + 1) if method.startswith("tokenswift") else {}
+        phases = {}
+        if method != "ar":  # (the drafting alone, timed on the state the rounds left; the rest verifies)
+          draft_s = phase_seconds(model, decoding, proposer_params, state[0])[0]
+          phases = {"draft_phase_ms": draft_s * 1e3, "verify_phase_ms": (seconds - draft_s) * 1e3}
         state.clear()  # frees the cache before the next run
+        shape = _round(proposer, draft, config, itemsize, batch, context, args.devices)
+        terms = shape.terms_ms(rates["read_bandwidth_bytes_per_second"], rates["peak_flops"])
+        copy_terms = shape.terms_ms(rates["bandwidth_bytes_per_second"], rates["peak_flops"])
         row = {
           "method": method,
           "numerics": numerics,
@@ -245,6 +296,15 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
           "round_ms": seconds * 1e3,
           "floor_ms": floor * 1e3,
           "fraction_of_floor": floor / seconds if method == "ar" else None,
+          "read_floor_ms": read_floor * 1e3,
+          "fraction_of_read_floor": read_floor / seconds if method == "ar" else None,
+          "round_floor_ms": terms["floor_ms"],
+          "round_floor_copy_ms": copy_terms["floor_ms"],
+          "round_over_floor": seconds * 1e3 / terms["floor_ms"],
+          "terms_ms": {k: v for k, v in terms.items() if k != "floor_ms"},
+          "tree_nodes": proposer.tree_size,
+          "head_rows": shape.head_rows,
+          **phases,
           "weight_bytes": weight_bytes,
           "kv_bytes": kv_bytes,
           "prefill_tokens_per_second": prefill_rate,
@@ -266,7 +326,8 @@ def _floor_rows(args, config, dtype, impl, bandwidth: float, peers: dict) -> dic
     "shape": args.shape,
     "dtype": jnp.dtype(dtype).name,
     "devices": args.devices,
-    "bandwidth_bytes_per_second": bandwidth,
+    **rates,
+    "draft_vocab": args.draft_vocab,
     "attention": args.attention,
     "gemm": model.gemm.value,
     "steps_per_measure": steps,
@@ -296,13 +357,17 @@ def draft_pass_ms(model, state, most: int) -> dict:
 
 
 def _floor_row(row) -> str:
-  fraction = f"{row['fraction_of_floor']:6.1%}" if row["fraction_of_floor"] else f"{'':6}"
+  fraction = f"{row['fraction_of_read_floor']:6.1%}" if row["fraction_of_read_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
   rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
+  t = row["terms_ms"]
   return (
     f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
-    f" {row['round_ms']:8.3f} ms |"
-    f" {row['floor_ms']:7.3f} ms | {fraction} | {peer} | {rate}"
+    f" {row['round_ms']:8.3f} ms | {row['read_floor_ms']:7.3f} ms | {fraction} |"
+    f" {row['round_floor_ms']:7.3f} ms | {row['round_over_floor']:5.2f} |"
+    f" {t['draft_ms']:6.3f} {t['head_ms']:6.3f} {t['verify_bytes_ms']:6.3f}"
+    f" {t['verify_gemm_ms'] + t['verify_attention_ms']:6.3f} |"
+    f" {peer} | {rate}"
   )
 
 
@@ -442,6 +507,14 @@ def main(argv=None):
     help="--suite floor: time rounds with the fastest kernels, with batch-invariant ones"
     " (--batch-invariant elsewhere), or both",
   )
+  p.add_argument(
+    "--draft-vocab",
+    type=cli.nonnegative_int,
+    nargs="+",
+    default=[0],
+    help="--suite floor: longspec's random draft scores this many tokens of the vocabulary (FR-Spec's subset;"
+    " 0: all); several: one row each",
+  )
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -470,8 +543,8 @@ def main(argv=None):
     p.error(f"--contexts must stay below {args.shape}'s context of {SHAPES[args.shape].max_position_embeddings}")
   header = {
     "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
-    "floor": "method | numerics | batch | context | round | AR bandwidth floor | floor/step | transformers step"
-    " | prefill tok/s",
+    "floor": "method | numerics | batch | context | round | AR read floor | floor/step | round floor | round/floor"
+    " | floor terms ms: draft, head, verify bytes, verify FLOPs | transformers step | prefill tok/s",
     "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
   print(

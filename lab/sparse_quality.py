@@ -136,7 +136,7 @@ def teacher_forced(
   cache, _ = prefill(target, documents[:, :start].tolist(), length + block)
   history = jnp.asarray(np.pad(documents, ((0, 0), (0, block))))
   drafted = proposer.sparse is not None
-  ring = proposer.start(draft_params, target=target, cache=cache, history=history) if drafted else None
+  ring = proposer.start(draft_params, target=target, cache=cache, history=history).ring if drafted else None
   graphdef, params = nnx.split(target)
   nll, top, read, similarity = [], [], [], []
   for _ in range((eval_tokens - 1) // block):  # (the last block's last token needs a next one)

@@ -33,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from longspec_jax.decoding.tree import Tree, chain, copy_tree, graft_chains
+from longspec_jax.methods.longspec import DraftState
 from longspec_jax.methods.prompt_lookup import PromptLookup
-from longspec_jax.models.cache import RingCache
 
 if TYPE_CHECKING:
   from longspec_jax.methods.longspec import LongSpecDraft
@@ -57,7 +57,7 @@ CYCLE = -2  # each round takes the kind after the latest round's (calibration: t
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
-  ring: RingCache | None  # the draft's ring (None without a draft); behind after AR, CHAIN and COPY rounds
+  draft: DraftState | None  # (None without a draft) its ring is behind after AR, CHAIN and COPY rounds
   copy_gain: jax.Array  # [B, M] float32: tokens the continuations give, by their match's n-gram length; NaN: unseen
   chain_gain: jax.Array  # [B, M] float32: tokens the first continuation alone gives, likewise
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
@@ -158,11 +158,11 @@ class Adaptive:
 
   def start(self, params, *, target, cache, history) -> AdaptiveState:
     batch = history.shape[0]
-    ring = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
+    draft = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
     kinds = len(self.kinds)
     unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
     return AdaptiveState(
-      ring=ring,
+      draft=draft,
       copy_gain=unseen(),
       chain_gain=unseen(),
       draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32),
@@ -241,9 +241,10 @@ class Adaptive:
       return copy_tree(root, plan.copies, plan.copy_valid), state
     draft = self._draft()
     model = nnx.merge(draft.graphdef, params)
-    root_hidden, ring = draft.catch_up(model, target, cache, history, state.ring, lagging=True)
-    tree = graft_chains(draft.grow(model, target, cache, ring, root, root_hidden), plan.copies, plan.copy_valid)
-    return tree, dataclasses.replace(state, ring=ring)
+    root_hidden, ring = draft.catch_up(model, target, cache, history, state.draft.ring, lagging=True)
+    tree = draft.grow(model, target, cache, ring, root, root_hidden, state.draft.rows)
+    tree = graft_chains(tree, plan.copies, plan.copy_valid)
+    return tree, dataclasses.replace(state, draft=dataclasses.replace(state.draft, ring=ring))
 
   def observe(
     self,

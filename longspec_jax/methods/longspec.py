@@ -14,6 +14,7 @@ from longspec_jax.methods.prompt_lookup import PromptLookup
 from longspec_jax.models.cache import RingCache
 from longspec_jax.models.config import CapeConfig, SparseVerify
 from longspec_jax.models.draft import CrossAttend, Draft, SelfAttend
+from longspec_jax.models.target import HeadRows
 from longspec_jax.ops import attention, gemm
 from longspec_jax.ops.attention import causal_block_mask
 
@@ -25,6 +26,17 @@ LAG_ROWS = 128
 # draft fills a cache as long as the context, in passes of this many rather than one
 # pass (and one [T, T] mask) over the whole prompt.
 START_ROWS = 512
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftState:
+  """What the draft carries from round to round: its ring of K/V and, when it scores a
+  subset of the vocabulary, the LM head's rows of it (copied once a generation; None:
+  the whole head)."""
+
+  ring: RingCache
+  rows: HeadRows | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +87,19 @@ class LongSpecDraft:
     shape = {"cape": dataclasses.asdict(self.cape)} if self.cape else {"tree_widths": list(self.widths)}
     return {**shape, "copy_tokens": self.copy_tokens, "copy_matches": self.copy_matches}
 
-  def start(self, params, *, target, cache, history) -> RingCache:
+  def start(self, params, *, target, cache, history) -> DraftState:
+    """The draft's state after prefill: its ring and the head rows it scores."""
+    draft: Draft = nnx.merge(self.graphdef, params)
+    tokens = draft.subset_tokens()
+    rows = None if tokens is None else target.head_rows(tokens)
+    return DraftState(ring=self.fill_ring(draft, target, cache, history), rows=rows)
+
+  def fill_ring(self, draft: Draft, target, cache, history) -> RingCache:
     """Fills the ring with the last `window` prompt positions (< lengths; GLIDE's: all of
     them). Layer l's K/V at p depend on the l layers below over the window before p, so
     the passes run over num_layers * window positions (at most the cache's) to make them
     exact: one pass, or passes of `START_ROWS` (at most a window) in order, each joining
     the ring before the next (the ring then holds the window before each pass)."""
-    draft: Draft = nnx.merge(self.graphdef, params)
     cfg, lengths = draft.config, cache.lengths
     window = cfg.ring_size(cache.k.shape[2])
     span = min(cfg.num_layers * window, cache.k.shape[2])
@@ -94,14 +112,14 @@ class LongSpecDraft:
     ring = dataclasses.replace(ring, length=jnp.maximum(lengths - span, 0))
     return self._fill(draft, target, cache, history, ring, START_ROWS, lengths)
 
-  def propose(self, params, ring: RingCache, *, target, cache, history, root):
+  def propose(self, params, state: DraftState, *, target, cache, history, root):
     draft: Draft = nnx.merge(self.graphdef, params)
-    root_hidden, ring = self.catch_up(draft, target, cache, history, ring)
-    tree = self.grow(draft, target, cache, ring, root, root_hidden)
+    root_hidden, ring = self.catch_up(draft, target, cache, history, state.ring)
+    tree = self.grow(draft, target, cache, ring, root, root_hidden, state.rows)
     if self.copy_tokens:
       lookup = PromptLookup(num_tokens=self.copy_tokens, matches=self.copy_matches)
       tree = graft_chains(tree, *lookup.lookup(history, cache.lengths))
-    return tree, ring
+    return tree, dataclasses.replace(state, ring=ring)
 
   def catch_up(self, draft: Draft, target, cache, history, ring: RingCache, *, lagging: bool = False):
     """One draft pass over the tokens committed since the ring's last position and the
@@ -138,9 +156,10 @@ class LongSpecDraft:
 
     return jax.lax.while_loop(lambda ring: jnp.any(ring.length < until), step, ring)
 
-  def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden) -> Tree:
+  def grow(self, draft: Draft, target, cache, ring: RingCache, root, root_hidden, rows: HeadRows | None) -> Tree:
     """The round's tree from the root's hidden state [B, 1, E]: CAPE's or the beam
-    search's (with `sparse`, carrying the chunks its verification reads)."""
+    search's, its tokens among `rows` (None: the whole vocabulary; with `sparse`,
+    carrying the chunks its verification reads)."""
     looked = []  # each pass's cross-attention mass [B, K, C], with `sparse`
 
     def run(*args):
@@ -151,7 +170,9 @@ class LongSpecDraft:
       return hidden, block_kv
 
     build = self._cape_tree if self.cape is not None else self._beam_tree
-    tree = build(run, target, draft.config, cache, ring, root, root_hidden)
+    scored = draft.config.vocab_size if rows is None else rows.tokens.shape[0]
+    top = lambda hidden, k: target.top_log_probs(hidden, min(k, scored), rows)
+    tree = build(run, top, draft.config, cache, ring, root, root_hidden)
     if self.sparse is None:
       return tree
     if not looked:  # (a one-deep tree: no pass but the root's catch-up; every chunk)
@@ -162,9 +183,10 @@ class LongSpecDraft:
     b, s, k = cache.k.shape[1:4]
     return b, k, -(-s // self.sparse.chunk)
 
-  def _beam_tree(self, run, target, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
-    """Per depth, the frontier's best children by cumulative log-prob, then one draft
-    pass over them (`run(tokens, positions, own, cross)`, the draft's)."""
+  def _beam_tree(self, run, top, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
+    """Per depth, the frontier's best children by cumulative log-prob (`top(hidden, k)`:
+    the draft's top k), then one draft pass over them (`run(tokens, positions, own,
+    cross)`, the draft's)."""
     lengths = cache.lengths
     batch = root.shape[0]
     offsets = beam_offsets(self.widths)
@@ -176,7 +198,7 @@ class LongSpecDraft:
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
     hidden, scores = root_hidden, jnp.zeros((batch, 1), jnp.float32)
     for depth, width in enumerate(self.widths, start=1):
-      top_lp, top_tokens = target.top_log_probs(hidden, min(width, target.config.vocab_size))  # [B, F, k]
+      top_lp, top_tokens = top(hidden, width)  # [B, F, k]
       rank, new_tokens, scores = best_children(top_lp, top_tokens, scores, width)
       nodes = jnp.arange(offsets[depth], offsets[depth] + width)  # [width]
       new_parents = offsets[depth - 1] + rank  # [B, width]
@@ -208,7 +230,7 @@ class LongSpecDraft:
       ancestors=ancestors,
     )
 
-  def _cape_tree(self, run, target, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
+  def _cape_tree(self, run, top, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
     """The greedy chain, keeping each position's `1 + cape.most` most likely tokens and
     the chain token's probability; one draft pass per chain token (the leaves get none)."""
     cape, lengths = self.cape, cache.lengths
@@ -218,7 +240,7 @@ class LongSpecDraft:
     buffer = (jnp.zeros(buffer_shape, cache.k.dtype), jnp.zeros(buffer_shape, cache.k.dtype))
     hidden, tops, confidence = root_hidden, [], []
     for depth in range(1, cape.gamma + 1):
-      top_lp, top_tokens = target.top_log_probs(hidden, 1 + cape.most)  # [B, 1, 1 + most]
+      top_lp, top_tokens = top(hidden, 1 + cape.most)  # [B, 1, 1 + most]
       tops.append(top_tokens[:, 0])
       confidence.append(jnp.exp(top_lp[:, 0, 0]))
       if depth == cape.gamma:

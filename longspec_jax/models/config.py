@@ -178,6 +178,10 @@ class DraftConfig(BlockConfig):
   # draft's target.
   tree_widths: tuple[int, ...] = (4, 16, 16, 16, 16)
   copy_tokens: int = 0
+  # How many tokens the draft scores, the most frequent of its training text (FR-Spec;
+  # the ranking is saved with the draft); 0: the whole vocabulary. The target still
+  # verifies against every token, so the output is unchanged.
+  vocab_subset: int = 0
 
   def __post_init__(self):
     super().__post_init__()
@@ -187,6 +191,8 @@ class DraftConfig(BlockConfig):
       raise UserError(f"a draft needs num_layers >= 1 and window >= 1, got {self.num_layers} and {self.window}.")
     if self.copy_tokens < 0:
       raise UserError(f"a draft's copy_tokens must be >= 0, got {self.copy_tokens}.")
+    if not 0 <= self.vocab_subset <= self.vocab_size:
+      raise UserError(f"a draft's vocab_subset must be 0 (all) to {self.vocab_size} tokens, got {self.vocab_subset}.")
     check_tree_widths(self.tree_widths, copy_tokens=self.copy_tokens)
 
   @classmethod

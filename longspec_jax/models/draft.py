@@ -101,19 +101,46 @@ class DraftLayer(DecoderLayer):
     return self.add_attention(x, out, self.cross_o[...]), mass
 
 
+class VocabSubset(nnx.Variable):
+  """The tokens a draft scores (FR-Spec), [N] int32, the most frequent in its training
+  text first. Not trained."""
+
+
 class Draft(nnx.Module):
   """The draft's own parameters; the target supplies embedding, LM head and K/V.
   `attention` picks the code of all its attention, self and cross (`attention.Impl`; a
-  draft being trained needs FLASH or REFERENCE, which are differentiable)."""
+  draft being trained needs FLASH or REFERENCE, which are differentiable). With
+  `config.vocab_subset`, it scores the first that many tokens of `ranking` (ids, the
+  most frequent first; default: the first ids, as a random draft does)."""
 
   def __init__(
-    self, config: DraftConfig, dtype=jnp.float32, *, rngs: nnx.Rngs, attention: attention.Impl | None = None
+    self,
+    config: DraftConfig,
+    dtype=jnp.float32,
+    *,
+    rngs: nnx.Rngs,
+    attention: attention.Impl | None = None,
+    ranking: jax.Array | None = None,
   ):
     self.config = config
     self.attention = attention or Impl.default()
 
     self.layers = stacked_layers(DraftLayer, config, dtype, rngs)
     self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), dtype))
+    if config.vocab_subset:
+      n = config.vocab_subset
+      self.vocab = VocabSubset(
+        jnp.arange(n, dtype=jnp.int32) if ranking is None else jnp.asarray(ranking[:n], jnp.int32)
+      )
+
+  @property
+  def vocab_rows(self) -> int | None:
+    """How many tokens the draft scores; None: the whole vocabulary."""
+    return self.config.vocab_subset or None
+
+  def subset_tokens(self) -> jax.Array | None:
+    """The tokens the draft scores, ascending ids [N] (None: every token)."""
+    return None if self.vocab_rows is None else jnp.sort(self.vocab[...])
 
   def __call__(
     self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend, cross: CrossAttend
@@ -180,4 +207,5 @@ class Draft(nnx.Module):
 
 
 def random_draft(config: DraftConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Draft:
+  """A random-init draft (with `config.vocab_subset`, over the vocabulary's first tokens)."""
   return build_random(lambda rngs: Draft(config, dtype, rngs=rngs, attention=attention), seed)

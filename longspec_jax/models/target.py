@@ -283,16 +283,38 @@ class Transformer(nnx.Module):
       logits = jnp.einsum("...e,ve->...v" if transposed else "...e,ev->...v", hidden, head)
     return logits.astype(jnp.float32)
 
-  def top_log_probs(self, hidden: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  def head_rows(self, tokens: jax.Array) -> HeadRows:
+    """The LM head's rows of `tokens` [N] (ascending ids), [N, E] whichever way the head
+    is stored: a copy a draft scores in place of the whole vocabulary."""
+    head, transposed = self._head()
+    rows = jnp.take(head, tokens, axis=0) if transposed else jnp.take(head, tokens, axis=1).T
+    return HeadRows(tokens=tokens, head=rows)
+
+  def top_log_probs(self, hidden: jax.Array, k: int, rows: HeadRows | None = None) -> tuple[jax.Array, jax.Array]:
     """The k most likely next tokens after hidden [..., E] and their log-probabilities,
     largest first (lower token first among equals), each [..., k]: what a draft's beam
-    search keeps of a vocabulary pass. For a few rows on a GPU, the head's product fused
-    with the top-k, the logits never in HBM (`topk.head_top_log_probs`); else the logits,
-    a log-softmax and `topk.top_k`."""
+    search keeps of a vocabulary pass. With `rows`, over those tokens alone, normalized
+    among them (FR-Spec's subset of the vocabulary: the head's product reads only their
+    rows). For a few rows on a GPU, the head's product fused with the top-k, the logits
+    never in HBM (`topk.head_top_log_probs`); else the logits, a log-softmax and
+    `topk.top_k`."""
+    head, transposed = self._head() if rows is None else (rows.head, True)
     if topk.fused_head_pays(math.prod(hidden.shape[:-1])):
-      head, transposed = self._head()
-      return topk.head_top_log_probs(hidden, head, k, transposed=transposed)
-    return topk.top_k(jax.nn.log_softmax(self.logits(hidden), axis=-1), k)
+      top, index = topk.head_top_log_probs(hidden, head, k, transposed=transposed)
+    else:
+      logits = self.logits(hidden) if rows is None else jnp.einsum("...e,ve->...v", hidden, head).astype(jnp.float32)
+      top, index = topk.top_k(jax.nn.log_softmax(logits, axis=-1), k)
+    return top, index if rows is None else rows.tokens[index]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HeadRows:
+  """Some tokens' rows of the LM head (`Transformer.head_rows`): the part of the
+  vocabulary a draft scores."""
+
+  tokens: jax.Array  # [N] int32, ascending
+  head: jax.Array  # [N, E]
 
 
 def abstract_model(config: TargetConfig, dtype, numerics: Numerics | None = None) -> Transformer:

@@ -1,4 +1,6 @@
-"""Draft checkpoints: a directory with `draft_config.json` and the parameters saved by orbax.
+"""Draft checkpoints: a directory with `draft_config.json`, the parameters saved by orbax
+and, for a draft that scores a subset of the vocabulary, `vocab_ranking.npy` (token ids by
+their frequency in the training text, the most frequent first, `train.rank_vocab`).
 
 `--draft` specs: `random` (a random-init draft shaped for the target: useful to check the
 machinery, it proposes noise), `default` (the draft shipped in the package for the
@@ -18,17 +20,19 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from longspec_jax.errors import UserError
 from longspec_jax.files import write_whole
 from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
-from longspec_jax.models.draft import Draft, random_draft
+from longspec_jax.models.draft import Draft, VocabSubset, random_draft
 from longspec_jax.models.heads import Heads, random_heads
 from longspec_jax.ops.attention import Impl
 
 CONFIG_NAME = "draft_config.json"
 PARAMS_DIR = "params"
+RANKING_NAME = "vocab_ranking.npy"
 # Drafts shipped with the package, by target spec.
 SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
 
@@ -45,8 +49,10 @@ def save_draft(path: Path, draft: Draft | Heads) -> None:
   tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
   alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes={jax.process_index()})
   with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
-    checkpointer.save(tmp / PARAMS_DIR, nnx.state(draft))
+    checkpointer.save(tmp / PARAMS_DIR, nnx.state(draft, nnx.Param))
   (tmp / CONFIG_NAME).write_text(json.dumps(draft.config.to_dict(), indent=1))
+  if isinstance(getattr(draft, "vocab", None), VocabSubset):
+    np.save(tmp / RANKING_NAME, np.asarray(draft.vocab[...]))
   if path.exists():
     old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
     os.replace(path, old / "draft")
@@ -60,6 +66,22 @@ def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
   file = Path(path) / CONFIG_NAME
   config = DraftConfig.from_dict(json.loads(file.read_text()))
   updated = dataclasses.replace(config, tree_widths=tuple(widths), copy_tokens=copy_tokens)  # (checked)
+  write_whole(file, json.dumps(updated.to_dict(), indent=1))
+
+
+def store_vocab(path: Path, ranking: np.ndarray, size: int) -> None:
+  """Stores `ranking` (token ids, the most frequent first) with the block draft in the
+  directory `path` and makes it score the first `size` (0: the whole vocabulary); both
+  files are rewritten whole, by a rename."""
+  path = Path(path)
+  file = path / CONFIG_NAME
+  config = DraftConfig.from_dict(json.loads(file.read_text()))
+  updated = dataclasses.replace(config, vocab_subset=size)  # (checked)
+  _check_ranking(np.asarray(ranking), config.vocab_size, size, path / RANKING_NAME)
+  fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{RANKING_NAME}.", suffix=".npy")
+  with os.fdopen(fd, "wb") as f:
+    np.save(f, np.asarray(ranking, np.int32))
+  os.replace(tmp, path / RANKING_NAME)
   write_whole(file, json.dumps(updated.to_dict(), indent=1))
 
 
@@ -100,22 +122,29 @@ def load_draft(
   target_name: str = "",
   attention: Impl | None = None,
   kind: DraftKind = DraftKind.LONGSPEC,
+  vocab_subset: int | None = None,
 ) -> Draft | Heads:
   """The draft of `kind` a spec names (`resolve_draft`), in `dtype`, checked against the
   target's config; `attention` is a block draft's attention code (default:
-  `Impl.default()`; TokenSwift's heads have none)."""
+  `Impl.default()`; TokenSwift's heads have none); `vocab_subset` the tokens a block
+  draft scores, the most frequent first (0: all; None: the draft's own setting)."""
+  if vocab_subset and kind is DraftKind.TOKENSWIFT:
+    raise UserError("TokenSwift's heads score the whole vocabulary: a vocabulary subset is for a block draft.")
   path = resolve_draft(spec, target_name, kind)
   if path is None:
     if kind is DraftKind.TOKENSWIFT:
       return random_heads(HeadsConfig.for_target(target_config), dtype)
-    return random_draft(DraftConfig.for_target(target_config, kind=kind), dtype, attention=attention)
-  draft = _restore(path, target_config, dtype, attention)
+    config = DraftConfig.for_target(target_config, kind=kind, vocab_subset=vocab_subset or 0)
+    return random_draft(config, dtype, attention=attention)
+  draft = _restore(path, target_config, dtype, attention, vocab_subset)
   if draft.config.kind is not kind:
     raise UserError(f"{path} holds {draft.config.kind.value}'s draft, where {kind.value}'s is needed.")
   return draft
 
 
-def _restore(path: Path, target_config: TargetConfig, dtype, attention: Impl | None = None) -> Draft | Heads:
+def _restore(
+  path: Path, target_config: TargetConfig, dtype, attention: Impl | None = None, vocab_subset: int | None = None
+) -> Draft | Heads:
   import orbax.checkpoint as ocp
 
   try:
@@ -123,11 +152,16 @@ def _restore(path: Path, target_config: TargetConfig, dtype, attention: Impl | N
   except (ValueError, TypeError) as e:
     raise UserError(f"the draft config {path / CONFIG_NAME} is unreadable ({e}).") from None
   config.check_matches(target_config)
+  ranking = None
   if isinstance(config, HeadsConfig):
     build = lambda: Heads(config, dtype, rngs=nnx.Rngs(0))
   else:
-    build = lambda: Draft(config, dtype, rngs=nnx.Rngs(0), attention=attention)
-  graphdef, abstract = nnx.split(nnx.eval_shape(build))
+    if vocab_subset is not None:
+      config = dataclasses.replace(config, vocab_subset=vocab_subset)  # (checked)
+    if config.vocab_subset:
+      ranking = _ranking(path, config.vocab_size, config.vocab_subset)
+    build = lambda: Draft(config, dtype, rngs=nnx.Rngs(0), attention=attention, ranking=ranking)
+  graphdef, abstract, rest = nnx.split(nnx.eval_shape(build), nnx.Param, ...)
   # Restored onto the device: without a sharding orbax returns host (numpy) arrays, which
   # every jitted call then copies to the device again (~1 ms a call on an H100 for
   # SmolLM2's draft).
@@ -141,7 +175,35 @@ def _restore(path: Path, target_config: TargetConfig, dtype, attention: Impl | N
     raise UserError(f"could not read the draft parameters in {path / PARAMS_DIR} ({type(e).__name__}: {e}).") from None
   if fused:
     state = _on_qkv(state, lambda x: _grouped(x, config.num_kv_heads))
-  return nnx.merge(graphdef, state)
+  rest = jax.tree.map(lambda x: jax.device_put(ranking[: x.shape[0]], device), rest)  # (the subset, if any)
+  return nnx.merge(graphdef, state, rest)
+
+
+def _ranking(path: Path, vocab_size: int, needed: int) -> np.ndarray:
+  """The draft's vocabulary ranking (`RANKING_NAME`), checked to hold at least `needed`
+  distinct ids of a vocabulary of `vocab_size`."""
+  file = path / RANKING_NAME
+  if not file.is_file():
+    raise UserError(
+      f"the draft {path} has no vocabulary ranking ({RANKING_NAME}) to take a subset from; rank its training text"
+      " with `python -m train.rank_vocab`, or score the whole vocabulary (a subset of 0)."
+    )
+  try:
+    ranking = np.load(file)
+  except (ValueError, OSError) as e:
+    raise UserError(f"the vocabulary ranking {file} is unreadable ({e}).") from None
+  _check_ranking(ranking, vocab_size, needed, file)
+  return ranking.astype(np.int32)
+
+
+def _check_ranking(ranking: np.ndarray, vocab_size: int, needed: int, file: Path) -> None:
+  """Raises UserError unless `ranking` lists at least `needed` distinct ids below `vocab_size`."""
+  if (
+    ranking.ndim != 1 or len(np.unique(ranking)) != len(ranking) or not np.all((ranking >= 0) & (ranking < vocab_size))
+  ):
+    raise UserError(f"the vocabulary ranking {file} is not a list of distinct token ids below {vocab_size}.")
+  if len(ranking) < needed:
+    raise UserError(f"the vocabulary ranking {file} ranks {len(ranking)} tokens, fewer than the {needed} asked for.")
 
 
 # Drafts saved before q, k and v were grouped by KV head (`layers.DecoderLayer.qkv`) hold

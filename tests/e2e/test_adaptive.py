@@ -384,10 +384,10 @@ def test_catching_up_after_rounds_without_the_draft_rebuilds_the_ring(tiny, lag_
   history = jnp.asarray([prompt + [0] * 24], jnp.int32)
   behind = proposer.start(
     params, target=tiny, cache=dataclasses.replace(cache, lengths=cache.lengths - 13), history=history
-  )
+  ).ring
   cache = dataclasses.replace(cache, lengths=cache.lengths - 1)  # the last token is the root
   hidden, ring = proposer.catch_up(draft, tiny, cache, history, behind, lagging=True)
-  fresh = proposer.start(params, target=tiny, cache=cache, history=history)
+  fresh = proposer.start(params, target=tiny, cache=cache, history=history).ring
   want, fresh = proposer.catch_up(draft, tiny, cache, history, fresh)
   assert int(ring.length[0]) == int(fresh.length[0]) == 40
   for a, b in ((hidden, want), (ring.k, fresh.k), (ring.v, fresh.v)):

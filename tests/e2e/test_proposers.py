@@ -2,6 +2,8 @@
 draft distribution is recomputed from scratch over the whole token sequence (no ring, no
 tree buffer, no catch-up)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,7 @@ from longspec_jax.methods.longspec import LongSpecDraft
 from longspec_jax.methods.registry import ProposerOptions
 from longspec_jax.models.cache import KVCache
 from longspec_jax.models.config import BLOCK_KINDS, CapeConfig, DraftConfig, DraftKind
-from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft
+from longspec_jax.models.draft import CrossAttend, Draft, SelfAttend, random_draft
 from longspec_jax.ops.attention import causal_block_mask
 
 from helpers import tiny_target
@@ -109,7 +111,7 @@ def test_beam_tree_matches_recomputed_reference_over_two_rounds(models):
       assert np.asarray(tree.tokens[b]).tolist() == tokens
       assert np.asarray(tree.parents[b]).tolist() == parents
       np.testing.assert_array_equal(np.asarray(tree.depths[b]), [0, 1, 1, 2, 2, 2, 3, 3, 3])
-    np.testing.assert_array_equal(np.asarray(ring.length), np.asarray(lengths) + 1)  # the root is in the ring
+    np.testing.assert_array_equal(np.asarray(ring.ring.length), np.asarray(lengths) + 1)  # the root is in the ring
 
 
 def test_cape_tree_matches_recomputed_reference_over_two_rounds(models):
@@ -221,7 +223,7 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
   cache, _ = prefill(target, prompts, 64)
   history = jnp.asarray([p + [0] * (64 - len(p)) for p in prompts])
   proposer, params = make_proposer(draft.config.kind.value, draft, ProposerOptions(tree_widths=WIDTHS))
-  start = lambda: proposer.start(params, target=target, cache=cache, history=history)
+  start = lambda: proposer.start(params, target=target, cache=cache, history=history).ring
   whole = start()
   monkeypatch.setattr(longspec, "START_ROWS", 5)
   passes = start()
@@ -232,3 +234,32 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
     np.testing.assert_allclose(
       np.where(held.swapaxes(0, 1), np.asarray(got), 0), np.where(held.swapaxes(0, 1), np.asarray(want), 0), atol=2e-5
     )
+
+
+def test_a_draft_scoring_a_vocabulary_subset_proposes_its_tokens_alone(models):
+  """A draft that scores some tokens (FR-Spec) grows its tree from them alone; scoring
+  every token through a ranking (a permutation) grows the tree of the whole head."""
+  target, draft = models
+  vocab = target.config.vocab_size
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(3, vocab, size=n).tolist() for n in (21, 14)]
+  cache, _ = prefill(target, prompts, 64)
+  history = jnp.asarray([p + [0] * (64 - len(p)) for p in prompts])
+  root = jnp.asarray([p[-1] for p in prompts], jnp.int32)
+  cache = dataclasses.replace(cache, lengths=cache.lengths - 1)  # the last token is the root
+
+  def tree(config, ranking=None):
+    subset = Draft(config, jnp.float32, rngs=nnx.Rngs(0), attention=draft.attention, ranking=ranking)
+    nnx.update(subset, nnx.state(draft, nnx.Param))
+    proposer, params = make_proposer(config.kind.value, subset, ProposerOptions(tree_widths=WIDTHS))
+    state = proposer.start(params, target=target, cache=cache, history=history)
+    return proposer.propose(params, state, target=target, cache=cache, history=history, root=root)[0]
+
+  whole = tree(draft.config)
+  ranking = rng.permutation(vocab)
+  permuted = tree(dataclasses.replace(draft.config, vocab_subset=vocab), ranking)
+  for field in ("tokens", "parents", "depths"):
+    np.testing.assert_array_equal(np.asarray(getattr(permuted, field)), np.asarray(getattr(whole, field)))
+  few = tree(dataclasses.replace(draft.config, vocab_subset=40), ranking)
+  assert np.isin(np.asarray(few.tokens)[:, 1:], ranking[:40]).all()
+  assert not np.isin(np.asarray(whole.tokens)[:, 1:], ranking[:40]).all()

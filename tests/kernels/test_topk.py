@@ -40,3 +40,26 @@ def test_head_top_log_probs_equal_log_softmax_and_top_k():
     got = head_top_log_probs(hidden, weights, 5, transposed=transposed)
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # a separate head, a tied embedding
+@pytest.mark.parametrize("fused", [False, True])
+def test_top_log_probs_over_a_vocabulary_subset_equal_masked_full_logits(kind, fused, monkeypatch):
+  """A draft scoring a subset of the vocabulary (FR-Spec) gets the top k of the full
+  logits with every other token masked out, normalized over the subset, whether the
+  head's product is fused with the top-k (interpreted) or not."""
+  from longspec_jax.ops import topk
+
+  from helpers import tiny_target
+
+  monkeypatch.setattr(topk, "fused_head_pays", lambda rows: fused)
+  model = tiny_target(kind)
+  vocab = model.config.vocab_size
+  rng = np.random.default_rng(7)
+  tokens = jnp.asarray(np.sort(rng.choice(vocab, 57, replace=False)), jnp.int32)
+  hidden = jnp.asarray(rng.standard_normal((2, 3, model.config.hidden_size)), jnp.float32)
+  got = model.top_log_probs(hidden, 5, model.head_rows(tokens))
+  masked = jnp.where(jnp.isin(jnp.arange(vocab), tokens), model.logits(hidden), -jnp.inf)
+  want = jax.lax.top_k(jax.nn.log_softmax(masked, axis=-1), 5)
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -189,3 +189,35 @@ def test_draft_checkpoint_round_trip_and_damage(tmp_path):
   shutil.rmtree(tmp_path / "d" / "params")
   with pytest.raises(UserError, match="could not read the draft parameters"):
     load_draft(str(tmp_path / "d"), target, jnp.float32)
+
+
+def test_a_drafts_vocabulary_ranking_is_stored_and_subsets_taken_from_it(tmp_path):
+  """`store_vocab` keeps a ranking with the draft and the size it scores; a load takes
+  that many of its first ids (or as many as asked, 0: all), and a saved subset draft
+  keeps its own ids; a draft without a ranking, a short ranking and a ranking that is
+  no list of distinct ids are refused in one sentence."""
+  from longspec_jax.models.config import DraftConfig, TargetConfig
+  from longspec_jax.models.draft import random_draft
+  from longspec_jax.weights.drafts import load_draft, save_draft, store_vocab
+
+  target = TargetConfig(
+    vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8
+  )
+  save_draft(tmp_path / "d", random_draft(DraftConfig.for_target(target, window=16), jnp.float32))
+  with pytest.raises(UserError, match="has no vocabulary ranking"):
+    load_draft(str(tmp_path / "d"), target, jnp.float32, vocab_subset=5)
+  ranking = np.arange(50)[::-1].copy()
+  store_vocab(tmp_path / "d", ranking, 10)
+  loaded = load_draft(str(tmp_path / "d"), target, jnp.float32)
+  assert loaded.vocab_rows == 10 and np.asarray(loaded.vocab[...]).tolist() == list(range(49, 39, -1))
+  assert np.asarray(loaded.subset_tokens()).tolist() == list(range(40, 50))
+  assert load_draft(str(tmp_path / "d"), target, jnp.float32, vocab_subset=0).vocab_rows is None
+  assert load_draft(str(tmp_path / "d"), target, jnp.float32, vocab_subset=20).vocab_rows == 20
+  save_draft(tmp_path / "again", loaded)  # (its 10 ids go with it)
+  assert load_draft(str(tmp_path / "again"), target, jnp.float32).vocab_rows == 10
+  with pytest.raises(UserError, match="ranks 10 tokens, fewer than the 20 asked for"):
+    load_draft(str(tmp_path / "again"), target, jnp.float32, vocab_subset=20)
+  with pytest.raises(UserError, match="not a list of distinct token ids below 50"):
+    store_vocab(tmp_path / "d", np.asarray([1, 1, 2]), 2)
+  with pytest.raises(UserError, match="vocab_subset must be 0 \\(all\\) to 50 tokens"):
+    load_draft(str(tmp_path / "d"), target, jnp.float32, vocab_subset=51)
