@@ -301,7 +301,7 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
           "round_floor_ms": terms["floor_ms"],
           "round_floor_copy_ms": copy_terms["floor_ms"],
           "round_over_floor": seconds * 1e3 / terms["floor_ms"],
-          "terms_ms": {k: v for k, v in terms.items() if k != "floor_ms"},
+          **{f"floor_{k}": v for k, v in terms.items() if k != "floor_ms"},  # (floor_draft_ms, ...)
           "tree_nodes": proposer.tree_size,
           "head_rows": shape.head_rows,
           **phases,
@@ -360,13 +360,12 @@ def _floor_row(row) -> str:
   fraction = f"{row['fraction_of_read_floor']:6.1%}" if row["fraction_of_read_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
   rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
-  t = row["terms_ms"]
   return (
     f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
     f" {row['round_ms']:8.3f} ms | {row['read_floor_ms']:7.3f} ms | {fraction} |"
     f" {row['round_floor_ms']:7.3f} ms | {row['round_over_floor']:5.2f} |"
-    f" {t['draft_ms']:6.3f} {t['head_ms']:6.3f} {t['verify_bytes_ms']:6.3f}"
-    f" {t['verify_gemm_ms'] + t['verify_attention_ms']:6.3f} |"
+    f" {row['floor_draft_ms']:6.3f} {row['floor_head_ms']:6.3f} {row['floor_verify_bytes_ms']:6.3f}"
+    f" {row['floor_verify_gemm_ms'] + row['floor_verify_attention_ms']:6.3f} |"
     f" {peer} | {rate}"
   )
 

@@ -19,7 +19,7 @@ from longspec_jax.weights import default
 # SmolLM2's shipped draft scores this many of its 49,152 tokens: the most tokens a draft
 # round emits per second on its held-out prompt sets (docs/results.md, "The draft's
 # vocabulary").
-DEFAULT_SIZE = 16384
+DEFAULT_SIZE = 8192
 
 
 def parse_args(argv=None):

@@ -322,7 +322,11 @@ def prepare(args, sources, eval_sources) -> Run:
   # The draft trains on differentiable attention: flash passes with structured masks.
   kind = DraftKind(args.draft_kind)
   if args.init_draft:
-    draft = load_draft(args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind)
+    # (every parameter trains, over the whole vocabulary: no subset; `train.rank_vocab` ranks the result)
+    subset = None if kind is DraftKind.TOKENSWIFT else 0
+    draft = load_draft(
+      args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind, vocab_subset=subset
+    )
   elif kind is DraftKind.TOKENSWIFT:
     draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:

@@ -50,7 +50,7 @@ def state_with(
   copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(
-    ring=None,
+    draft=None,
     copy_gain=copy_gain,
     chain_gain=jnp.copy(copy_gain),
     draft_gain=draft_gain,

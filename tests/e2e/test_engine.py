@@ -316,11 +316,11 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
 
 def test_real_model_speculation_is_lossless(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 640 tokens (past the
-  draft's ring of 512, so the ring wraps): PLD
-  (one continuation, and three of 12 tokens as a trie), LongSpec with the shipped trained
-  draft (a smaller tree than its default, for CPU time, prompt lookup's copies grafted
-  in; and CAPE's tree), GLIDE with its shipped draft and CAPE's tree, TokenSwift (its
-  shipped heads, a partial cache of 256 positions), auto with LongSpec's draft (two
+  draft's ring of 512, so the ring wraps): PLD (one continuation, and three of 12 tokens
+  as a trie), LongSpec with the shipped trained draft (scoring its vocabulary subset; a
+  smaller tree than its default, for CPU time, prompt lookup's copies grafted in; and
+  CAPE's tree over every token), GLIDE with its shipped draft and CAPE's tree, TokenSwift
+  (its shipped heads, a partial cache of 256 positions), auto with LongSpec's draft (two
   continuations) and an oracle tree with decoys emit exactly the AR tokens for 48 new
   tokens."""
   target = smollm2_float32
@@ -339,7 +339,8 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   longspec_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
-  proposer, params = make_proposer("longspec", draft, ProposerOptions(cape=CapeConfig(gamma=4)))
+  whole = load_draft("default", target.config, jnp.float32, "smollm2-135m", vocab_subset=0)  # (every token scored)
+  proposer, params = make_proposer("longspec", whole, ProposerOptions(cape=CapeConfig(gamma=4)))
   assert generate(target.model, prompts, 48, Decoding(proposer=proposer), params).token_ids == reference
   glide = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.GLIDE)
   proposer, params = make_proposer("glide", glide)  # (the shipped GLIDE draft, CAPE's tree: its default)

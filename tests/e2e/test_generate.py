@@ -172,6 +172,11 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
       "CAPE's tree of 200 tokens with up to 7 leaves each makes 1601 nodes, over the limit of 1024",
     ),
     (["--prompt", "x", "--tree-widths", "2,2"], "--tree-widths shapes a draft's tree, but no draft is used here"),
+    (["--prompt", "x", "--method", "pld", "--draft-vocab", "64"], "--draft-vocab sets what a block draft scores"),
+    (
+      ["--prompt", "x", "--method", "longspec", "--draft", "random", "--draft-vocab", "60000"],
+      "--draft-vocab 60000 exceeds the target's vocabulary of 49152 tokens",
+    ),
   ],
 )
 def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, capsys):

@@ -236,10 +236,12 @@ def test_a_start_in_passes_fills_the_ring_as_one_pass_does(models, monkeypatch):
     )
 
 
-def test_a_draft_scoring_a_vocabulary_subset_proposes_its_tokens_alone(models):
+def test_a_draft_scoring_a_vocabulary_subset_proposes_its_tokens_alone():
   """A draft that scores some tokens (FR-Spec) grows its tree from them alone; scoring
-  every token through a ranking (a permutation) grows the tree of the whole head."""
-  target, draft = models
+  every token through a ranking (a permutation) grows the tree of the whole head.
+  (LongSpec's draft: the subset is the proposer's, the same for GLIDE's.)"""
+  target = tiny_target("llama")
+  draft = random_draft(DraftConfig.for_target(target.config, num_layers=2, window=8), jnp.float32, seed=3)
   vocab = target.config.vocab_size
   rng = np.random.default_rng(5)
   prompts = [rng.integers(3, vocab, size=n).tolist() for n in (21, 14)]

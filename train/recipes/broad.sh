@@ -10,6 +10,8 @@
 #                attention in the draft's passes (the paper's stage 2)
 #   4. self:     the target's own continuations and answers on corpus documents
 #   5. sft:      the long stage's draft on the target's text
+#   6. vocab:    the corpus's token ranking stored with the block draft (train.rank_vocab),
+#                which then scores its 8,192 most frequent tokens
 #
 # A stage is done once train.run marks it `complete` (all its steps taken; a stage that
 # --time-limit stopped has a draft and eval.json too, and resumes). The corpus is rebuilt
@@ -76,4 +78,7 @@ if [ -f "$out/self.jsonl.done" ] && [ ! -f "$out/sft/complete" ] && [ "$(left)" 
   python3 -m train.run --stage sft --target smollm2-135m --data "$out/self.jsonl" \
     --init-draft "$out/long/draft" --eval "$out/corpus/heldout.jsonl" --eval-rows 8 --eval-length 4096 \
     --eval-every 250 --steps "${SFT_STEPS:-3000}" --learning-rate "$finetune_lr" --save-every 250 --time-limit "$(left)" --out "$out/sft" $(resume "$out/sft") "$@"
+fi
+if [ -f "$out/sft/complete" ] && [ "$kind" != tokenswift ] && [ ! -f "$out/sft/draft/vocab_ranking.npy" ]; then
+  python3 -m train.rank_vocab --target smollm2-135m --draft "$out/sft/draft" --data "$out/corpus/train.jsonl"
 fi
