@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import jax
@@ -16,20 +14,6 @@ from hypothesis import settings
 from helpers import save_tiny_hf_model
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def pytest_configure(config):
-  """One compilation cache on disk for the whole run, shared by the xdist workers and the
-  processes the tests start (they inherit the variable): the suite compiles the same
-  programs in many tests, and XLA's compiles are most of its time. A run starts with an
-  empty one ($JAX_COMPILATION_CACHE_DIR set beforehand: that one, kept)."""
-  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # (the controller; workers find it set)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="longspec-xla-")
-    config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True))
-  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-
 # The backend starts now, with one CPU device, whatever a test runs first: a CLI run
 # in-process with `--devices N` then finds it started and cannot add devices (one that
 # started it would give the rest of the worker's tests N devices).
