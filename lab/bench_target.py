@@ -238,7 +238,6 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   steps, warmup, iters = STEPS, 2, 5
   model = random_model(config, dtype, numerics=cli.numerics(args))
   itemsize = jnp.dtype(dtype).itemsize
-  weight_bytes = round_floor.Round(config, itemsize, 1, 0).target_weight_bytes
   names = {m for m, _, _ in args.methods}
   # The drafts by method and vocabulary subset (0: the whole vocabulary).
   drafts = {}
@@ -258,9 +257,12 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   for batch in args.batches:
     for context in args.contexts:
       prompts = rng.integers(0, config.vocab_size, (batch, context)).tolist()
-      kv_bytes = round_floor.Round(config, itemsize, batch, context).kv_bytes
-      floor = (weight_bytes + kv_bytes) / args.devices / rates["bandwidth_bytes_per_second"]  # (a device its share)
-      read_floor = floor * rates["bandwidth_bytes_per_second"] / rates["read_bandwidth_bytes_per_second"]
+      # An AR step's bytes (a device its share) at the copy rate and at the read rate.
+      step = round_floor.Round(config, itemsize, batch, context, devices=args.devices)
+      floor, read_floor = (
+        step.terms_ms(rates[rate], rates["peak_flops"])["verify_bytes_ms"] / 1e3
+        for rate in ("bandwidth_bytes_per_second", "read_bandwidth_bytes_per_second")
+      )
       prefill_rate = None
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
@@ -305,8 +307,8 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
           "tree_nodes": proposer.tree_size,
           "head_rows": shape.head_rows,
           **phases,
-          "weight_bytes": weight_bytes,
-          "kv_bytes": kv_bytes,
+          "weight_bytes": step.target_weight_bytes,
+          "kv_bytes": step.kv_bytes,
           "prefill_tokens_per_second": prefill_rate,
           "transformers_step_ms": (
             peers.get((batch, context), {}).get("step_ms") if method == "ar" and numerics == "fast" else None
