@@ -12,6 +12,7 @@ runs.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -78,10 +79,9 @@ def store_vocab(path: Path, ranking: np.ndarray, size: int) -> None:
   config = DraftConfig.from_dict(json.loads(file.read_text()))
   updated = dataclasses.replace(config, vocab_subset=size)  # (checked)
   _check_ranking(np.asarray(ranking), config.vocab_size, size, path / RANKING_NAME)
-  fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{RANKING_NAME}.", suffix=".npy")
-  with os.fdopen(fd, "wb") as f:
-    np.save(f, np.asarray(ranking, np.int32))
-  os.replace(tmp, path / RANKING_NAME)
+  saved = io.BytesIO()
+  np.save(saved, np.asarray(ranking, np.int32))
+  write_whole(path / RANKING_NAME, saved.getvalue())
   write_whole(file, json.dumps(updated.to_dict(), indent=1))
 
 
