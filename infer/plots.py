@@ -315,6 +315,34 @@ def _tree_search(result: dict, plt):
   return fig
 
 
+def _tree_prices(result: dict, plt):
+  """`infer.tree_search --prices`: each tree's tau here and its projected tokens/s at the
+  priced shape per context against its size, an AR step's as a line, the chosen tree
+  marked."""
+  rows = [r for r in result["rows"] if r["tree"] != "ar"]
+  best = result.get("best") or {}
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+  by_tree = {r["tree"]: r for r in rows}
+  axes[0].scatter([r["nodes"] for r in by_tree.values()], [r["tau"] for r in by_tree.values()], color="C0")
+  for r in by_tree.values():
+    axes[0].annotate(r["tree"], (r["nodes"], r["tau"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+  axes[0].set(xlabel="nodes verified a round", ylabel="tau (tokens per round)", title="tau, measured here")
+  for i, context in enumerate(sorted({r["context"] for r in result["rows"]})):
+    points = sorted((r for r in rows if r["context"] == context), key=lambda r: r["nodes"])
+    ar = next(r for r in result["rows"] if r["context"] == context and r["tree"] == "ar")
+    color = f"C{i}"
+    axes[1].scatter([r["nodes"] for r in points], [r["projected_tokens_per_second"] for r in points], color=color)
+    axes[1].axhline(ar["projected_tokens_per_second"], color=color, ls="--", lw=0.8, label=f"AR, {context:,} tokens")
+    for r in points:
+      chosen = r["tree_widths"] == best.get("tree_widths") and r["copy_tokens"] == best.get("copy_tokens")
+      if chosen and context == result["price_context"]:
+        axes[1].scatter([r["nodes"]], [r["projected_tokens_per_second"]], s=120, facecolors="none", edgecolors="C3")
+  axes[1].set(xlabel="nodes verified a round", ylabel="projected tokens/s", title=f"at {result['shape']}'s prices")
+  axes[1].legend(fontsize=7)
+  fig.suptitle(_title(result, f"trees priced at {result['shape']}, tau on {', '.join(result['sets'])}"))
+  return fig
+
+
 def _auto_rounds(result: dict, plt):
   """`lab.bench_auto`: milliseconds per round of each variant, one panel per prompt
   set, the part its measured prices account for shaded; prompt lookup's as a line."""
@@ -434,6 +462,8 @@ def kind(result: dict) -> str | None:
     return "profile"
   if result.get("kind") == "sparse_quality":  # (nothing to draw before a sparse row)
     return result["kind"] if any(r["chunk"] for r in result["rows"]) else None
+  if result.get("kind") == "tree_prices":  # (nothing to draw before the projection)
+    return result["kind"] if result["rows"] else None
   if result.get("kind") in ("tree_search", "auto_rounds", "long_generation", "train_step"):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
@@ -455,6 +485,7 @@ PLOTS = {
   "profile": _profile,
   "kernels": _kernels,
   "tree_search": _tree_search,
+  "tree_prices": _tree_prices,
   "auto_rounds": _auto_rounds,
   "long_generation": _long_generation,
   "sparse_quality": _sparse_quality,

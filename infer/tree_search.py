@@ -25,10 +25,26 @@ training data resembles; the held-out sets (`infer.prompts.HELD_OUT`) stay for
 
   python -m infer.tree_search --sets code docs --length 4096 --num-prompts 2 --new-tokens 128 \\
       --max-evaluations 12 --out search.json --store
+
+With `--prices FILE`, the trees are priced at another target's shape instead: the file is
+`lab.bench_target --suite floor --trees ...`'s, the round of each of its trees (and an AR
+step) timed at that shape, per context. Each tree's tau is measured here (the draft's
+acceptance does not depend on the device's speed) and the tree's projected tokens/s at
+that shape is tau over its round there; the search is over the file's trees, and the best
+at `--price-context` is chosen. `--store` then writes it into the table of trees by target
+shape (`longspec_jax/drafts/trees.json`), which new drafts for a target of that shape
+start from (`weights.drafts.new_draft_config`), so that a large target does not inherit
+the small target's tree. The JSON is the projection: per context, each tree's projected
+tokens/s beside an AR step's at that shape.
+
+  python -m lab.bench_target --suite floor --shape llama-3.1-8b --methods ar longspec \\
+      --trees 4,16,16,16,16 4,8,8,8,8 2,4,4,4 --out prices.json
+  python -m infer.tree_search --prices prices.json --dtype float32 --out projection.json --store
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import platform
@@ -64,11 +80,116 @@ class Candidate:
   def label(self) -> str:
     return ",".join(map(str, self.widths)) + (f"+copy{self.copy_tokens}" if self.copy_tokens else "")
 
+  @classmethod
+  def parse(cls, text: str) -> Candidate:
+    """The tree a `label` names: `4,8,8`, or `4,8,8+copy10` with a copy branch."""
+    from longspec_jax.models.config import check_tree_widths
+
+    widths, _, copies = text.partition("+copy")
+    try:
+      tree = cls(tuple(int(w) for w in widths.split(",")), int(copies) if copies else 0)
+    except ValueError:
+      raise UserError(f"a tree is beam widths like 4,8,8, optionally +copyN, got {text!r}.") from None
+    check_tree_widths(tree.widths, copy_tokens=tree.copy_tokens)
+    return tree
+
+
+def tree_spec(text: str) -> Candidate:
+  """argparse type for a tree (`Candidate.parse`)."""
+  try:
+    return Candidate.parse(text)
+  except UserError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
   tau: float  # tokens per round, the root's included
   tokens_per_second: float
+  acceptance_by_depth: tuple[float | None, ...] = ()  # `engine.acceptance_by_depth`
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+  """Rounds timed at a target's shape (`lab.bench_target --suite floor --trees`), batch 1:
+  per context, an AR step's and each tree's round, in ms."""
+
+  shape: str  # the shape's name
+  target_shape: dict  # its dimensions (`weights.drafts.target_shape`)
+  ar_ms: dict[int, float]
+  round_ms: dict[int, dict[Candidate, float]]
+
+  @classmethod
+  def read(cls, path: Path) -> Prices:
+    """The prices in a floor suite's JSON. Raises UserError for another file, or a tree
+    timed twice at one context."""
+    try:
+      data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+      raise UserError(f"--prices {path} is not a readable JSON file ({e}).") from None
+    if not isinstance(data, dict) or data.get("suite") != "floor" or "target_shape" not in data:
+      raise UserError(f"--prices {path} is not the JSON of `python -m lab.bench_target --suite floor`.")
+    ar, rounds = {}, {}
+    for row in data["rows"]:
+      if row["batch"] != 1 or row["numerics"] != "fast":
+        continue
+      if row["method"] == "ar":
+        ar[row["context"]] = row["round_ms"]
+      elif "tree_widths" in row:
+        tree, at = Candidate(tuple(row["tree_widths"]), row["copy_tokens"]), rounds.setdefault(row["context"], {})
+        if tree in at:
+          raise UserError(
+            f"--prices {path} times the tree {tree.label} twice at context {row['context']}"
+            " (under two --draft-vocab sizes?): price one draft."
+          )
+        at[tree] = row["round_ms"]
+    contexts = sorted(set(ar) & set(rounds))
+    if not contexts:
+      raise UserError(f"--prices {path} has no context with both an AR step and a LongSpec round at batch 1.")
+    return cls(data["shape"], data["target_shape"], {c: ar[c] for c in contexts}, {c: rounds[c] for c in contexts})
+
+  @property
+  def trees(self) -> list[Candidate]:
+    """Every tree timed at some context, in the file's order."""
+    return list(dict.fromkeys(tree for rounds in self.round_ms.values() for tree in rounds))
+
+
+def project(prices: Prices, measured: dict[Candidate, Measurement]) -> list[dict]:
+  """The projection's rows: per context, an AR step's tokens/s at the priced shape, and
+  each tree's, its tau measured here over its round there."""
+  rows = []
+  for context, rounds in prices.round_ms.items():
+    ar_ms = prices.ar_ms[context]
+    rows.append(
+      {"context": context, "tree": "ar", "nodes": 1, "tau": 1.0, "round_ms": ar_ms, "ar_steps_per_round": 1.0}
+      | {"projected_tokens_per_second": 1e3 / ar_ms, "projected_speedup": 1.0}
+    )
+    for tree, ms in rounds.items():
+      tau = measured[tree].tau
+      rows.append(
+        {
+          "context": context,
+          "tree": tree.label,
+          "tree_widths": list(tree.widths),
+          "copy_tokens": tree.copy_tokens,
+          "nodes": tree.nodes,
+          "tau": tau,
+          "acceptance_by_depth": list(measured[tree].acceptance_by_depth),
+          "round_ms": ms,
+          "ar_steps_per_round": ms / ar_ms,
+          "projected_tokens_per_second": tau * 1e3 / ms,
+          "projected_speedup": tau * ar_ms / ms,
+        }
+      )
+  return rows
+
+
+def best_priced(rows: list[dict], context: int) -> Candidate:
+  """The tree of the projection's `rows` with the most tokens/s at `context`."""
+  row = max(
+    (r for r in rows if r["context"] == context and r["tree"] != "ar"), key=lambda r: r["projected_tokens_per_second"]
+  )
+  return Candidate(tuple(row["tree_widths"]), row["copy_tokens"])
 
 
 def _step(ladder: tuple[int, ...], value: int, direction: int) -> int:
@@ -144,7 +265,7 @@ def measure_on(
   """The measurement of a tree on `prompts`: `longspec` with it, greedy, after one warm-up
   run; tokens/s is the median over `repeats` passes over the prompts (a pass: its tokens
   over its decode seconds)."""
-  from longspec_jax.engine import Decoding, generate
+  from longspec_jax.engine import Decoding, acceptance_by_depth, generate
   from longspec_jax.methods.factory import make_proposer
   from longspec_jax.methods.registry import ProposerOptions
 
@@ -162,6 +283,7 @@ def measure_on(
     measured = Measurement(
       tau=tokens / sum(s.rounds for s in passes[0]),
       tokens_per_second=statistics.median(tokens / sum(s.decode_seconds for s in stats) for stats in passes),
+      acceptance_by_depth=tuple(acceptance_by_depth(np.sum([s.rounds_by_length for s in passes[0]], axis=0))),
     )
     print(f"{tree.label:28} | {tree.nodes:5} | {measured.tau:5.2f} | {measured.tokens_per_second:8.1f}", flush=True)
     return measured
@@ -201,10 +323,35 @@ def main(argv=None):
   )
   p.add_argument("--seed", type=cli.any_int, default=0, help="orders the hill climb's neighbours")
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
-  p.add_argument("--store", action="store_true", help="write the chosen tree into the draft's config")
+  p.add_argument(
+    "--prices",
+    type=Path,
+    help="round prices timed at a target's shape (`lab.bench_target --suite floor --trees ...`): search its trees"
+    " by their projected tokens/s there (module docstring) instead of climbing by tokens/s here",
+  )
+  p.add_argument(
+    "--price-context",
+    type=cli.positive_int,
+    help="with --prices: the context whose prices choose (default: the longest)",
+  )
+  p.add_argument(
+    "--store",
+    action="store_true",
+    help="write the chosen tree into the draft's config (with --prices: into the table of trees by target shape)",
+  )
   args = p.parse_args(argv)
   if args.draft == "random":
     p.error("--draft random proposes noise: a tree measured with it says nothing about a trained draft")
+  if args.price_context and not args.prices:
+    p.error("--price-context chooses among the contexts of --prices")
+  prices = None
+  if args.prices:
+    prices = Prices.read(args.prices)
+    args.price_context = args.price_context or max(prices.round_ms)
+    if args.price_context not in prices.round_ms:
+      p.error(
+        f"--price-context {args.price_context}: {args.prices} prices contexts {', '.join(map(str, prices.round_ms))}"
+      )
   if args.out:
     cli.output_path(args.out)
 
@@ -215,7 +362,7 @@ def main(argv=None):
   from longspec_jax.decoding.tree import node_budget
   from longspec_jax.engine import check_capacity
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
-  from longspec_jax.weights.drafts import load_draft, resolve_draft, store_tree
+  from longspec_jax.weights.drafts import load_draft, resolve_draft, store_priced_tree, store_tree
 
   path = resolve_target(args.target)
   config = read_target_config(path)
@@ -228,8 +375,9 @@ def main(argv=None):
     args.start or draft.config.tree_widths,
     draft.config.copy_tokens if args.start_copy_tokens is None else args.start_copy_tokens,
   )
-  if start.nodes > max_nodes:
-    raise UserError(f"the start tree {start.label} has {start.nodes} nodes, over the limit of {max_nodes}.")
+  for tree in prices.trees if prices else [start]:
+    if tree.nodes > max_nodes:
+      raise UserError(f"the tree {tree.label} has {tree.nodes} nodes, over the limit of {max_nodes}.")
   prompts = [
     prompt for name in args.sets for prompt in PROMPT_SETS[name](target.tokenizer, args.length, args.num_prompts)
   ]
@@ -239,11 +387,12 @@ def main(argv=None):
   measure_tree = measure_on(target, draft, prompts, args.new_tokens, args.seed, args.repeats)
   evaluations: list[tuple[Candidate, Measurement]] = []
 
-  def save(best: Candidate | None) -> None:  # after every tree: a crash loses nothing measured
+  def save(best: Candidate | None, projection: list[dict] | None = None) -> None:
+    """Writes what is measured so far (after every tree: a crash loses nothing measured)."""
     if not args.out:
       return
     result = {
-      "kind": "tree_search",
+      "kind": "tree_prices" if prices else "tree_search",
       "device": device,
       "backend": jax.default_backend(),
       "jax": jax.__version__,
@@ -265,11 +414,15 @@ def main(argv=None):
           "nodes": c.nodes,
           "tau": m.tau,
           "tokens_per_second": m.tokens_per_second,
+          "acceptance_by_depth": list(m.acceptance_by_depth),
         }
         for c, m in evaluations
       ],
       "best": None if best is None else {"tree_widths": list(best.widths), "copy_tokens": best.copy_tokens},
     }
+    if prices:
+      result |= {"prices": str(args.prices), "shape": prices.shape, "price_context": args.price_context}
+      result["rows"] = projection or []
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
 
@@ -279,6 +432,22 @@ def main(argv=None):
     save(None)
     return measured
 
+  if prices:
+    projection = project(prices, {tree: measure(tree) for tree in prices.trees})
+    chosen = best_priced(projection, args.price_context)
+    save(chosen, projection)
+    print(f"\nprojected at {prices.shape}'s prices ({args.prices})")
+    print("context | tree                         | nodes |  tau  | round ms | AR steps | tokens/s | x AR")
+    for r in projection:
+      print(
+        f"{r['context']:7} | {r['tree']:28} | {r['nodes']:5} | {r['tau']:5.2f} | {r['round_ms']:8.2f}"
+        f" | {r['ar_steps_per_round']:8.2f} | {r['projected_tokens_per_second']:8.1f} | {r['projected_speedup']:4.2f}"
+      )
+    print(f"best at {args.price_context}: {chosen.label} ({chosen.nodes} nodes)")
+    if args.store:
+      store_priced_tree(prices.shape, prices.target_shape, args.price_context, chosen.widths, chosen.copy_tokens)
+      print(f"stored for {prices.shape}-shaped targets in the table of trees by target shape")
+    return
   found = search(
     start, measure, max_nodes=max_nodes, seed=args.seed, max_evaluations=args.max_evaluations, tolerance=args.tolerance
   )

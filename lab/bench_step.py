@@ -103,17 +103,17 @@ def measure(args) -> dict:
   from flax import nnx
 
   from infer.timing import median_seconds
-  from longspec_jax.models.config import DraftConfig
   from longspec_jax.models.draft import random_draft
   from longspec_jax.models.target import random_model
   from longspec_jax.ops.attention import Impl
+  from longspec_jax.weights.drafts import new_draft_config
   from train.run import PEAK_FLOPS, model_flops_per_token
   from train.step import TrainConfig, make_optimizer, make_train_step, training_positions, tree_delays
 
   target_config = SHAPES[args.shape]
   dtype = jnp.dtype(resolve_dtype(args.dtype))
   target = random_model(target_config, dtype)
-  draft_config = DraftConfig.for_target(
+  draft_config = new_draft_config(
     target_config, intermediate_size=args.draft_intermediate_size or target_config.intermediate_size
   )
   target_graphdef, target_params = nnx.split(target)

@@ -40,6 +40,7 @@ from infer.timing import (
   median_seconds,
   phase_seconds,
 )
+from infer.tree_search import tree_spec
 from lab import round_floor
 from lab.shapes import LLAMA_31_8B, SHAPES, SMOLLM2_135M
 from longspec_jax import cli
@@ -230,10 +231,11 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   """`suite_floor`'s rounds, under its mesh."""
   from longspec_jax.engine import prefill, start
   from longspec_jax.methods.factory import make_proposer
+  from longspec_jax.methods.longspec import LongSpecDraft
   from longspec_jax.methods.registry import ProposerOptions
   from longspec_jax.models.config import DraftKind
   from longspec_jax.models.target import random_model
-  from longspec_jax.weights.drafts import load_draft
+  from longspec_jax.weights.drafts import load_draft, target_shape
 
   steps, warmup, iters = STEPS, 2, 5
   model = random_model(config, dtype, numerics=cli.numerics(args))
@@ -247,10 +249,20 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
     drafts[Method.TOKENSWIFT, 0] = load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT)
   proposers = {}  # label -> (proposer, its params, its draft), e.g. "pld:24x4": four continuations of 24 tokens
   for method, copies, matches in args.methods:
-    for vocab in args.draft_vocab if method is Method.LONGSPEC else [0]:
-      label = method.value + (f":{copies}x{matches}" if copies else "") + (f"+vocab{vocab}" if vocab else "")
+    longspec = method is Method.LONGSPEC
+    for vocab, tree in itertools.product(
+      args.draft_vocab if longspec else [0], (args.trees or [None]) if longspec else [None]
+    ):
+      label = (
+        method.value
+        + (f":{copies}x{matches}" if copies else "")
+        + (f"[{tree.label}]" if tree else "")
+        + (f"+vocab{vocab}" if vocab else "")
+      )
       draft = drafts.get((method, vocab))
-      options = ProposerOptions(copy_tokens=copies, copy_matches=matches)
+      options = ProposerOptions(
+        tree_widths=tree and tree.widths, copy_tokens=(tree and tree.copy_tokens) or copies, copy_matches=matches
+      )
       proposers[label] = (*make_proposer(method, draft, options), draft)
   rng = np.random.default_rng(0)
   rows = []
@@ -305,6 +317,11 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
           "round_over_floor": seconds * 1e3 / terms["floor_ms"],
           **{f"floor_{k}": v for k, v in terms.items() if k != "floor_ms"},  # (floor_draft_ms, ...)
           "tree_nodes": proposer.tree_size,
+          **(
+            {"tree_widths": list(proposer.widths), "copy_tokens": proposer.copy_tokens}
+            if isinstance(proposer, LongSpecDraft) and not proposer.cape
+            else {}
+          ),
           "head_rows": shape.head_rows,
           **phases,
           "weight_bytes": step.target_weight_bytes,
@@ -326,6 +343,7 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
       r["speedup_vs_transformers"] = r["transformers_step_ms"] / r["round_ms"]
   return {
     "shape": args.shape,
+    "target_shape": target_shape(config),
     "dtype": jnp.dtype(dtype).name,
     "devices": args.devices,
     **rates,
@@ -516,6 +534,14 @@ def main(argv=None):
     help="--suite floor: longspec's random draft scores this many tokens of the vocabulary (FR-Spec's subset;"
     " 0: all); several: one row each",
   )
+  p.add_argument(
+    "--trees",
+    type=tree_spec,
+    nargs="+",
+    help="--suite floor: longspec's trees, one row each, as beam widths per depth with an optional copy branch"
+    " (4,8,8 or 4,8,8+copy10; default: the random draft's own, the one priced for the shape where there is one):"
+    " `infer.tree_search --prices` reads them",
+  )
   p.add_argument("--new-tokens", type=cli.positive_int, default=256)
   p.add_argument("--repeats", type=cli.positive_int, default=3)
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
@@ -527,6 +553,8 @@ def main(argv=None):
   args = p.parse_args(argv)
   if unknown := {m.value for m, _, _ in args.methods} - {"ar", "pld", "longspec", "tokenswift"}:
     p.error(f"--methods: --suite floor times ar, pld, longspec and tokenswift rounds, not {', '.join(sorted(unknown))}")
+  if args.trees and (args.suite != "floor" or Method.LONGSPEC not in {m for m, _, _ in args.methods}):
+    p.error("--trees are longspec's trees for --suite floor: add longspec to --methods")
   if args.devices > 1 and (args.suite != "floor" or "invariant" in args.numerics):
     p.error("--devices splits the model of --suite floor's fast rounds (batch-invariant rounds run on one device)")
   args.mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)

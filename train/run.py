@@ -48,7 +48,7 @@ from longspec_jax.cli import (
   run_main,
 )
 from longspec_jax.errors import UserError
-from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig
+from longspec_jax.models.config import DraftKind, HeadsConfig
 from train import Labels, Positions
 
 
@@ -294,7 +294,7 @@ def prepare(args, sources, eval_sources) -> Run:
   from longspec_jax.ops.attention import Impl
   from longspec_jax.ops.sharding import batch_sharding, make_mesh, param_shardings
   from longspec_jax.weights import load_target, read_target_config, resolve_target
-  from longspec_jax.weights.drafts import load_draft
+  from longspec_jax.weights.drafts import load_draft, new_draft_config
   from train.data import has_chat_records, load_records, pack
   from train.step import TrainConfig, make_optimizer, make_train_step, tree_delays
 
@@ -332,7 +332,7 @@ def prepare(args, sources, eval_sources) -> Run:
   else:
     width = args.draft_intermediate_size or target.config.intermediate_size
     draft = random_draft(
-      DraftConfig.for_target(
+      new_draft_config(
         target.config,
         num_layers=args.draft_layers,
         window=args.window,

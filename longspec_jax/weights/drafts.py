@@ -26,7 +26,14 @@ from flax import nnx
 
 from longspec_jax.errors import UserError
 from longspec_jax.files import write_whole
-from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig, draft_config_from_dict
+from longspec_jax.models.config import (
+  DraftConfig,
+  DraftKind,
+  HeadsConfig,
+  TargetConfig,
+  check_tree_widths,
+  draft_config_from_dict,
+)
 from longspec_jax.models.draft import Draft, VocabSubset, random_draft
 from longspec_jax.models.heads import Heads, random_heads
 from longspec_jax.ops.attention import Impl
@@ -36,6 +43,11 @@ PARAMS_DIR = "params"
 RANKING_NAME = "vocab_ranking.npy"
 # Drafts shipped with the package, by target spec.
 SHIPPED = Path(__file__).resolve().parent.parent / "drafts"
+# LongSpec's trees priced at target shapes (`python -m infer.tree_search --prices ... --store`):
+# a new draft for a target of a listed shape starts from its tree.
+TREES = SHIPPED / "trees.json"
+# The dimensions that make a target's shape (what a round's price depends on).
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 
 
 def save_draft(path: Path, draft: Draft | Heads) -> None:
@@ -68,6 +80,50 @@ def store_tree(path: Path, widths: tuple[int, ...], copy_tokens: int) -> None:
   config = DraftConfig.from_dict(json.loads(file.read_text()))
   updated = dataclasses.replace(config, tree_widths=tuple(widths), copy_tokens=copy_tokens)  # (checked)
   write_whole(file, json.dumps(updated.to_dict(), indent=1))
+
+
+def target_shape(config: TargetConfig) -> dict[str, int]:
+  """The target's shape: its `SHAPE_FIELDS`."""
+  return {name: getattr(config, name) for name in SHAPE_FIELDS}
+
+
+def _priced_trees(path: Path | None) -> list[dict]:
+  """The table of trees at `path` (None: `TREES`), [] where there is no file."""
+  path = Path(path or TREES)
+  try:
+    return json.loads(path.read_text())["trees"] if path.exists() else []
+  except (ValueError, KeyError, TypeError) as e:
+    raise UserError(f"the table of trees {path} is unreadable ({e}).") from None
+
+
+def priced_tree(config: TargetConfig, path: Path | None = None) -> dict:
+  """The tree priced for the target's shape in the table at `path` (None: `TREES`), as
+  DraftConfig fields (`tree_widths`, `copy_tokens`); {} where the table lists none."""
+  for entry in _priced_trees(path):
+    if entry["shape"] == target_shape(config):
+      return {"tree_widths": tuple(entry["tree_widths"]), "copy_tokens": entry["copy_tokens"]}
+  return {}
+
+
+def store_priced_tree(
+  name: str, shape: dict, context: int, widths: tuple[int, ...], copy_tokens: int, path: Path | None = None
+) -> None:
+  """Makes `widths` with `copy_tokens` the tree of targets of `shape` (named `name`,
+  priced at `context` tokens) in the table at `path` (None: `TREES`), replacing the
+  shape's earlier entry; the file is rewritten whole, by a rename."""
+  check_tree_widths(tuple(widths), copy_tokens=copy_tokens)
+  entry = {"name": name, "shape": shape, "context": context, "tree_widths": list(widths), "copy_tokens": copy_tokens}
+  trees = [e for e in _priced_trees(path) if e["shape"] != shape] + [entry]
+  write_whole(Path(path or TREES), json.dumps({"trees": sorted(trees, key=lambda e: e["name"])}, indent=1) + "\n")
+
+
+def new_draft_config(target_config: TargetConfig, **overrides) -> DraftConfig:
+  """A new block draft's config for the target: the target's shapes, LongSpec's tree
+  priced for the target's shape where the table lists one (`priced_tree`), then
+  `overrides` (num_layers, kind, ...)."""
+  kind = overrides.get("kind", DraftKind.LONGSPEC)
+  tree = priced_tree(target_config) if kind is DraftKind.LONGSPEC else {}
+  return DraftConfig.for_target(target_config, **(tree | overrides))
 
 
 def store_vocab(path: Path, ranking: np.ndarray, size: int) -> None:
@@ -134,7 +190,7 @@ def load_draft(
   if path is None:
     if kind is DraftKind.TOKENSWIFT:
       return random_heads(HeadsConfig.for_target(target_config), dtype)
-    config = DraftConfig.for_target(target_config, kind=kind, vocab_subset=vocab_subset or 0)
+    config = new_draft_config(target_config, kind=kind, vocab_subset=vocab_subset or 0)
     return random_draft(config, dtype, attention=attention)
   draft = _restore(path, target_config, dtype, attention, vocab_subset)
   if draft.config.kind is not kind:

@@ -1,10 +1,13 @@
-"""The tree search: its moves, its determinism for a seed, and the CLI that stores the tree."""
+"""The tree search: its moves, its determinism for a seed, the CLI that stores the tree, and trees
+priced at another target's shape (a floor suite's prices, the table of trees by shape)."""
 
+import dataclasses
 import json
 
 import pytest
 
-from infer.tree_search import WIDTHS, Candidate, Measurement, main, neighbours, search
+from infer.tree_search import WIDTHS, Candidate, Measurement, Prices, best_priced, main, neighbours, project, search
+from longspec_jax.errors import UserError
 
 from helpers import run_cli
 
@@ -116,3 +119,109 @@ def test_cli_measures_stores_and_longspec_uses_the_stored_tree(tiny_with_tokeniz
 
   assert run_cli(main, argv[:2] + ["--draft", "random"], PROG) == 2
   assert "proposes noise" in capsys.readouterr().err
+
+
+def test_a_tree_parses_from_its_label():
+  tree = Candidate((4, 8, 8), 10)
+  assert Candidate.parse(tree.label) == tree and Candidate.parse("2,3") == Candidate((2, 3), 0)
+  for bad in ("4,x", "", "4,8+copyx", "0,4"):
+    with pytest.raises(UserError):
+      Candidate.parse(bad)
+
+
+def _prices(shape: dict, trees: dict[str, tuple[float, float]]) -> dict:
+  """A floor suite's JSON: AR steps of 5 and 8 ms at 4k and 32k, each tree's rounds there."""
+  rows = [
+    {"method": "ar", "numerics": "fast", "batch": 1, "context": c, "round_ms": ms}
+    for c, ms in ((4096, 5.0), (32768, 8.0))
+  ]
+  for label, prices in trees.items():
+    tree = Candidate.parse(label)
+    for context, ms in zip((4096, 32768), prices):
+      rows.append(
+        {"method": f"longspec[{label}]", "numerics": "fast", "batch": 1, "context": context, "round_ms": ms}
+        | {"tree_widths": list(tree.widths), "copy_tokens": tree.copy_tokens}
+      )
+  rows.append({"method": "ar", "numerics": "fast", "batch": 4, "context": 4096, "round_ms": 99.0})  # (not batch 1)
+  return {"suite": "floor", "shape": "tiny", "target_shape": shape, "rows": rows}
+
+
+def test_prices_read_from_a_floor_suite_and_project_tokens_per_second(tmp_path):
+  path = tmp_path / "prices.json"
+  path.write_text(json.dumps(_prices({"hidden_size": 8}, {"2,2": (6.0, 9.0), "4,8,8+copy5": (7.0, 16.0)})))
+  prices = Prices.read(path)
+  assert prices.ar_ms == {4096: 5.0, 32768: 8.0} and prices.trees == [Candidate((2, 2), 0), Candidate((4, 8, 8), 5)]
+  taus = {Candidate((2, 2), 0): 2.4, Candidate((4, 8, 8), 5): 4.2}
+  rows = project(prices, {tree: Measurement(tau, 1.0, (0.5,)) for tree, tau in taus.items()})
+  by = {(r["context"], r["tree"]): r for r in rows}
+  assert by[4096, "ar"]["projected_tokens_per_second"] == pytest.approx(200.0)
+  assert by[32768, "4,8,8+copy5"]["projected_tokens_per_second"] == pytest.approx(4.2e3 / 16.0)
+  assert by[32768, "4,8,8+copy5"]["projected_speedup"] == pytest.approx(4.2 * 8.0 / 16.0)
+  assert by[4096, "2,2"]["ar_steps_per_round"] == pytest.approx(6.0 / 5.0)
+  assert best_priced(rows, 4096) == Candidate((4, 8, 8), 5)  # 600 vs 400 tokens/s
+  assert best_priced(rows, 32768) == Candidate((2, 2), 0)  # 267 vs 263
+
+  twice = _prices({}, {"2,2": (6.0, 9.0)})
+  twice["rows"].append(dict(twice["rows"][2]))
+  for bad, message in ((twice, "twice"), ({"suite": "smollm2"}, "not the JSON"), ({**twice, "rows": []}, "no context")):
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UserError, match=message):
+      Prices.read(path)
+  path.write_text("{")
+  with pytest.raises(UserError, match="not a readable JSON"):
+    Prices.read(path)
+
+
+def test_cli_prices_trees_at_another_shape_and_new_drafts_start_from_the_stored_one(
+  tiny_with_tokenizer, tmp_path, monkeypatch, capsys
+):
+  import jax.numpy as jnp
+
+  from longspec_jax.models.config import DraftConfig, DraftKind
+  from longspec_jax.models.draft import random_draft
+  from longspec_jax.weights import drafts, read_target_config
+
+  config = read_target_config(tiny_with_tokenizer)
+  monkeypatch.setattr(drafts, "TREES", tmp_path / "trees.json")
+  assert drafts.new_draft_config(config).tree_widths == DraftConfig.for_target(config).tree_widths  # (no table)
+  drafts.save_draft(tmp_path / "draft", random_draft(DraftConfig.for_target(config, window=16), jnp.float32))
+  prices = tmp_path / "prices.json"
+  shape = drafts.target_shape(config)
+  prices.write_text(json.dumps(_prices(shape, {"2,2": (6.0, 9.0), "1,1,1": (5.5, 8.5), "3+copy2": (6.5, 9.5)})))
+  out = tmp_path / "projection.json"
+  argv = ["--target", str(tiny_with_tokenizer), "--draft", str(tmp_path / "draft"), "--sets", "code"]
+  argv += ["--length", "64", "--num-prompts", "1", "--new-tokens", "6", "--dtype", "float32", "--repeats", "1"]
+  argv += ["--prices", str(prices), "--price-context", "4096", "--out", str(out), "--store"]
+  assert run_cli(main, argv, PROG) == 0, capsys.readouterr().err
+  result = json.loads(out.read_text())
+  assert result["kind"] == "tree_prices" and result["price_context"] == 4096 and len(result["evaluations"]) == 3
+  assert {(r["context"], r["tree"]) for r in result["rows"]} == {
+    (c, t) for c in (4096, 32768) for t in ("ar", "2,2", "1,1,1", "3+copy2")
+  }
+  tau = {Candidate(tuple(e["tree_widths"]), e["copy_tokens"]).label: e["tau"] for e in result["evaluations"]}
+  for r in result["rows"]:
+    if r["tree"] != "ar":
+      assert r["tau"] == tau[r["tree"]] and r["projected_tokens_per_second"] == pytest.approx(
+        r["tau"] * 1e3 / r["round_ms"]
+      )
+  best = best_priced(result["rows"], 4096)
+  assert result["best"] == {"tree_widths": list(best.widths), "copy_tokens": best.copy_tokens}
+  assert out.with_suffix(".png").stat().st_size > 0
+  stored = json.loads((tmp_path / "trees.json").read_text())["trees"]
+  assert [(e["name"], e["shape"], e["context"]) for e in stored] == [("tiny", shape, 4096)]
+  # New drafts for a target of this shape start from the priced tree; other kinds and other shapes do not.
+  fresh = drafts.new_draft_config(config)
+  assert (fresh.tree_widths, fresh.copy_tokens) == (best.widths, best.copy_tokens)
+  assert drafts.load_draft("random", config, jnp.float32).config.tree_widths == best.widths
+  assert drafts.new_draft_config(config, tree_widths=(5,)).tree_widths == (5,)  # (overrides win)
+  glide = drafts.new_draft_config(config, kind=DraftKind.GLIDE)
+  assert glide.tree_widths == DraftConfig.for_target(config).tree_widths
+  other = dataclasses.replace(config, num_layers=config.num_layers + 1)
+  assert drafts.new_draft_config(other).tree_widths == DraftConfig.for_target(other).tree_widths
+  drafts.store_priced_tree("tiny", shape, 32768, (1,), 0)  # replaces the shape's entry
+  assert drafts.priced_tree(config) == {"tree_widths": (1,), "copy_tokens": 0}
+
+  assert run_cli(main, argv[:-5] + ["--prices", str(prices), "--price-context", "1000"], PROG) == 2
+  assert "prices contexts 4096, 32768" in capsys.readouterr().err
+  assert run_cli(main, argv[:-7] + ["--price-context", "4096"], PROG) == 2
+  assert "--price-context chooses among the contexts of --prices" in capsys.readouterr().err
