@@ -59,12 +59,19 @@ def measure_bandwidth() -> float:
   return best
 
 
+# The largest buffer `measure_read_bandwidth` reads: past a few GiB the rate no longer
+# depends on the size, and a larger one leaves no room beside it for the autotuner's scratch
+# copy of it (a 70B model's share of one device's memory would need twice that).
+MAX_READ_BYTES = 8 << 30
+
+
 def measure_read_bandwidth(nbytes: int) -> float:
   """One device's rate of reading memory in bytes/s, nothing written back: the best of
-  a sum and of row sums over a bfloat16 buffer of `nbytes` (a model's weights' size),
-  as a decode step reads its weights. (`measure_bandwidth`'s copy moves each byte twice;
-  a read-only pass runs at another rate.)"""
+  a sum and of row sums over a bfloat16 buffer of `nbytes` (a model's weights' size; at
+  most MAX_READ_BYTES), as a decode step reads its weights. (`measure_bandwidth`'s copy
+  moves each byte twice; a read-only pass runs at another rate.)"""
   rows = 8192
+  nbytes = min(nbytes, MAX_READ_BYTES)
   data = jnp.full((max(nbytes // 2 // rows, 1), rows), 0.5, jnp.bfloat16, device=jax.devices()[0])
   passes = (
     jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32)),

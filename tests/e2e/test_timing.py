@@ -3,8 +3,10 @@ a decode round into drafting and verification."""
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from infer.timing import loop_seconds, phase_seconds
+from infer import timing
+from infer.timing import loop_seconds, measure_read_bandwidth, phase_seconds
 from longspec_jax.engine import Decoding, generate
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import ProposerOptions
@@ -34,3 +36,11 @@ def test_phase_seconds_on_a_finished_run(tmp_path):
   result = generate(target, [np.arange(3, 20).tolist()], 6, decoding, params)
   draft_seconds, verify_seconds = phase_seconds(target, decoding, params, result.state, iters=2)
   assert draft_seconds > 0 and verify_seconds > 0
+
+
+def test_the_read_rate_reads_at_most_its_cap(monkeypatch):
+  sizes = []
+  monkeypatch.setattr(timing, "MAX_READ_BYTES", 1 << 20)
+  monkeypatch.setattr(timing, "median_seconds", lambda fn, iters: sizes.append(fn()) or 1e-3)
+  assert measure_read_bandwidth(1 << 40) == pytest.approx((1 << 20) / 1e-3)  # (a terabyte asked: a MiB read)
+  assert len(sizes) == 3
