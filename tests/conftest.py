@@ -4,16 +4,51 @@ tiers by folder, and the Hypothesis profiles. Helpers the tests import are in he
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import jax
-import pytest
-from hypothesis import settings
+# Off a GPU the suite compiles hundreds of small programs and runs each briefly: LLVM's
+# optimizations cost more compile time than they save in run time (the verification tests
+# take 28% less without them on 2 cores; the real SmolLM2's, which compute more, take
+# longer, and are split so that both workers share them). Set before JAX starts its backend.
+if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
-from helpers import save_tiny_hf_model
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from helpers import save_tiny_hf_model  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_configure(config):
+  """One compilation cache on disk for the whole run, shared by the xdist workers and the
+  processes the tests start (they inherit the variable): many tests compile the same
+  programs (the same tiny targets, methods and shapes, each in jit wrappers of its own),
+  and XLA's compiles are most of the suite's time. A run starts with an empty cache
+  ($JAX_COMPILATION_CACHE_DIR set beforehand: that one, kept). Tests that count
+  compilations take `compiling`."""
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # (the controller; workers find it set)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="longspec-xla-")
+    config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True))
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+@pytest.fixture
+def compiling(monkeypatch):
+  """XLA compiles for this test whatever the run compiled before it: the compilation
+  cache is off while it runs (for tests of what a first run compiles)."""
+  from jax._src import compilation_cache
+
+  monkeypatch.setattr(compilation_cache, "is_cache_used", lambda backend: False)
+
+
 # The backend starts now, with one CPU device, whatever a test runs first: a CLI run
 # in-process with `--devices N` then finds it started and cannot add devices (one that
 # started it would give the rest of the worker's tests N devices).

@@ -154,7 +154,7 @@ def test_devices_are_checked_before_the_weights_load(tiny_with_tokenizer, capsys
   assert "--devices 2 asks for more devices than this machine's 1 CPU device." in capsys.readouterr().err
 
 
-def test_a_generation_that_compiled_is_timed_again():
+def test_a_generation_that_compiled_is_timed_again(compiling):
   """The warm-up runs the first prompt; a longer second one needs programs of its own
   (its prefill chunk and cache are larger): that generation runs twice, the second timed."""
   import types

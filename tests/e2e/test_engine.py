@@ -314,26 +314,34 @@ def test_eos_inside_an_accepted_path_stops_exactly_there(tiny):
   assert stopped == free[: free.index(eos) + 1]
 
 
-def test_real_model_speculation_is_lossless(smollm2_float32):
+@pytest.fixture(scope="module")
+def real_run(smollm2_float32):
   """SmolLM2 on 2 real documents (a license and a Python source) of 640 tokens (past the
-  draft's ring of 512, so the ring wraps): PLD (one continuation, and three of 12 tokens
-  as a trie), LongSpec with the shipped trained draft (scoring its vocabulary subset; a
-  smaller tree than its default, for CPU time, prompt lookup's copies grafted in; and
-  CAPE's tree over every token), GLIDE with its shipped draft and CAPE's tree, TokenSwift
-  (its shipped heads, a partial cache of 256 positions), auto with LongSpec's draft (two
-  continuations) and an oracle tree with decoys emit exactly the AR tokens for 48 new
-  tokens."""
-  target = smollm2_float32
+  draft's ring of 512, so the ring wraps) and its 48 AR tokens after each: what every
+  method must emit exactly."""
   texts = real_texts()
-  prompts = [target.tokenizer(t).input_ids[:640] for t in (texts[0], texts[-1])]
+  prompts = [smollm2_float32.tokenizer(t).input_ids[:640] for t in (texts[0], texts[-1])]
   assert all(len(p) == 640 for p in prompts)
-  reference = generate(target.model, prompts, 48).token_ids
+  reference = generate(smollm2_float32.model, prompts, 48).token_ids
   assert all(len(r) == 48 for r in reference)
+  return smollm2_float32, prompts, reference
+
+
+def test_real_model_prompt_lookup_is_lossless(real_run):
+  """PLD, one continuation and three of 12 tokens as a trie (the trie accepts more)."""
+  target, prompts, reference = real_run
   pld = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup()))
   assert pld.token_ids == reference
   copies = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup(num_tokens=12, matches=3)))
   assert copies.token_ids == reference
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
+
+
+def test_real_model_longspec_is_lossless(real_run):
+  """LongSpec with the shipped trained draft: scoring its vocabulary subset (a smaller tree
+  than its default, for CPU time, prompt lookup's copies grafted in), and CAPE's tree over
+  every token."""
+  target, prompts, reference = real_run
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   proposer, params = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_tokens=10))
   longspec_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
@@ -342,16 +350,29 @@ def test_real_model_speculation_is_lossless(smollm2_float32):
   whole = load_draft("default", target.config, jnp.float32, "smollm2-135m", vocab_subset=0)  # (every token scored)
   proposer, params = make_proposer("longspec", whole, ProposerOptions(cape=CapeConfig(gamma=4)))
   assert generate(target.model, prompts, 48, Decoding(proposer=proposer), params).token_ids == reference
+
+
+def test_real_model_glide_and_tokenswift_are_lossless(real_run):
+  """GLIDE with its shipped draft and CAPE's tree; TokenSwift with its shipped heads and a
+  partial cache of 256 positions."""
+  target, prompts, reference = real_run
   glide = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.GLIDE)
-  proposer, params = make_proposer("glide", glide)  # (the shipped GLIDE draft, CAPE's tree: its default)
+  proposer, params = make_proposer("glide", glide)  # (CAPE's tree: its default)
   glide_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert glide_run.token_ids == reference and glide_run.stats.mean_accepted_length > 1.5
   heads = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.TOKENSWIFT)
-  proposer, params = make_proposer("tokenswift", heads)  # (its shipped heads; a partial cache, fewer n-grams)
+  proposer, params = make_proposer("tokenswift", heads)  # (a partial cache, fewer n-grams)
   swift = generate(
     target.model, prompts, 48, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4, lag=64)), params
   )
   assert swift.token_ids == reference and swift.stats.mean_accepted_length > 1.5
+
+
+def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
+  """auto with LongSpec's draft (two continuations), its first rounds timed; an oracle tree
+  with decoys accepted to its full depth."""
+  target, prompts, reference = real_run
+  draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   proposer, params = make_proposer("auto", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2))
   auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
   assert auto.token_ids == reference

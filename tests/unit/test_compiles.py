@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from longspec_jax.decoding.compiles import Compiles
 
 
-def test_compiles_counts_only_what_compiles_inside_its_block():
+def test_compiles_counts_only_what_compiles_inside_its_block(compiling):
   add = jax.jit(lambda x: x + 1)
   three, five = jnp.ones(3), jnp.ones(5)
   add(three)  # compiled before
