@@ -90,18 +90,21 @@ def measure_peak_flops(dtype=jnp.bfloat16) -> float:
   return 2 * size**3 / median_seconds(functools.partial(product, a), iters=20)
 
 
-def loop_seconds(fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5) -> float:
+def loop_seconds(
+  fn, x, *operands, iters: int = 40, unroll: int = 8, repeats: int = 5, compiler_options: dict | None = None
+) -> float:
   """Seconds per call of fn(x, *operands) -> like x (an array or a pytree of them),
   `iters` chained calls in one jit: each call feeds the next, so nothing is hoisted out
   of the loop. The operands (caches, masks, parameters) enter as arguments, never as
   constants baked into the program. The loop is unrolled `unroll` times: an XLA while
   loop syncs with the host at every iteration, which would add ~10 us to each call of a
-  kernel that itself takes tens."""
+  kernel that itself takes tens. `compiler_options`: XLA's, for the loop's program (e.g.
+  `gemm.Gemm.CUBLAS.compiler_options()`)."""
 
   def chained(_, y, ops):
     return jax.tree.map(lambda new, old: new.astype(old.dtype), fn(y, *ops), y)
 
-  @jax.jit
+  @functools.partial(jax.jit, compiler_options=compiler_options)
   def run(x, *ops):
     return jax.lax.fori_loop(0, iters, lambda i, y: chained(i, y, ops), x, unroll=unroll)
 

@@ -15,8 +15,11 @@
                   (scattered at random: no two kept chunks need be adjacent), chunk sizes
                   and lengths, with the selection's own cost beside a sort's
   --suite matmul  the few-row weight-streaming matmul on Llama-3.1-8B's projections at
-                  1-128 rows, beside XLA's dot and torch's, against the weight bytes over
+                  1-128 rows, beside XLA's dot (its own GEMMs and cuBLAS) and torch's, against the weight bytes over
                   the measured bandwidth; and whether a row's bits depend on the row count
+  --suite matmul-sweep  the few-row matmul's launch candidates (row tile, column block,
+                  contraction step, warps, stages) on the same projections and row counts,
+                  beside cuBLAS
 
 Timings are medians of on-device loops where each call feeds the next (no host overhead,
 nothing hoisted), after a warm-up; every implementation of a row runs in the same process.
@@ -44,10 +47,11 @@ from lab.shapes import LLAMA_31_8B
 from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main
 from longspec_jax.ops import attention
 from longspec_jax.ops.attention import Impl
+from longspec_jax.ops.gemm import Gemm
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import bounds, flash_decode, prefix_partials, split_length
 from pallas_kernels.hybrid import hybrid_attention
-from pallas_kernels.matmul import matmul
+from pallas_kernels.matmul import MatmulParams, default_params, matmul
 from pallas_kernels.sparse_decode import sparse_flash_decode
 from pallas_kernels.topp import select_chunks, select_chunks_reference, select_chunks_sorted
 from pallas_kernels.tree_attention import tree_attention
@@ -525,19 +529,30 @@ def suite_sparse(args) -> list[dict]:
   return rows
 
 
-def suite_matmul(args) -> list[dict]:
-  """Few-row products y [M, N] = x [M, K] @ w [K, N] of the 8B shape's projections, bf16:
-  our Pallas kernel (default parameters), XLA's dot and torch's, each against the floor
-  of reading w once at the measured bandwidth; plus the largest difference between a
-  row computed alone and the same row among 69 (0 for a batch-invariant product)."""
+def projections() -> dict[str, tuple[int, int]]:
+  """The 8B shape's weight products by name: (K, N)."""
   c = LLAMA_31_8B
-  shapes = {
+  return {
     "qkv": (c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
     "o": (c.num_heads * c.head_dim, c.hidden_size),
     "gate_up": (c.hidden_size, 2 * c.intermediate_size),
     "down": (c.intermediate_size, c.hidden_size),
     "lm_head": (c.hidden_size, c.vocab_size),
   }
+
+
+def chained(fn):
+  """fn(x, w) as a step of `loop_seconds`' chain: x plus a vanishing share of the product."""
+  return lambda x, w: x + 1e-30 * fn(x, w)[:, :1].astype(x.dtype)
+
+
+def suite_matmul(args) -> list[dict]:
+  """Few-row products y [M, N] = x [M, K] @ w [K, N] of the 8B shape's projections, bf16:
+  our Pallas kernel (default parameters), XLA's dot with its own GEMMs and with cuBLAS, and
+  torch's, each against the floor of reading w once at the measured bandwidth; plus the
+  largest difference between a row computed alone and the same row among 69 (0 for a
+  batch-invariant product)."""
+  shapes = projections()
   bandwidth = measure_bandwidth()
   try:
     import torch
@@ -556,7 +571,6 @@ def suite_matmul(args) -> list[dict]:
     )
     for m in args.matmul_rows:
       x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-      chained = lambda fn: lambda x, w: x + 1e-30 * fn(x, w)[:, :1].astype(x.dtype)
       row = {
         "name": name,
         "K": k,
@@ -565,6 +579,7 @@ def suite_matmul(args) -> list[dict]:
         "floor_us": floor_us,
         "pallas_us": 1e6 * loop_seconds(chained(product), x, w),
         "xla_us": 1e6 * loop_seconds(chained(jnp.dot), x, w),
+        "cublas_us": 1e6 * loop_seconds(chained(jnp.dot), x, w, compiler_options=Gemm.CUBLAS.compiler_options()),
         "pallas_max_diff_alone_vs_69": invariance,
         "xla_max_diff_alone_vs_69": xla_invariance,
       }
@@ -573,13 +588,70 @@ def suite_matmul(args) -> list[dict]:
         tw = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
         row["torch_us"] = 1e3 * _torch_ms(lambda: tx @ tw)
       row.update(
-        {f"{impl}_of_floor": floor_us / row[f"{impl}_us"] for impl in ("pallas", "xla", "torch") if f"{impl}_us" in row}
+        {
+          f"{impl}_of_floor": floor_us / row[f"{impl}_us"]
+          for impl in ("pallas", "xla", "cublas", "torch")
+          if f"{impl}_us" in row
+        }
       )
       rows_out.append(row)
       print(
         f"matmul {name:8} {k:>6}x{n:<6} rows {m:>3}: floor {floor_us:7.1f} us | pallas {row['pallas_us']:7.1f}"
-        f" | xla {row['xla_us']:7.1f} | torch {row.get('torch_us', float('nan')):7.1f} | bits alone vs 69:"
+        f" | xla {row['xla_us']:7.1f} | cublas {row['cublas_us']:7.1f}"
+        f" | torch {row.get('torch_us', float('nan')):7.1f} | bits alone vs 69:"
         f" pallas {invariance:.3g}, xla {xla_invariance:.3g}",
+        flush=True,
+      )
+  return rows_out
+
+
+# The matmul sweep's candidates: row tiles, column blocks, contraction steps, (warps, stages).
+MATMUL_SWEEP = ((16, 64), (64, 128, 256), (64, 128), ((4, 3), (8, 4)))
+
+
+def suite_matmul_sweep(args) -> list[dict]:
+  """Times the few-row matmul under each candidate launch (MATMUL_SWEEP; the contraction
+  split from the column block as `default_params` derives it) for the 8B shape's
+  projections at each row count, beside cuBLAS and the default launch; candidates that do
+  not compile (shared memory) are skipped with a line."""
+  rows_out = []
+  for name, (k, n) in projections().items():
+    w = jax.random.normal(jax.random.key(k + n), (k, n), jnp.bfloat16) * k**-0.5
+    floor_us = 1e6 * k * n * 2 / measure_bandwidth()
+    for m in args.matmul_rows:
+      x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+      cublas_us = 1e6 * loop_seconds(chained(jnp.dot), x, w, compiler_options=Gemm.CUBLAS.compiler_options())
+      default = default_params(k, n)
+      timed = []
+      for block_rows, block_n, block_k, (warps, stages) in itertools.product(*MATMUL_SWEEP):
+        splits = default_params(k, n, block_n=block_n).splits
+        params = MatmulParams(block_rows, block_n, block_k, splits, warps, stages)
+        try:
+          us = 1e6 * loop_seconds(chained(functools.partial(matmul, params=params, interpret=INTERPRET)), x, w)
+        except Exception as e:  # e.g. out of shared memory
+          print(f"matmul-sweep {name} rows {m} {params}: {type(e).__name__}", flush=True)
+          continue
+        timed.append((us, params))
+        rows_out.append(
+          {
+            "name": name,
+            "K": k,
+            "N": n,
+            "rows": m,
+            "params": dataclasses.asdict(params),
+            "default": params == default,
+            "pallas_us": us,
+            "cublas_us": cublas_us,
+            "floor_us": floor_us,
+          }
+        )
+      best_us, best = min(timed, key=lambda t: t[0])
+      for row in rows_out[len(rows_out) - len(timed) :]:
+        row["best"] = row["params"] == dataclasses.asdict(best)
+      save(args, "matmul-sweep", rows_out)
+      print(
+        f"matmul-sweep {name:8} rows {m:>3}: floor {floor_us:6.1f} us | cublas {cublas_us:6.1f}"
+        f" | best {best_us:6.1f} {dataclasses.astuple(best)}",
         flush=True,
       )
   return rows_out
@@ -610,6 +682,7 @@ SUITES = {
   "sweep": suite_sweep,
   "floor": suite_floor,
   "matmul": suite_matmul,
+  "matmul-sweep": suite_matmul_sweep,
   "sparse": suite_sparse,
 }
 

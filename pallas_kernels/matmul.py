@@ -4,8 +4,8 @@ weights are the bytes that matter and must be read once, at memory bandwidth.
 
 The grid is (N / block_n, splits): program (j, s) streams w[K_s, j-th column block] for
 its share K_s of the contraction, one block_k step at a time; each step's weight tile is
-loaded once and multiplied with every 16-row block of x in turn, each into its own
-float32 accumulator; the program writes a float32 partial [M, block_n], and the partials
+loaded once and multiplied with every `block_rows`-row block of x in turn, each into its
+own float32 accumulator; the program writes a float32 partial [M, block_n], and the partials
 of the splits are then added in split order. Enough programs to fill the GPU come from
 the column blocks times the splits, never from the rows.
 
@@ -16,7 +16,7 @@ They may also be stored transposed, [N, K] (a tied LM head is the embedding [V, 
 Nothing of the weights is padded or copied: the edges of K and N are masked loads.
 
 Batch-invariant: every output element's sum runs over the same block_k steps, then the
-same splits, in the same order, through a product of the same 16-row tile shape, whatever
+same splits, in the same order, through a product of the same row tile shape, whatever
 M is (the parameters depend on K and N only, and zero rows are never mixed into a real
 row's sum). So a row computes the same bits alone, as in AR decoding, and among a tree's
 69 rows, as in verification: speculative output can equal AR output exactly in bf16, not
@@ -35,11 +35,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-BLOCK_ROWS = 16  # the row tile of every product, whatever M is (a tensor-core tile)
-
 
 @dataclasses.dataclass(frozen=True)
 class MatmulParams:
+  block_rows: int = 16  # the row tile of every product, whatever M is (a tensor-core tile)
   block_n: int = 64  # output columns per program
   block_k: int = 128  # contraction step
   splits: int = 1  # contraction ranges, each its own program
@@ -54,14 +53,18 @@ def matmul_reference(x: jax.Array, w: jax.Array, *, transposed: bool = False) ->
   return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def default_params(k: int, n: int, programs: int = 132) -> MatmulParams:
+def default_params(k: int, n: int, programs: int = 132, block_n: int = 128) -> MatmulParams:
   """Parameters from the weight's shape alone (so that they, and the sums, do not depend
-  on the row count): column blocks of 64, the widest contraction step of 128/64/32/16
-  that divides K (no masked edge), and splits of the contraction until about `programs`
-  programs (one wave; an H100 has 132 SMs) or splits of 512 columns."""
-  block_n = 64
-  block_k = next((b for b in (128, 64, 32, 16) if k % b == 0), 128)
+  on the row count), the best rule of a sweep over Llama-3.1-8B's products at 1, 69 and
+  128 rows on an H100 (docs/results.md, "Few-row matmuls"): column blocks of 128 (every
+  column block reloads x's rows, so wider blocks load them fewer times; 256 spills
+  registers at 128 rows); a contraction step of 64 where the column blocks alone fill
+  about `programs` programs (one wave; an H100 has 132 SMs), else 128, each narrowed to
+  one that divides K (no masked edge); and splits of the contraction until about
+  `programs` programs or splits of 512 columns."""
   column_blocks = pl.cdiv(n, block_n)
+  widest = 64 if column_blocks >= programs else 128
+  block_k = next((b for b in (128, 64, 32, 16) if b <= widest and k % b == 0), widest)
   splits = max(1, min(programs // column_blocks, k // 512))
   return MatmulParams(block_n=block_n, block_k=block_k, splits=splits)
 
@@ -72,6 +75,7 @@ def _kernel(
   w_ref,
   out_ref,
   *,
+  block_rows: int,
   block_k: int,
   block_n: int,
   steps: int,
@@ -86,7 +90,7 @@ def _kernel(
   j, s = pl.program_id(0), pl.program_id(1)
   cols = pl.ds(j * block_n, block_n)
   col_ok = j * block_n + jnp.arange(block_n) < n
-  row_blocks = out_ref.shape[0] // BLOCK_ROWS
+  row_blocks = out_ref.shape[0] // block_rows
 
   def step(i, accs):
     ks = pl.ds(i * block_k, block_k)
@@ -97,7 +101,7 @@ def _kernel(
       tile, mask = w_ref.at[layer, ks, cols], k_ok[:, None] & col_ok[None, :]  # [block_k, block_n]
     w = plgpu.load(tile, mask=mask, other=0.0) if k % block_k or n % block_n else tile[...]
     return tuple(
-      acc + plgpu.dot(x_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), ks], w, trans_b=transposed, allow_tf32=not exact)
+      acc + plgpu.dot(x_ref[pl.ds(r * block_rows, block_rows), ks], w, trans_b=transposed, allow_tf32=not exact)
       for r, acc in enumerate(accs)
     )
 
@@ -106,10 +110,10 @@ def _kernel(
     first,
     jnp.minimum(first + steps_per_split, steps),
     step,
-    tuple(jnp.zeros((BLOCK_ROWS, block_n), jnp.float32) for _ in range(row_blocks)),
+    tuple(jnp.zeros((block_rows, block_n), jnp.float32) for _ in range(row_blocks)),
   )
   for r, acc in enumerate(accs):
-    out_ref[pl.ds(r * BLOCK_ROWS, BLOCK_ROWS), :] = acc
+    out_ref[pl.ds(r * block_rows, block_rows), :] = acc
 
 
 @functools.partial(jax.jit, static_argnames=("transposed", "params", "interpret"))
@@ -133,13 +137,14 @@ def matmul(
   params = params or default_params(k, n)
   rows = x.reshape(-1, k)
   m = rows.shape[0]
-  m_pad = pl.cdiv(m, BLOCK_ROWS) * BLOCK_ROWS
+  m_pad = pl.cdiv(m, params.block_rows) * params.block_rows
   steps = pl.cdiv(k, params.block_k)
   steps_per_split = pl.cdiv(steps, params.splits)
   rows = jnp.pad(rows, ((0, m_pad - m), (0, steps * params.block_k - k)))  # x is small; w is never padded
   n_pad = pl.cdiv(n, params.block_n) * params.block_n
   kernel = functools.partial(
     _kernel,
+    block_rows=params.block_rows,
     block_k=params.block_k,
     block_n=params.block_n,
     steps=steps,

@@ -20,17 +20,18 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}  # relative to the output's 
   n=st.integers(1, 200),
   dtype=DTYPES,
   splits=st.integers(1, 3),
+  block_rows=st.sampled_from([16, 64]),
   transposed=st.booleans(),
   stacked=st.booleans(),
 )
-def test_matches_reference(seed, rows, k, n, dtype, splits, transposed, stacked):
-  """Odd sizes: rows 1..128, contraction and columns not multiples of the blocks; weights
-  plain or transposed, alone or a layer of a stack."""
+def test_matches_reference(seed, rows, k, n, dtype, splits, block_rows, transposed, stacked):
+  """Odd sizes: rows 1..128, contraction and columns not multiples of the blocks; row tiles
+  of 16 and 64; weights plain or transposed, alone or a layer of a stack."""
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.standard_normal((rows, k)), dtype)
   shape = (n, k) if transposed else (k, n)
   w = jnp.asarray(rng.standard_normal((3, *shape)) / np.sqrt(k), dtype)
-  params = MatmulParams(block_n=32, block_k=32, splits=splits)
+  params = MatmulParams(block_rows=block_rows, block_n=32, block_k=32, splits=splits)
   layer = int(rng.integers(3))
   got = (
     matmul(x, w, layer, transposed=transposed, params=params, interpret=True)
@@ -54,6 +55,7 @@ def test_leading_axes_and_default_params():
   params = default_params(14336, 4096)
   assert params.splits > 1 and (4096 // params.block_n) * params.splits <= 132
   assert default_params(576, 960).block_k == 64  # SmolLM2's width: a step that divides it
+  assert default_params(4096, 128256).block_k == 64 and default_params(4096, 4096).block_k == 128
 
 
 def test_a_row_computes_the_same_bits_alone_and_among_others():
