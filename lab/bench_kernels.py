@@ -639,15 +639,15 @@ def suite_matmul_sweep(args) -> list[dict]:
             "N": n,
             "rows": m,
             "params": dataclasses.asdict(params),
-            "default": params == default,
             "pallas_us": us,
             "cublas_us": cublas_us,
             "floor_us": floor_us,
           }
         )
       best_us, best = min(timed, key=lambda t: t[0])
-      for row in rows_out[len(rows_out) - len(timed) :]:
-        row["best"] = row["params"] == dataclasses.asdict(best)
+      for row in rows_out[len(rows_out) - len(timed) :]:  # the rows a table shows: the default and the best
+        labels = [name for name, p in (("default", default), ("best", best)) if row["params"] == dataclasses.asdict(p)]
+        row["choice"] = ", ".join(labels) or None
       save(args, "matmul-sweep", rows_out)
       print(
         f"matmul-sweep {name:8} rows {m:>3}: floor {floor_us:6.1f} us | cublas {cublas_us:6.1f}"
