@@ -14,8 +14,11 @@ from pathlib import Path
 # optimizations cost more compile time than they save in run time (the verification tests
 # take 28% less without them on 2 cores; the real SmolLM2's, which compute more, take
 # longer, and are split so that both workers share them). Set before JAX starts its backend.
-if not any(importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+flags = os.environ.get("XLA_FLAGS", "")
+if "optimization_level" not in flags and not any(
+  importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+):
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
