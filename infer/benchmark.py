@@ -3,11 +3,18 @@
 For each prompt set (`code`: complete a source file; `docs`: summarize a document) and
 prefill length, every method decodes the same prompts with the same target, cache and
 attention; the table gives tau (tokens per target forward, bonus included), decode
-tokens/s, the speedup over AR measured in the same run, and the split of decode time into
-drafting, verification and the rest; the JSON also holds each row's acceptance per tree
+tokens/s, the speedup over AR measured in the same run decode-only and end to end (prefill
+included), the split of decode time into drafting, verification and the rest, and whether
+the method wrote AR's text; the JSON also holds each row's acceptance per tree
 depth (`engine.acceptance_by_depth`). Each configuration is warmed up (compiled) once
 before it is timed, and a timed generation that still compiled runs again, the second
 run timed (the JSON keeps what it compiled). Writes JSON with `--out`.
+
+Methods are compared on identical text: in bfloat16 the rounds run batch-invariant by
+default (every lossless method then writes AR's text, bit for bit), and AR with the
+fastest kernels runs beside as a row of its own, `ar+fast-numerics`, the price of that;
+float32 needs nothing. `--no-batch-invariant` times the fastest kernels instead, whose
+texts leave AR's at logit ties (each row says where).
 
   python -m infer.benchmark --methods ar pld longspec --draft random --sets code docs \
       --lengths 1024 4096 7680 --out bench.json
@@ -19,6 +26,7 @@ A copying method may take its own prompt-lookup continuations, METHOD:TOKENSxMAT
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import platform
@@ -46,7 +54,7 @@ from infer.cli import (
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import Compiles, phase_seconds, warmed_up
-from longspec_jax import cli
+from longspec_jax import backend, cli
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import Method, ProposerOptions
@@ -71,6 +79,7 @@ class Variant(NamedTuple):
   matches: int | None
   vocab: int | None = None
   sparse: SparseVerify | None = None
+  fast: bool = False  # the target's fastest numerics, not batch-invariant ones (the price row)
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -130,11 +139,15 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
     # (the share of the cached K/V the verifier read, over every round: 1.0 when dense)
     "kv_fraction_read": sum(s.kv_fraction_read * s.rounds for s in stats) / sum(s.rounds for s in stats),
     "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
+    "end_to_end_tokens_per_second": statistics.median(s.end_to_end_tokens_per_second for s in stats),
+    "time_to_first_token_seconds": statistics.median(s.time_to_first_token_seconds for s in stats),
     # (compile_seconds: XLA compiled during the timed generation, its speed includes it;
     # rerun_after_compile_seconds: what a first try compiled, which was then run again)
     "per_prompt": [
       {
         "tokens_per_second": s.tokens_per_second,
+        "end_to_end_tokens_per_second": s.end_to_end_tokens_per_second,
+        "time_to_first_token_seconds": s.time_to_first_token_seconds,
         "rounds": s.rounds,
         "new_tokens": s.num_new_tokens,
         "chunks": s.chunks,
@@ -217,7 +230,13 @@ def main(argv=None):
     "--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bfloat16 on a GPU, float32 elsewhere)"
   )
   cli.add_attention_flag(p)
-  cli.add_batch_invariant_flag(p)
+  p.add_argument(
+    "--batch-invariant",
+    action=argparse.BooleanOptionalAction,
+    help="rounds compute each token's logits the same bits whatever else the call holds, so every"
+    " lossless method writes AR's text and rows compare speeds on identical text, with AR on the"
+    " fastest kernels beside (default: on in bfloat16 on one device without --sparse-verify)",
+  )
   add_sampling_flags(p)
   p.add_argument(
     "--sparse-verify",
@@ -300,6 +319,10 @@ def main(argv=None):
   sampling = sampling_config(args)
   mesh = cli.device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   dtype = cli.resolve_dtype(args.dtype)
+  if args.batch_invariant is None:  # identical text by default where bf16 would tie
+    args.batch_invariant = dtype == jnp.bfloat16 and not args.sparse_verify and args.devices == 1
+  if args.batch_invariant:  # its price: AR with the fastest kernels, second
+    variants.insert(1, Variant("ar+fast-numerics", Method.AR, (None, None), 0, None, fast=True))
   path = resolve_target(args.target)  # every input is checked before the weights load
   config = read_target_config(path)
   check_capacity(config, [[0] * max(args.lengths)], args.new_tokens)
@@ -320,9 +343,11 @@ def main(argv=None):
 def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
   """Loads the target and drafts, then runs every variant on every set and length,
   printing a row and saving the JSON after each."""
+  backend.keep_compiled_programs()  # (a later run of the same shapes compiles nothing)
   impl = cli.attention_impl(args.attention)
   args.attention = impl.value
   target = load_target(path, dtype, load_tokenizer(path), numerics=cli.numerics(args))
+  fast = dataclasses.replace(target, model=target.model.with_numerics(batch_invariant=False))
   vocabs = {v.vocab for v in variants}
   drafts = {  # by kind and vocabulary subset (None: the draft's own)
     (kind, vocab): sharding.placed(
@@ -338,7 +363,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     f"{f', over {args.devices} devices' if args.devices > 1 else ''}"
   )
   print(
-    "set  | prefill | method         | tau  | tokens/s | speedup vs AR | draft/verify/other"
+    "set  | prefill | method         | tau  | tokens/s | speedup vs AR | end to end | draft/verify/other"
     " | cache MiB target+draft | stream gap s | same tokens as AR",
     flush=True,
   )
@@ -375,7 +400,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, (widths, cape), copies, matches, vocab, sparse in variants:
+      for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast in variants:
         draft = drafts[method.draft_kind, vocab] if specs[method] is not None else None
         proposer, draft_params = make_proposer(
           method,
@@ -385,7 +410,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           ),
         )
         decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
-        result = run_config(target, decoding, draft_params, prompts, args.new_tokens, args.seed)
+        result = run_config(fast if on_fast else target, decoding, draft_params, prompts, args.new_tokens, args.seed)
         baseline = baseline or result
         row = {
           "set": set_name,
@@ -399,6 +424,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           "acceptance_by_depth": result["acceptance_by_depth"],
           "kv_fraction_read": result["kv_fraction_read"],
           "tokens_per_second": result["tokens_per_second"],
+          "end_to_end_tokens_per_second": result["end_to_end_tokens_per_second"],
+          "time_to_first_token_seconds": result["time_to_first_token_seconds"],
           "per_prompt": result["per_prompt"],
           "prefill_seconds": result["prefill_seconds"],
           "max_stream_gap_seconds": result["max_stream_gap_seconds"],
@@ -406,6 +433,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           "kv_cache_mib": result["kv_cache_mib"],
           "draft_state_mib": result["draft_state_mib"],
           "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
+          "end_to_end_speedup_vs_ar": result["end_to_end_tokens_per_second"] / baseline["end_to_end_tokens_per_second"],
+          "batch_invariant": args.batch_invariant and not on_fast,
           # (sampled runs draw other random numbers than AR: token identity is a greedy check)
           "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if sampling.greedy else None,
         }
@@ -422,7 +451,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
         )
         print(
           f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
-          f" {row['speedup_vs_ar']:12.2f}x | {split:>17}% | {row['kv_cache_mib']:12.1f} +"
+          f" {row['speedup_vs_ar']:12.2f}x | {row['end_to_end_speedup_vs_ar']:9.2f}x | {split:>17}% |"
+          f" {row['kv_cache_mib']:12.1f} +"
           f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
           flush=True,
         )

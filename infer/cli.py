@@ -77,14 +77,25 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--penalty-window", type=positive_int, default=1024, help="how many recent tokens the penalty sees")
   p.add_argument(
-    "--seed", type=any_int, default=0, help="the random draws of sampling (T > 0); the same seed, the same text"
+    "--seed",
+    type=any_int,
+    default=0,
+    help="the random draws of sampling (T > 0); the same seed, the same text, with every method",
+  )
+  p.add_argument(
+    "--draw",
+    choices=("position", "stream"),
+    default="position",
+    help="how sampling draws (T > 0): 'position' (default), Gumbel-max noise keyed by the seed and each"
+    " token's position, so the text depends on the seed alone, never on the method; 'stream', one random"
+    " stream split per round with speculative sampling's walk, so each method writes its own text",
   )
 
 
 def sampling_config(args, method: Method | None = None):
   """The logit processors the flags give; a `--penalty` left unset is off, or TokenSwift's
   paper's where `method` is tokenswift (the output then is AR's under that penalty)."""
-  from longspec_jax.decoding.sampling import SamplingConfig
+  from longspec_jax.decoding.sampling import Draw, SamplingConfig
 
   penalty = args.penalty if args.penalty is not None else TOKENSWIFT_PENALTY if method is Method.TOKENSWIFT else 1.0
   return SamplingConfig(
@@ -94,6 +105,7 @@ def sampling_config(args, method: Method | None = None):
     min_p=args.min_p,
     penalty=penalty,
     penalty_window=args.penalty_window,
+    draw=Draw(args.draw),
   )
 
 
@@ -241,3 +253,54 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     )
     return tokenizer(text, add_special_tokens=False).input_ids
   return tokenizer(text).input_ids
+
+
+class CompileNotice:
+  """While open, says once on stderr that XLA is compiling when a compilation takes longer
+  than `after` seconds: a first run of these shapes stops there (the decode loop: 11-22 s
+  on a CPU) and a reader should know why. Compiled programs are kept in `cache` (see
+  `backend.keep_compiled_programs`), so a later run with the same shapes does not stop."""
+
+  COMPILE_STARTS = "/jax/compilation_cache/compile_requests_use_cache"
+  COMPILE_ENDS = "/jax/core/compile/backend_compile_duration"
+
+  def __init__(self, cache: Path, after: float = 1.0):
+    self.cache, self.after = cache, after
+    self.timer, self.said = None, False
+
+  def _say(self) -> None:
+    if not self.said:
+      self.said = True
+      print(f"compiling (once for these shapes: kept in {self.cache}) ...", file=sys.stderr, flush=True)
+
+  def _started(self, event: str, **_) -> None:
+    import threading
+
+    if event == self.COMPILE_STARTS and not self.said:
+      self._cancel()
+      self.timer = threading.Timer(self.after, self._say)
+      self.timer.daemon = True
+      self.timer.start()
+
+  def _ended(self, event: str, seconds: float, **_) -> None:
+    if event == self.COMPILE_ENDS:
+      self._cancel()
+
+  def _cancel(self) -> None:
+    if self.timer is not None:
+      self.timer.cancel()
+      self.timer = None
+
+  def __enter__(self) -> CompileNotice:
+    import jax
+
+    jax.monitoring.register_event_listener(self._started)
+    jax.monitoring.register_event_duration_secs_listener(self._ended)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    import jax
+
+    self._cancel()
+    jax.monitoring.unregister_event_listener(self._started)
+    jax.monitoring.unregister_event_duration_listener(self._ended)

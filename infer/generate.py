@@ -12,6 +12,7 @@ import sys
 import time
 
 from infer.cli import (
+  CompileNotice,
   add_copy_flags,
   add_draft_vocab_flag,
   add_sampling_flags,
@@ -170,6 +171,7 @@ def main(argv=None) -> None:
   import jax
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
+  from longspec_jax import backend
   from longspec_jax.engine import Decoding, check_capacity, generate
   from longspec_jax.methods.factory import make_proposer
   from longspec_jax.methods.registry import ProposerOptions
@@ -204,7 +206,8 @@ def main(argv=None) -> None:
   devices = f", over {args.devices} devices" if args.devices > 1 else ""
   print(f"loading target {args.target} ({jnp.dtype(dtype).name}{devices}) ...", file=sys.stderr, flush=True)
   impl = attention_impl(args.attention)
-  with jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
+  notice = CompileNotice(backend.keep_compiled_programs())
+  with notice, jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
     target = load_target(path, dtype, tokenizer, numerics=numerics(args))
     draft = (
       sharding.placed(
@@ -250,7 +253,8 @@ def main(argv=None) -> None:
   print(file=sys.stdout)
   print(
     f"[{method}] {plural(stats.num_new_tokens, 'token')}, {stats.tokens_per_second:.1f} tokens/s decode,"
-    f" prefill {stats.prefill_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
+    f" {stats.end_to_end_tokens_per_second:.1f} end to end, first token after"
+    f" {stats.time_to_first_token_seconds:.2f} s, tau {stats.mean_accepted_length:.2f}"
     + (
       f", K/V read {100 * stats.kv_fraction_read:.0f}% (sparse verification: output differs from the target's)"
       if sparse

@@ -35,7 +35,15 @@ from flax import nnx
 
 from longspec_jax import backend
 from longspec_jax.decoding.compiles import Compiles
-from longspec_jax.decoding.sampling import SamplingConfig, penalize, probs, recent_tokens, sample
+from longspec_jax.decoding.sampling import (
+  Draw,
+  SamplingConfig,
+  generation_keys,
+  probs,
+  recent_tokens,
+  round_keys,
+  sample,
+)
 from longspec_jax.decoding.verify import accept_greedy, accept_sampled, emitted_tokens, fraction_read, verify
 from longspec_jax.errors import UserError
 from longspec_jax.methods import prices
@@ -154,13 +162,18 @@ class GenerationStats:
   rounds: int  # target forward passes after prefill, summed over the sequences still running
   mean_accepted_length: float  # tau: tokens per round after the first token (bonus included)
   prefill_seconds: float  # prefill, the first token and the proposer's start
+  time_to_first_token_seconds: float  # from the call to the first token handed on (prefill included)
   decode_seconds: float  # the rounds, streaming included
   compile_seconds: float  # the decode loop's compilation (outside both timings)
   decode_compile_seconds: float  # compilations inside decode_seconds all the same (0: all compiled before)
   kv_cache_bytes: int  # the target's cache, allocated for prompt + new tokens
   proposer_state_bytes: int  # e.g. the draft's ring buffer
   tokens_per_second: float  # after the first token
-  max_stream_gap_seconds: float  # the longest wait between two streamed chunks
+  # every new token over prefill + decoding (the decode loop's compilation left out)
+  end_to_end_tokens_per_second: float
+  # the longest wait between two streamed chunks, the first token's among them (the decode
+  # loop's compilation after it is a wait a reader sees)
+  max_stream_gap_seconds: float
   chunks: int  # chunks of rounds streamed (each read back by the host; `auto`'s a call per run of one kind)
   # rounds by the tokens each emitted (0 .. the proposer's depth + 1), over the batch
   rounds_by_length: tuple[int, ...] = ()
@@ -320,8 +333,9 @@ def _decode_chunk(
       read = fraction_read(tree.kept, state.cache.lengths, decoding.sparse, model.config.num_layers)  # [B]
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
-      if sampling.greedy:
-        acceptance = accept_greedy(tree, jnp.argmax(penalize(logits, seen, sampling), axis=-1), ancestors)
+      if sampling.greedy or sampling.draw is Draw.POSITION:  # the target's own token after each node
+        after = state.cache.lengths[:, None] + tree.depths + 1  # [B, N]: its position
+        acceptance = accept_greedy(tree, sample(logits, step_key, sampling, seen, after), ancestors)
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
       new = emitted_tokens(tree, acceptance)  # [B, N]
@@ -368,7 +382,7 @@ def _decode_chunk(
 
     def body(carry):
       state, out, written = carry
-      key, step_key = jax.random.split(state.key)
+      key, step_key = round_keys(state.key, sampling)
       result = one_round(state, step_key, functools.partial(propose, model, proposer, proposer_params, state))
       return commit(state, key, result, out, written)
 
@@ -385,7 +399,7 @@ def _decode_chunk(
   def kind_body(kind):
     def body(carry):
       state, out, written, chosen = carry
-      key, step_key = jax.random.split(state.key)
+      key, step_key = round_keys(state.key, sampling)
       make_tree = functools.partial(
         proposer.propose,
         proposer.kinds[kind],
@@ -449,7 +463,7 @@ def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths)
   if sampling.penalized:  # the prompt's last tokens
     tail = jnp.full((history.shape[0], 1, 1), -1, jnp.int32)
     seen = recent_tokens(history, lengths - 1, tail, sampling, logits.shape[-1])[:, 0]
-  return sample(logits, key, sampling, seen), ~jnp.all(jnp.isfinite(logits), axis=-1)
+  return sample(logits, key, sampling, seen, lengths), ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
 def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
@@ -485,18 +499,22 @@ def start(
   decoding: Decoding = Decoding(),
   proposer_params: Any = None,
   *,
-  seed: int = 0,
+  seed: int | Sequence[int] = 0,
   prefill_chunk: int = 512,
   on_prefill: Callable[[int, int], None] | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
-  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one verified tree."""
+  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one verified tree.
+  `seed`: one a prompt, or one int, row b then drawing with seed + b (`generate`)."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
   longest = max(map(len, prompts))
   max_len = -(-(longest + max_new_tokens + verified_size(decoding.proposer)) // 128) * 128
-  key, first_key = jax.random.split(jax.random.key(seed))
+  seeds = [seed + row for row in range(len(prompts))] if isinstance(seed, int) else list(seed)
+  if len(seeds) != len(prompts):
+    raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one a prompt, or one int.")
+  key, first_key = generation_keys(seeds, decoding.sampling)
   t0 = time.perf_counter()
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
   history = _left_aligned(prompts, max_len)
@@ -634,7 +652,7 @@ def generate(
   decoding: Decoding = Decoding(),
   proposer_params: Any = None,
   *,
-  seed: int = 0,
+  seed: int | Sequence[int] = 0,
   prefill_chunk: int = 512,
   rounds_per_chunk: int | None = None,
   on_tokens: Callable[[np.ndarray], None] | None = None,
@@ -646,7 +664,12 @@ def generate(
   `on_tokens` receives each chunk of new tokens [B, n] (PAD_ID marks no token) as soon as
   it is on the host; a chunk is `rounds_per_chunk` rounds, by default as many as run in
   about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens.
-  `memory`: what earlier generations left (`Memory`; default the process's `MEMORY`)."""
+  `memory`: what earlier generations left (`Memory`; default the process's `MEMORY`).
+  Sampled, each row draws with its seed, one a prompt or for one int `seed + row`: under
+  the default `Draw.POSITION` a row's text is a function of its prompt, its seed and the
+  target, whatever the method (row b of a batch writes what that prompt writes alone with
+  the same seed)."""
+  called = time.perf_counter()
   memory = MEMORY if memory is None else memory
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
     raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
@@ -661,6 +684,7 @@ def generate(
     on_prefill=on_prefill,
   )
   state, first = started.state, started.first
+  first_at = time.perf_counter()
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
@@ -682,11 +706,15 @@ def generate(
     chunks = [first[:, None]]
     pace_key = (decoding, len(prompts), model.config)
     rounds = rounds_per_chunk or _rounds_in(memory.pace.get(pace_key))
-    dispatched, pending, ready_at, max_gap = 0, None, t1, 0.0
+    dispatched, pending, ready_at, max_gap = 0, None, first_at, 0.0
     previous_done = t1
     round_seconds, calibration_seconds = None, 0.0
 
     def emit(tokens: np.ndarray) -> None:
+      """Hands a chunk on, counting the wait since the last one."""
+      nonlocal ready_at, max_gap
+      now = time.perf_counter()
+      max_gap, ready_at = max(max_gap, now - ready_at), now
       chunks.append(tokens)
       if on_tokens:
         on_tokens(tokens)
@@ -708,8 +736,8 @@ def generate(
         if measured.finished:
           dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
         memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
-        ready_at = previous_done = time.perf_counter()
-        calibration_seconds = ready_at - t1
+        previous_done = time.perf_counter()
+        calibration_seconds = previous_done - t1
       else:
         state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(table.seconds)))
       round_seconds = list(table.seconds)
@@ -717,16 +745,15 @@ def generate(
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
       sequence is done."""
-      nonlocal rounds, ready_at, previous_done, max_gap
+      nonlocal rounds, previous_done
       tokens = np.asarray(chunk.tokens)
       now = time.perf_counter()
-      max_gap = max(max_gap, now - ready_at)
       done_at = chunk.done_at or now
       finished = bool(chunk.finished)
       if not finished:  # (a chunk that finished may have run fewer rounds than it was given)
         memory.pace[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
         rounds = rounds_per_chunk or _rounds_in(memory.pace[pace_key])
-      ready_at, previous_done = now, done_at
+      previous_done = done_at
       emit(tokens)
       return finished
 
@@ -762,12 +789,14 @@ def generate(
     rounds=rounds_done,
     mean_accepted_length=(new_tokens - batch) / rounds_done if rounds_done else 1.0,
     prefill_seconds=started.prefill_seconds,
+    time_to_first_token_seconds=first_at - called,
     decode_seconds=decode_seconds,
     compile_seconds=compile_seconds,
     decode_compile_seconds=inside.seconds,
     kv_cache_bytes=state.cache.nbytes(),
     proposer_state_bytes=sum(x.nbytes for x in jax.tree.leaves(state.proposal)),
     tokens_per_second=(new_tokens - batch) / decode_seconds if decode_seconds > 0 else 0.0,
+    end_to_end_tokens_per_second=new_tokens / (started.prefill_seconds + decode_seconds),
     max_stream_gap_seconds=max_gap,
     chunks=len(chunks) - 1,  # (the first token's is none)
     rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),

@@ -11,19 +11,42 @@ way wherever a distribution is formed (AR, drafting, verification):
    min-p (tokens at least min_p times the most likely one), each renormalizing.
 
 At temperature 0 the choice is the argmax of the penalized logits (the other processors
-never change it), so greedy decoding is exactly reproducible.
+never change it), so greedy decoding is exactly reproducible. Above it, `Draw` says how the
+randomness is drawn; by default the sampled text too is a function of the seed, the prompt
+and the target alone, whatever the method.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from longspec_jax.errors import UserError
 from longspec_jax.ops.topk import top_k
+
+
+class Draw(enum.StrEnum):
+  """How a sampled token's randomness is drawn.
+
+  POSITION: Gumbel-max with noise keyed by (seed, position): the token at position p is
+  argmax(log P(x) + G_p(x)), G_p standard Gumbel noise drawn from the seed and p alone, so
+  it is distributed as P and the text is a function of the seed, the prompt and the target,
+  whatever the method and however its rounds fell. A speculative round accepts a drafted
+  token where it equals the target's own draw there (`verify.accept_greedy` on the draws):
+  for the deterministic trees every proposer here builds, each child is accepted with
+  probability P(child), the acceptance law of STREAM's walk.
+  STREAM: one random stream, split per round, and speculative sampling's walk over the tree
+  (`verify.accept_sampled`): the same law, but the text depends on the rounds' schedule
+  (a method or `auto`'s measured choice of kinds gives another text for the same seed)."""
+
+  POSITION = "position"
+  STREAM = "stream"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +57,7 @@ class SamplingConfig:
   min_p: float = 0.0  # 0: off
   penalty: float = 1.0  # theta of the contextual penalty; 1: off
   penalty_window: int = 1024  # W: how many of the latest tokens are penalized
+  draw: Draw = Draw.POSITION
 
   def __post_init__(self):
     checks = [
@@ -86,11 +110,55 @@ def probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> 
   return jnp.exp(log_probs(logits, seen, config))
 
 
-def sample(logits: jax.Array, key: jax.Array, config: SamplingConfig, seen: jax.Array | None = None) -> jax.Array:
-  """logits [B, V] float32 -> token ids [B] int32."""
+def sample(
+  logits: jax.Array,
+  key: jax.Array,
+  config: SamplingConfig,
+  seen: jax.Array | None = None,
+  positions: jax.Array | None = None,
+) -> jax.Array:
+  """logits [B, ..., V] float32 -> token ids [B, ...] int32: the argmax when greedy, else
+  a draw from the processed distribution, by `config.draw` the Gumbel-max draw for the
+  token at `positions` [B, ...] (`key`: the rows' keys [B], the same for every position)
+  or a categorical one from `key`."""
   if config.greedy:
     return jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, log_probs(logits, seen, config), axis=-1).astype(jnp.int32)
+  scores = log_probs(logits, seen, config)
+  if config.draw is Draw.POSITION:
+    return jnp.argmax(scores + position_noise(key, positions, logits.shape[-1]), axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, scores, axis=-1).astype(jnp.int32)
+
+
+def position_noise(keys: jax.Array, positions: jax.Array, vocab: int) -> jax.Array:
+  """Standard Gumbel noise [B, ..., V] for the tokens of row b at `positions` [B, ...]: a
+  function of the row's key `keys` [B] and the position alone."""
+
+  def row(key, at):
+    noise = jax.vmap(lambda p: jax.random.gumbel(jax.random.fold_in(key, p), (vocab,), jnp.float32))
+    return noise(at.reshape(-1)).reshape(*at.shape, vocab)
+
+  return jax.vmap(row)(keys, positions)
+
+
+def generation_keys(seeds: Sequence[int], config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """(the key a generation's rounds start from, the first token's key) for rows drawing
+  with `seeds` (one a row): under `Draw.POSITION` a key per row [B] from its seed, so a
+  row draws as it would alone with its seed, in any batch; under `Draw.STREAM` one stream
+  from the first seed, split."""
+  if config.draw is Draw.POSITION:
+    keys = jax.vmap(jax.random.key)(jnp.asarray(np.asarray(seeds) % 2**32, jnp.uint32))
+    return keys, keys
+  key, first_key = jax.random.split(jax.random.key(seeds[0]))
+  return key, first_key
+
+
+def round_keys(key: jax.Array, config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """(the key the next round starts from, this round's key): the stream split, or under
+  `Draw.POSITION` the rows' keys as they are (their draws are keyed by position)."""
+  if config.draw is Draw.POSITION:
+    return key, key
+  key, step_key = jax.random.split(key)
+  return key, step_key
 
 
 def recent_tokens(

@@ -5,9 +5,12 @@ context length, so it is measured, not modelled: the first generation that needs
 its first rounds as each kind in turn, timed on the host. A chunk of rounds costs a fixed
 launch and read-back on top of its rounds (measured: ~1.6-2.3 ms a chunk on an H100 with
 SmolLM2, more than an AR step), so each kind runs a chunk of one round (its first run:
-untimed), then chunks of one and of `ROUNDS` + 1 rounds in turn, and its price is, over
-the fastest chunk of one round, the least time per further round of the longer chunks
-(`price`), once `REPEATS` of each have run (31 rounds a kind): the fixed part cancels,
+untimed), then chunks of one and of `Schedule.rounds` + 1 rounds in turn, and its price
+is, over the fastest chunk of one round, the least time per further round of the longer
+chunks (`price`), once `Schedule.repeats` of each have run (on a GPU 31 rounds a kind; off
+one, where a round takes tens of milliseconds or more, 7: the fixed part matters less
+there, and 31 rounds of each kind took 79 s of a CPU's first generation with the shipped
+draft): the fixed part cancels,
 and the fastest times are the least disturbed (a host thread stepping the loop only ever
 adds time: with the median of two pairs, one disturbed chunk priced an H100's copy rounds
 at half an AR step's price and AR at 1.8 of its own; with one pair on a CPU, copy rounds
@@ -41,11 +44,33 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from longspec_jax import backend
 from longspec_jax.files import cache_root, write_whole
 from longspec_jax.methods import auto
 
-ROUNDS = 8  # timed rounds per kind, beyond the chunk of one
-REPEATS = 3
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How a kind's price is measured: chunks of one round and of `rounds` + 1, `repeats`
+  of each, after one untimed round."""
+
+  rounds: int
+  repeats: int
+
+  @property
+  def per_kind(self) -> int:
+    return 1 + self.repeats * (1 + self.rounds + 1)
+
+
+GPU = Schedule(rounds=8, repeats=3)
+HOST = Schedule(rounds=1, repeats=2)
+
+
+def schedule() -> Schedule:
+  """The measurement for this backend: GPU's, or HOST's off a GPU."""
+  return GPU if backend.on_gpu() else HOST
+
+
 FILE_NAME = "round_costs.json"
 # Part of every key: raised when what a price covers changes, so that no table written
 # before is read as current (2: a GPU changes kind inside one program again, where for
@@ -83,15 +108,15 @@ class Prices:
     return cls(seconds, chunks) if len(seconds) == len(chunks) else None
 
 
-def price(chunks, switch: bool) -> float | None:
+def price(chunks, switch: bool, repeats: int) -> float | None:
   """The price per round (or per change of kind) that timed `chunks` [(rounds, seconds)]
-  show, once `REPEATS` chunks of one round and as many of more have run (else None):
+  show, once `repeats` chunks of one round and as many of more have run (else None):
   over the fastest chunk of one round, the least time per further round. A chunk is only
   ever late (timed on the host), so the fastest times are the least disturbed; a chunk
   cut short by the generation's end counts with the rounds it ran."""
   ones = [t for r, t in chunks if r == 1]
   more = [(r, t) for r, t in chunks if r > 1]
-  if min(len(ones), len(more)) < REPEATS:
+  if min(len(ones), len(more)) < repeats:
     return None
   difference = min((t - min(ones)) / (r - 1) for r, t in more)
   if switch:
@@ -170,12 +195,15 @@ class Calibrated:
   finished: bool  # every sequence finished during the measurement
 
 
-def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> Calibrated:
+def calibrate(
+  proposer, run_chunk, state, emit, known: Prices | None = None, plan: Schedule | None = None
+) -> Calibrated:
   """Times each kind of round of `proposer` whose price `known` lacks, then the change of
   kind, from `state` (module docstring): `run_chunk(state, rounds) -> (state, tokens,
-  finished)` runs rounds on device, `emit` receives each chunk's tokens. Stops early when
-  every sequence is done; once every price is known the state carries them
-  (`with_costs`)."""
+  finished)` runs rounds on device, `emit` receives each chunk's tokens; `plan`: the
+  backend's `schedule()` by default. Stops early when every sequence is done; once every
+  price is known the state carries them (`with_costs`)."""
+  plan = plan or schedule()
   kinds = len(proposer.kinds)
   known = known or Prices.none(kinds + 1)
   seconds, chunks, ran, finished = list(known.seconds), [list(c) for c in known.chunks], 0, False
@@ -206,13 +234,13 @@ def calibrate(proposer, run_chunk, state, emit, known: Prices | None = None) -> 
     state = dataclasses.replace(state, proposal=proposer.forced(state.proposal, force))
     state, _, _, finished = timed(state, 1)  # (untimed: a kind's first run)
     while seconds[index] is None and not finished:
-      for size in 1, ROUNDS + 1:
+      for size in 1, plan.rounds + 1:
         state, rounds, taken, finished = timed(state, size)
         if rounds:
           chunks[index].append((rounds, taken))
         if finished:
           break
-      seconds[index] = price(chunks[index], switch)
+      seconds[index] = price(chunks[index], switch, plan.repeats)
       if seconds[index] is not None:
         chunks[index] = []
     if finished:

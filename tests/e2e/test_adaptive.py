@@ -16,7 +16,6 @@ from longspec_jax.engine import Decoding, generate, prefill
 from longspec_jax.methods import longspec, prices
 from longspec_jax.methods.auto import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.methods.longspec import LongSpecDraft
-from longspec_jax.methods.prices import REPEATS, ROUNDS
 from longspec_jax.methods.prompt_lookup import PromptLookup
 from longspec_jax.models.cache import KVCache
 from longspec_jax.models.config import CapeConfig, DraftConfig
@@ -402,7 +401,7 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkey
   near-zero temperature too (1e-6: this model's top two logits lie 2.5e-5 apart at one
   step, a coin flip at 1e-4). Both structures: a program per kind (a CPU's) and every
   kind in one program (a GPU's)."""
-  monkeypatch.setattr(prices, "REPEATS", 1)  # (every kind measured within 100 tokens)
+  monkeypatch.setattr(prices, "HOST", prices.Schedule(rounds=1, repeats=1))  # (every kind measured within 100 tokens)
   monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(5)
   pattern = rng.integers(3, 211, size=9).tolist()
@@ -498,15 +497,21 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
   start = lambda: Holder(state_with([2], [1, 1, 1], draft_gain=[[3, 3]]))  # (each calibration donates its own)
   chunks = FakeChunks(monkeypatch, PRICES, switch=0.75)
-  measured = prices.calibrate(proposer, chunks, start(), lambda out: None)
+  measured = prices.calibrate(proposer, chunks, start(), lambda out: None, plan=prices.GPU)
   np.testing.assert_allclose(measured.prices.seconds, PRICES + [0.75])
   assert measured.prices.complete and measured.prices.chunks == ((),) * 4
-  assert measured.rounds == 4 * (1 + REPEATS * (1 + ROUNDS + 1))
+  assert measured.rounds == 4 * prices.GPU.per_kind == 4 * 31
   np.testing.assert_allclose(np.asarray(measured.state.proposal.costs), PRICES)
   assert float(measured.state.proposal.switch) == 0.75 and int(measured.state.proposal.force) == CHOOSE
   # (a kind that ran as fast as the chunk's overhead jitters)
-  jittery = prices.calibrate(proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None)
-  assert jittery.prices.seconds[COPY] == 7.0 / (ROUNDS + 1)
+  jittery = prices.calibrate(
+    proposer, FakeChunks(monkeypatch, [1.0, 0.0, 2.5]), start(), lambda out: None, plan=prices.GPU
+  )
+  assert jittery.prices.seconds[COPY] == 7.0 / (prices.GPU.rounds + 1)
+  # (off a GPU, where a round costs far more than a chunk's launch: chunks of one and two rounds, twice each)
+  host = prices.calibrate(proposer, FakeChunks(monkeypatch, PRICES, fixed=0.01, switch=0.75), start(), lambda out: None)
+  np.testing.assert_allclose(host.prices.seconds, PRICES + [0.75])
+  assert host.rounds == 4 * prices.HOST.per_kind == 4 * 7
 
   greedy = SamplingConfig()
   key = prices.cost_key(tiny, proposer, None, greedy, 1, 300)
@@ -525,9 +530,9 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
 
 def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
   late = [(1, 8.5), (1, 15.0), (1, 8.6), (9, 20.5), (9, 30.0), (5, 14.5)]  # (a late 1- and 9-round chunk)
-  assert prices.price(late, switch=False) == 1.5
-  assert prices.price(late[:5], switch=False) is None  # (2 longer chunks: not yet)
-  assert prices.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True) == 0.0  # (a change costs nothing here)
+  assert prices.price(late, switch=False, repeats=3) == 1.5
+  assert prices.price(late[:5], switch=False, repeats=3) is None  # (2 longer chunks: not yet)
+  assert prices.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True, repeats=3) == 0.0  # (a change costs nothing)
 
 
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
@@ -537,14 +542,14 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
   proposer = Adaptive(PromptLookup(num_tokens=2), draft_for(tiny)[0])
   start = state_with([2], [1, 1, 1], draft_gain=[[3, 3]])
   chunks = FakeChunks(monkeypatch, PRICES, budget=50)
-  cut = prices.calibrate(proposer, chunks, Holder(start), lambda out: None)
+  cut = prices.calibrate(proposer, chunks, Holder(start), lambda out: None, plan=prices.GPU)
   # AR: its first round and 3 chunks of 1 and of 9 rounds (31 rounds); COPY: its first
   # round, 1 and 9, then 1 and 7 (cut short, counted with the rounds it ran).
   assert cut.finished and cut.prices.seconds == (1.0, None, None, None) and not cut.prices.complete
   assert cut.prices.chunks == ((), ((1, 8.5), (9, 20.5), (1, 8.5), (7, 17.5)), (), ())
   chunks.forced.clear()
   chunks.budget = 1000
-  rest = prices.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices)
+  rest = prices.calibrate(proposer, chunks, cut.state, lambda out: None, cut.prices, plan=prices.GPU)
   # COPY: its first round, 1 and 9; DRAFT and the change of kind: a first round, 3 x (1, 9)
   assert chunks.forced == [COPY] * 3 + [DRAFT] * 7 + [CYCLE] * 7 and not rest.finished
   np.testing.assert_allclose(rest.prices.seconds, PRICES + [0.0], atol=1e-9)
@@ -552,7 +557,7 @@ def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest
 
 
 def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learnt(tiny, monkeypatch):
-  monkeypatch.setattr(prices, "REPEATS", 1)  # (every price measured within the first generation)
+  monkeypatch.setattr(prices, "HOST", prices.Schedule(rounds=1, repeats=1))  # (all measured in the first generation)
   rng = np.random.default_rng(6)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))
@@ -571,7 +576,7 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
 def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
   """A warm-up of one generation covers every program of the later ones, those that
   start from the gains learnt too: a compile there is timed as decoding."""
-  monkeypatch.setattr(prices, "REPEATS", 1)
+  monkeypatch.setattr(prices, "HOST", prices.Schedule(rounds=1, repeats=1))
   rng = np.random.default_rng(7)
   prompts = [rng.integers(3, 211, size=30).tolist()]
   decoding = Decoding(proposer=Adaptive(PromptLookup(num_tokens=3)))

@@ -68,7 +68,7 @@ def test_prompt_lookup_runs_autos_own_continuations():
 
 
 def test_one_kind_runs_only_its_kind_and_stays_lossless(tmp_path, monkeypatch):
-  monkeypatch.setattr(prices, "REPEATS", 1)  # (every price measured within the first generation)
+  monkeypatch.setattr(prices, "HOST", prices.Schedule(rounds=1, repeats=1))  # (all measured in the first generation)
   tiny, _ = load_hf_dir(save_tiny_hf_model("llama", tmp_path / "llama"), jnp.float32)
   prompt = np.random.default_rng(3).integers(0, tiny.config.vocab_size, 40).tolist() * 2
   decoding = Decoding(proposer=OneKind(PromptLookup(num_tokens=3), only=Kind.COPY))

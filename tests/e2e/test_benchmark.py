@@ -114,6 +114,27 @@ def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, caps
   assert "auto runs one only when --draft names it" in capsys.readouterr().err
 
 
+def test_bf16_rows_compare_identical_text_with_the_price_beside(tiny_with_tokenizer, tmp_path, capsys):
+  """In bfloat16 the rounds are batch-invariant by default (kernels interpreted on a CPU):
+  prompt lookup writes AR's text, AR on the fastest kernels runs second as the price of
+  that, and every row has its end-to-end rate; `--no-batch-invariant` drops the row."""
+  common = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "--sets", "code", "--lengths", "64"]
+  common += ["--num-prompts", "1", "--new-tokens", "4", "--dtype", "bfloat16", "--out", str(tmp_path / "b.json")]
+  assert run_cli(main, common, PROG) == 0, capsys.readouterr().err
+  result = json.loads((tmp_path / "b.json").read_text())
+  rows = {r["method"]: r for r in result["rows"]}
+  assert list(rows) == ["ar", "ar+fast-numerics", "pld"] and result["batch_invariant"] is True
+  assert rows["pld"]["same_tokens_as_ar"] and rows["pld"]["batch_invariant"]
+  assert not rows["ar+fast-numerics"]["batch_invariant"]
+  for row in rows.values():
+    prompt = row["per_prompt"][0]
+    assert prompt["end_to_end_tokens_per_second"] > 0 and prompt["time_to_first_token_seconds"] > 0
+    assert row["end_to_end_speedup_vs_ar"] > 0
+  assert run_cli(main, common + ["--no-batch-invariant"], PROG) == 0, capsys.readouterr().err
+  result = json.loads((tmp_path / "b.json").read_text())
+  assert [r["method"] for r in result["rows"]] == ["ar", "pld"] and result["batch_invariant"] is False
+
+
 def test_sparse_verification_runs_beside_the_dense_one(tiny_with_tokenizer, tmp_path, capsys):
   common = [
     "--target",

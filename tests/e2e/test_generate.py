@@ -41,8 +41,13 @@ def test_json_contract(tiny_with_tokenizer, capsys):
     "prefill_seconds",
     "decode_seconds",
     "tokens_per_second",
+    "end_to_end_tokens_per_second",
+    "time_to_first_token_seconds",
   ):
     assert field in record
+  whole = record["prefill_seconds"] + record["decode_seconds"]
+  assert record["end_to_end_tokens_per_second"] == pytest.approx(record["num_new_tokens"] / whole)
+  assert record["prefill_seconds"] <= record["time_to_first_token_seconds"] < whole + record["compile_seconds"]
   assert sum(record["rounds_by_length"]) == record["steps"] and len(record["acceptance_by_depth"]) == 10  # (chain)
   # auto, with no draft shipped for this target: AR and prompt lookup rounds, chosen on device
   assert record["method"] == "auto" and record["num_new_tokens"] == len(record["token_ids"]) <= 7

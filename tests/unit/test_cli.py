@@ -122,3 +122,24 @@ def test_cape_bins_are_confidence_leaves_pairs():
   """The paper's bins; one bin is the paper's fixed-size ablation (4 leaves everywhere)."""
   assert cape_bins("0.3:7,0.6:5,0.8:3,1:1") == ((0.3, 0.6, 0.8), (7, 5, 3, 1))
   assert cape_bins("1:4") == ((), (4,))
+
+
+def test_a_long_compilation_is_announced_once(capsys, tmp_path):
+  """A compilation that outlasts `after` says "compiling" once on stderr; one that ends in
+  time says nothing."""
+  import time
+
+  import jax
+  import jax.numpy as jnp
+
+  from infer.cli import CompileNotice
+
+  with CompileNotice(tmp_path, after=3600.0):
+    jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(3))  # (ends long before the hour)
+  assert capsys.readouterr().err == ""
+  with CompileNotice(tmp_path, after=0.05) as notice:
+    for _ in range(2):  # (a compilation starts and runs on past `after`, twice)
+      notice._started(CompileNotice.COMPILE_STARTS)
+      time.sleep(0.5)
+      notice._ended(CompileNotice.COMPILE_ENDS, 0.5)
+  assert capsys.readouterr().err == f"compiling (once for these shapes: kept in {tmp_path}) ...\n"

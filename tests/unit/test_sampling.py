@@ -5,7 +5,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.decoding.sampling import SamplingConfig, log_probs, recent_tokens, sample
+from longspec_jax.decoding.sampling import (
+  Draw,
+  SamplingConfig,
+  generation_keys,
+  log_probs,
+  position_noise,
+  recent_tokens,
+  round_keys,
+  sample,
+)
 from longspec_jax.errors import UserError
 
 
@@ -53,6 +62,49 @@ def test_greedy_is_the_argmax_of_the_penalized_logits():
   seen = jnp.asarray([[True, False, False]])
   assert int(sample(logits, jax.random.key(0), SamplingConfig(), seen)[0]) == 0
   assert int(sample(logits, jax.random.key(0), SamplingConfig(penalty=1.2), seen)[0]) == 1
+
+
+@pytest.mark.parametrize("draw", list(Draw))
+def test_a_draw_follows_the_processed_distribution(draw):
+  """20,000 draws of one token (rows with seeds of their own, positions 0..19 under
+  POSITION) against the processed distribution: a chi-square goodness-of-fit test must
+  not reject at the 1% level."""
+  from scipy.stats import chisquare
+
+  config = SamplingConfig(temperature=0.9, top_k=12, penalty=1.3, draw=draw)
+  rng = np.random.default_rng(3)
+  logits = rng.normal(0, 2, 31).astype(np.float32)
+  seen = rng.random(31) < 0.3
+  rows = 20_000
+  keys, _ = generation_keys(list(range(rows // 20)), config)
+  positions = jnp.broadcast_to(jnp.arange(20), (rows // 20, 20))
+  tokens = sample(
+    jnp.broadcast_to(jnp.asarray(logits), (rows // 20, 20, 31)),
+    keys,
+    config,
+    jnp.broadcast_to(jnp.asarray(seen), (rows // 20, 20, 31)),
+    positions,
+  )
+  counts = np.bincount(np.asarray(tokens).ravel(), minlength=31)
+  expected = reference_probs(logits.astype(np.float64), seen, config) * rows
+  kept = expected > 0
+  assert counts[~kept].sum() == 0  # (removed tokens are never drawn)
+  assert chisquare(counts[kept], expected[kept] / expected[kept].sum() * rows).pvalue > 0.01
+
+
+def test_a_position_draw_depends_on_the_row_seed_and_the_position_alone():
+  """The noise of row b at position p is the same whatever else the call holds (other
+  rows, other positions, their order), differs across positions and seeds, and a row's
+  key stays the same round after round."""
+  config = SamplingConfig(temperature=1.0)
+  keys, first = generation_keys([7, 8, 7], config)
+  noise = position_noise(keys, jnp.asarray([[3, 4], [3, 4], [4, 9]]), 50)  # [B, 2, V]
+  alone = position_noise(generation_keys([7], config)[0], jnp.asarray([[4]]), 50)
+  np.testing.assert_array_equal(noise[0, 1], alone[0, 0])
+  np.testing.assert_array_equal(noise[2, 0], alone[0, 0])  # (row 2: seed 7 again)
+  assert not np.array_equal(noise[0, 0], noise[0, 1]) and not np.array_equal(noise[0, 0], noise[1, 0])
+  assert jax.random.key_data(round_keys(keys, config)[0]).tolist() == jax.random.key_data(keys).tolist()
+  assert jax.random.key_data(first).tolist() == jax.random.key_data(keys).tolist()
 
 
 def test_recent_tokens_window_spans_history_and_path():
