@@ -215,9 +215,9 @@ def tokenizer_from_gguf_metadata(meta: dict):
 
 def load_tokenizer(path: Path):
   """The tokenizer of a model directory or a GGUF file (chat template included)."""
-  from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
-
   if path.suffix != ".gguf":
+    from transformers import AutoTokenizer  # heavy (it imports torch where torch is installed)
+
     try:
       return AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # missing files, or a tokenizer class that needs a package we lack
@@ -228,9 +228,11 @@ def load_tokenizer(path: Path):
   from longspec_jax.files import cache_root
 
   cached = cache_root() / "tokenizers" / key
-  if cached.is_dir():
+  if cached.is_dir():  # (one built from GGUF metadata: a fast tokenizer, read without AutoTokenizer's imports)
+    from transformers import PreTrainedTokenizerFast
+
     try:
-      return AutoTokenizer.from_pretrained(str(cached))
+      return PreTrainedTokenizerFast.from_pretrained(str(cached))
     except Exception:  # a damaged cache entry: rebuild it
       shutil.rmtree(cached, ignore_errors=True)
   from longspec_jax.weights.gguf_file import open_gguf
