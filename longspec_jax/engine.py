@@ -227,15 +227,17 @@ def _left_aligned(prompts: Sequence[Sequence[int]], width: int) -> np.ndarray:
   return rows
 
 
-@gemm.jit(static_argnames=("graphdef",), donate_argnames=("cache",))
-def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden):
+@gemm.jit(static_argnames=("graphdef", "first"), donate_argnames=("cache",))
+def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengths, last_hidden, first: bool):
   """Runs prompt tokens [B, C] at positions start..start+C; keeps each sequence's hidden
-  state at its last prompt token in `last_hidden [B, E]`."""
+  state at its last prompt token in `last_hidden [B, E]`. The `first` chunk (start 0, the
+  cache still empty) attends causally over its own tokens alone (`Transformer.__call__`
+  without a mask: a fused causal pass on a GPU), the later ones over the cache too."""
   model = nnx.merge(graphdef, params)
   chunk = tokens.shape[1]
   positions = start + jnp.broadcast_to(jnp.arange(chunk), tokens.shape)  # [B, C]
   valid = positions < prompt_lengths[:, None]
-  hidden, cache = model(tokens, positions, causal_block_mask(positions, valid), cache)
+  hidden, cache = model(tokens, positions, None if first else causal_block_mask(positions, valid), cache)
   last = prompt_lengths - 1 - start  # [B]: index of the last prompt token in this chunk
   here = (last >= 0) & (last < chunk)
   picked = jnp.take_along_axis(hidden, jnp.clip(last, 0, chunk - 1)[:, None, None], axis=1)[:, 0]
@@ -243,26 +245,36 @@ def _prefill_chunk(graphdef, params, cache: KVCache, tokens, start, prompt_lengt
   return cache.advance(jnp.sum(valid, axis=1, dtype=jnp.int32)), last_hidden
 
 
+def prefill_chunk_tokens(batch: int) -> int:
+  """Prompt tokens of each sequence a prefill pass takes: on a GPU whole prompts up to
+  32k tokens over the batch (one pass: its attention is a fused causal pass, memory linear
+  in the tokens, and every pass costs each layer's launches again: 512-token chunks took
+  ~15x the compute floor of a 3k-token SmolLM2 prompt on an H100); elsewhere 512 (the
+  reference attention holds a pass's scores, tokens x keys)."""
+  return max(512, 32768 // batch) if backend.on_gpu() else 512
+
+
 def prefill(
   model: Transformer,
   prompts: Sequence[Sequence[int]],
   max_len: int,
-  chunk: int = 512,
+  chunk: int | None = None,
   on_progress: Callable[[int, int], None] | None = None,
 ):
-  """Fills a new cache with the prompts; returns (cache, hidden [B, E] at each last prompt
-  token). `on_progress(done, total)` is called after each chunk has run (which then waits
-  for the device chunk by chunk, instead of queueing them all)."""
+  """Fills a new cache with the prompts in passes of `chunk` tokens a sequence (default
+  `prefill_chunk_tokens`); returns (cache, hidden [B, E] at each last prompt token).
+  `on_progress(done, total)` is called after each pass has run (which then waits for the
+  device pass by pass, instead of queueing them all)."""
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
-  chunk = min(chunk, 1 << max(4, (longest - 1).bit_length()))  # short prompts: a smaller chunk
+  chunk = min(chunk or prefill_chunk_tokens(len(prompts)), 1 << max(4, (longest - 1).bit_length()))  # (short: less)
   padded = _left_aligned(prompts, -(-longest // chunk) * chunk)
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start in range(0, padded.shape[1], chunk):
     cache, last_hidden = _prefill_chunk[model.compilation()](
-      graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden
+      graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden, first=start == 0
     )
     if on_progress:
       jax.block_until_ready(last_hidden)
@@ -500,7 +512,7 @@ def start(
   proposer_params: Any = None,
   *,
   seed: int | Sequence[int] = 0,
-  prefill_chunk: int = 512,
+  prefill_chunk: int | None = None,
   on_prefill: Callable[[int, int], None] | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
@@ -653,7 +665,7 @@ def generate(
   proposer_params: Any = None,
   *,
   seed: int | Sequence[int] = 0,
-  prefill_chunk: int = 512,
+  prefill_chunk: int | None = None,
   rounds_per_chunk: int | None = None,
   on_tokens: Callable[[np.ndarray], None] | None = None,
   on_prefill: Callable[[int, int], None] | None = None,

@@ -130,7 +130,8 @@ class Transformer(nnx.Module):
     kept: jax.Array | None = None,
     sparse: SparseVerify | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
-    """tokens, positions [B, T]; mask [B, T, T] over this step's tokens (with `invariant`,
+    """tokens, positions [B, T]; mask [B, T, T] over this step's tokens, or None for the
+    first pass over an empty cache (causal over the tokens alone; with `invariant`,
     batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
     docstring; with `unroll`, the layers unrolled, `unrolled_rounds`; with `kept` and
     `sparse`, the cache read sparsely, `hidden_and_kv`).
@@ -229,7 +230,7 @@ class Transformer(nnx.Module):
         layer, weights = nnx.merge(layer_def, state), {}
       q, k, v = layer.project_qkv(x, cos, sin, **weights)
       mass = None
-      if cache is None and mask is None:  # (`causal_hidden_and_kv`)
+      if mask is None:  # causal over these tokens alone: `causal_hidden_and_kv`, or a first prefill pass
         out = attention.causal_attention(q, k, v, window, impl=self.attention)
       elif cache is None:
         out, _ = attention.masked_attention(q, k, v, mask, impl=self.attention)

@@ -56,7 +56,8 @@ class Impl(enum.Enum):
 
   REFERENCE: the pure-jnp functions of this module; any backend, differentiable, the
   ground truth in tests. PALLAS: the kernels of `pallas_kernels/` (GPU; interpreted
-  elsewhere, slowly); not differentiable. FLASH: training, over whole sequences (the
+  elsewhere, slowly); not differentiable; a causal pass over whole prompts (a prefill's
+  first) runs FLASH's. FLASH: training, over whole sequences (the
   draft, and the frozen target's forward it reads): `jax.nn.dot_product_attention`
   (cuDNN's fused forward and backward on a GPU in bf16, never a [T, T] score matrix; XLA
   elsewhere), for the two structured masks training has (`causal_attention`,
@@ -247,9 +248,10 @@ def masked_attention(q, k, v, mask, *, impl: Impl):
 def causal_attention(q, k, v, window: int | None, *, impl: Impl) -> jnp.ndarray:
   """A sequence's queries [B, T, K, G, D] over its own keys/values [B, T, K, D], each key
   at or before its query and (with `window`) fewer than `window` tokens back: the draft's
-  self-attention in training. Returns out [B, T, K, G, D] (compute dtype with FLASH,
-  float32 with REFERENCE)."""
-  if impl is Impl.FLASH:
+  self-attention in training, and a prefill's first pass. Returns out [B, T, K, G, D]
+  (compute dtype with FLASH and PALLAS, float32 with REFERENCE). PALLAS runs FLASH's fused
+  pass: whole prompts are a shape no decoding kernel here is for."""
+  if impl in (Impl.FLASH, Impl.PALLAS):
     return _flash(q, k, v, local_window_size=None if window is None else (window - 1, 0))
   index = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
   return masked_attention(q, k, v, causal_block_mask(index, jnp.ones(q.shape[:2], bool), window), impl=impl)[0]

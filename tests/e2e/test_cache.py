@@ -26,11 +26,16 @@ def full_forward_hidden(model, tokens):
 
 
 def test_chunked_prefill_equals_full_forward(tiny):
-  """Prompts of different lengths, chunks smaller than the prompts, per-sequence lengths."""
+  """Prompts of different lengths, chunks smaller than the prompts, per-sequence lengths;
+  one pass over the whole batch (causal over its own tokens, the cache still empty) the
+  same."""
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 211, size=n).tolist() for n in (45, 17, 32)]
   cache, last_hidden = prefill(tiny, prompts, max_len=64, chunk=16)
   np.testing.assert_array_equal(np.asarray(cache.lengths), [45, 17, 32])
+  one, one_last = prefill(tiny, prompts, max_len=64)  # (the default: one pass for these)
+  np.testing.assert_array_equal(np.asarray(one.lengths), [45, 17, 32])
+  np.testing.assert_allclose(np.asarray(one_last), np.asarray(last_hidden), atol=1e-5)
   for b, prompt in enumerate(prompts):
     expected = full_forward_hidden(tiny, np.asarray([prompt]))[0, -1]
     np.testing.assert_allclose(np.asarray(last_hidden[b]), expected, atol=1e-5)
