@@ -171,7 +171,7 @@ def add_gemm_flag(p: argparse.ArgumentParser) -> None:
   p.add_argument(
     "--gemm",
     choices=GEMM,
-    help="GEMM code on a GPU: XLA's Triton fusions or cuBLAS (the default; longspec_jax/gemm.py)",
+    help="GEMM code on a GPU: XLA's Triton fusions or cuBLAS (the default; longspec_jax/ops/gemm.py)",
   )
 
 
