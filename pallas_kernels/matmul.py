@@ -53,15 +53,16 @@ def matmul_reference(x: jax.Array, w: jax.Array, *, transposed: bool = False) ->
   return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def default_params(k: int, n: int, programs: int = 132, block_n: int = 128) -> MatmulParams:
+def default_params(k: int, n: int, programs: int = 132, block_n: int | None = None) -> MatmulParams:
   """Parameters from the weight's shape alone (so that they, and the sums, do not depend
   on the row count), the best rule of a sweep over Llama-3.1-8B's products at 1, 69 and
-  128 rows on an H100 (docs/results.md, "Few-row matmuls"): column blocks of 128 (every
-  column block reloads x's rows, so wider blocks load them fewer times; 256 spills
-  registers at 128 rows); a contraction step of 64 where the column blocks alone fill
-  about `programs` programs (one wave; an H100 has 132 SMs), else 128, each narrowed to
-  one that divides K (no masked edge); and splits of the contraction until about
-  `programs` programs or splits of 512 columns."""
+  128 rows on an H100 (docs/results.md, "Few-row matmuls"): column blocks of 128 where they
+  divide N, else 64 (every column block reloads x's rows, so wider blocks load them fewer
+  times; 256 spills registers at 128 rows; a masked edge on every step costs more); a
+  contraction step of 64 where the column blocks alone fill about `programs` programs
+  (one wave; an H100 has 132 SMs), else 128, each narrowed to one that divides K; and
+  splits of the contraction until about `programs` programs or splits of 512 columns."""
+  block_n = block_n or (128 if n % 128 == 0 else 64)
   column_blocks = pl.cdiv(n, block_n)
   widest = 64 if column_blocks >= programs else 128
   block_k = next((b for b in (128, 64, 32, 16) if b <= widest and k % b == 0), widest)
