@@ -319,6 +319,16 @@ SWEEP_BLOCKS = [
 SWEEP_SPLITS = (0.5, 1, 2, 4)  # times the split count the table derives
 
 
+def launch_us(label: str, fn, *args) -> float | None:
+  """Microseconds per call of a sweep's candidate launch (`loop_seconds`), or None, said
+  in a line, where it does not compile (e.g. out of shared memory)."""
+  try:
+    return 1e6 * loop_seconds(fn, *args)
+  except Exception as e:
+    print(f"{label}: {type(e).__name__}", flush=True)
+    return None
+
+
 def suite_sweep(args) -> list[dict]:
   """Times the prefix pass under candidate launch parameters around the table's choice:
   key blocks, warps and stages, the split count, and the next row block sizes down and up
@@ -339,10 +349,9 @@ def suite_sweep(args) -> list[dict]:
     }
     timed = []
     for params in sorted(candidates, key=lambda p: dataclasses.astuple(p)):
-      try:
-        us = 1e6 * loop_seconds(lambda x, k, v, n, p=params: flash_decode(x, k, v, n, params=p)[0], q, k, v, lengths)
-      except Exception as e:  # e.g. out of shared memory
-        print(f"sweep {name} B={batch} S={seq_len} T={steps} {params}: {type(e).__name__}", flush=True)
+      run = lambda x, k, v, n, p=params: flash_decode(x, k, v, n, params=p)[0]
+      us = launch_us(f"sweep {name} B={batch} S={seq_len} T={steps} {params}", run, q, k, v, lengths)
+      if us is None:
         continue
       timed.append((us, params))
       rows.append(
@@ -626,10 +635,9 @@ def suite_matmul_sweep(args) -> list[dict]:
       for block_rows, block_n, block_k, (warps, stages) in itertools.product(*MATMUL_SWEEP):
         splits = default_params(k, n, block_n=block_n).splits
         params = MatmulParams(block_rows, block_n, block_k, splits, warps, stages)
-        try:
-          us = 1e6 * loop_seconds(chained(functools.partial(matmul, params=params, interpret=INTERPRET)), x, w)
-        except Exception as e:  # e.g. out of shared memory
-          print(f"matmul-sweep {name} rows {m} {params}: {type(e).__name__}", flush=True)
+        product = chained(functools.partial(matmul, params=params, interpret=INTERPRET))
+        us = launch_us(f"matmul-sweep {name} rows {m} {params}", product, x, w)
+        if us is None:
           continue
         timed.append((us, params))
         rows_out.append(
