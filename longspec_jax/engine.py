@@ -254,6 +254,15 @@ def prefill_chunk_tokens(batch: int) -> int:
   return max(512, 32768 // batch) if backend.on_gpu() else 512
 
 
+def prefill_width(tokens: int) -> int:
+  """The padded length of a pass over prompts of `tokens` tokens: the next of eight steps
+  per power of two (at least 16), so that a pass computes at most 1/8 more than the
+  prompt (a power of two padded a 3,072-token prompt to 4,096) and every length of one
+  octave shares eight compiled programs."""
+  step = 1 << max(4, (tokens - 1).bit_length() - 4)
+  return -(-tokens // step) * step
+
+
 def prefill(
   model: Transformer,
   prompts: Sequence[Sequence[int]],
@@ -268,7 +277,7 @@ def prefill(
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
-  chunk = min(chunk or prefill_chunk_tokens(len(prompts)), 1 << max(4, (longest - 1).bit_length()))  # (short: less)
+  chunk = min(chunk or prefill_chunk_tokens(len(prompts)), prefill_width(longest))  # (short: less)
   padded = _left_aligned(prompts, -(-longest // chunk) * chunk)
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
