@@ -58,6 +58,7 @@ def bench_ours(target, prompt: list[int], new_tokens: int, repeats: int) -> dict
       runs.append(result.stats)
   prefill = statistics.median(r.prefill_seconds for r in runs)
   return {
+    "prefill_ms": prefill * 1e3,
     "prefill_tokens_per_second": len(prompt) / prefill,
     "decode_tokens_per_second": statistics.median(r.tokens_per_second for r in runs),
     "token_ids": result.token_ids[0],
@@ -275,10 +276,11 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
         step.terms_ms(rates[rate], rates["peak_flops"])["verify_bytes_ms"] / 1e3
         for rate in ("bandwidth_bytes_per_second", "read_bandwidth_bytes_per_second")
       )
-      prefill_rate = None
+      prefill_rate = prefill_floor = None
       if batch == 1:  # (the second run: the first compiles)
         run = lambda: prefill(model, prompts, context + 128)[1]
         prefill_rate = context / median_seconds(run, warmup=1, iters=2)
+        prefill_floor = round_floor.prefill_flops(config, context) / rates["peak_flops"] / args.devices
       for method, numerics in itertools.product(proposers, args.numerics):
         model = model.with_numerics(batch_invariant=numerics == "invariant")
         proposer, proposer_params, draft = proposers[method]
@@ -327,6 +329,9 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
           "weight_bytes": step.target_weight_bytes,
           "kv_bytes": step.kv_bytes,
           "prefill_tokens_per_second": prefill_rate,
+          "prefill_ms": prefill_rate and context / prefill_rate * 1e3,
+          "prefill_flop_floor_ms": prefill_floor and prefill_floor * 1e3,
+          "prefill_fraction_of_flop_floor": prefill_rate and prefill_floor * prefill_rate / context,
           "transformers_step_ms": (
             peers.get((batch, context), {}).get("step_ms") if method == "ar" and numerics == "fast" else None
           ),
@@ -379,7 +384,11 @@ def draft_pass_ms(model, state, most: int) -> dict:
 def _floor_row(row) -> str:
   fraction = f"{row['fraction_of_read_floor']:6.1%}" if row["fraction_of_read_floor"] else f"{'':6}"
   peer = f"{row['transformers_step_ms']:8.2f} ms" if row["transformers_step_ms"] else f"{'-':>11}"
-  rate = f"{row['prefill_tokens_per_second']:9.0f}" if row["prefill_tokens_per_second"] else f"{'-':>9}"
+  rate = (
+    f"{row['prefill_tokens_per_second']:9.0f} ({row['prefill_fraction_of_flop_floor']:4.0%} of FLOPs)"
+    if row["prefill_tokens_per_second"]
+    else f"{'-':>9}"
+  )
   return (
     f"{row['method']:12} | {row['numerics']:9} | {row['batch']:5} | {row['context']:7} |"
     f" {row['round_ms']:8.3f} ms | {row['read_floor_ms']:7.3f} ms | {fraction} |"
@@ -573,7 +582,8 @@ def main(argv=None):
   header = {
     "smollm2": "prompt | ours prefill tok/s | ours decode | HF dynamic | HF static | ours/best HF",
     "floor": "method | numerics | batch | context | round | AR read floor | floor/step | round floor | round/floor"
-    " | floor terms ms: draft, head, verify bytes, verify FLOPs | transformers step | prefill tok/s",
+    " | floor terms ms: draft, head, verify bytes, verify FLOPs | transformers step"
+    " | prefill tok/s (share of the FLOP floor)",
     "topk": "vocab x rows | lax.top_k us | two-stage us, chunks of 512 | 1024 | 2048 | 4096",
   }[args.suite]
   print(

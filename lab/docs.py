@@ -39,6 +39,7 @@ COMMANDS = {
     "lab.bench_auto",
     "lab.bench_long",
     "lab.trace_auto",
+    "lab.replay_auto",
     "lab.profile",
     "lab.check_invariance",
     "lab.sparse_quality",
@@ -71,10 +72,18 @@ def cell(value, fmt: str) -> str:
   return format(value, fmt)
 
 
+def lookup(row: dict, key: str):
+  """`row[key]`, a dotted key reaching into nested dicts ("ours.prefill_tokens_per_second");
+  None where it is missing."""
+  for part in key.split("."):
+    row = row.get(part) if isinstance(row, dict) else None
+  return row
+
+
 def table(columns: list[list[str]], rows: list[dict]) -> list[str]:
   """A Markdown table: `columns` are [key, header, format]."""
   lines = ["| " + " | ".join(header for _, header, _ in columns) + " |", "|" + " --- |" * len(columns)]
-  lines += ["| " + " | ".join(cell(row.get(key), fmt) for key, _, fmt in columns) + " |" for row in rows]
+  lines += ["| " + " | ".join(cell(lookup(row, key), fmt) for key, _, fmt in columns) + " |" for row in rows]
   return lines
 
 

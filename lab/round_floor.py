@@ -104,3 +104,12 @@ class Round:
     }
     verify = max(terms["verify_bytes_ms"], terms["verify_gemm_ms"] + terms["verify_attention_ms"])
     return {**terms, "floor_ms": terms["draft_ms"] + terms["head_ms"] + verify}
+
+
+def prefill_flops(target: TargetConfig, tokens: int) -> int:
+  """A prefill's FLOPs: every layer's matmuls over `tokens` rows, causal attention (each
+  token's scores and values against itself and those before it) and the LM head's row for
+  the last token."""
+  c = target
+  attention = 4 * c.num_heads * c.head_dim * c.num_layers * tokens * (tokens + 1) // 2
+  return 2 * tokens * c.num_layers * layer_params(c) + attention + 2 * c.vocab_size * c.hidden_size

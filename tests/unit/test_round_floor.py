@@ -1,6 +1,6 @@
 import pytest
 
-from lab.round_floor import Round, layer_params
+from lab.round_floor import Round, layer_params, prefill_flops
 from longspec_jax.models.config import DraftConfig, TargetConfig
 
 TARGET = TargetConfig(
@@ -46,3 +46,9 @@ def test_an_ar_step_reads_the_whole_head_and_tensor_parallelism_splits_every_ter
 def test_tokenswifts_drafting_pass_reads_the_target_and_its_partial_cache():
   r = Round(TARGET, 2, batch=1, context=10, nodes=4, self_draft_slots=6, draft_passes=1)
   assert r.draft_pass_bytes == 3904 + 2 * 6 * 16
+
+
+def test_a_prefills_flops_by_hand():
+  """6 tokens: every layer's matmuls over 6 rows, causal attention over 21 (query, key)
+  pairs per head and layer (QK and PV: 4 x D FLOPs each), one row of the LM head."""
+  assert prefill_flops(TARGET, 6) == 2 * 6 * 2 * 576 + 4 * 4 * 2 * 2 * 21 + 2 * 100 * 8
