@@ -5,10 +5,10 @@ prefill length, every method decodes the same prompts with the same target, cach
 attention; the table gives tau (tokens per target forward, bonus included), decode
 tokens/s, the speedup over AR measured in the same run decode-only and end to end (prefill
 included), the split of decode time into drafting, verification and the rest, and whether
-the method wrote AR's text; the JSON also holds each row's acceptance per tree
-depth (`engine.acceptance_by_depth`). Each configuration is warmed up (compiled) once
-before it is timed, and a timed generation that still compiled runs again, the second
-run timed (the JSON keeps what it compiled). Writes JSON with `--out`.
+the method wrote AR's text; the JSON also holds each row's acceptance per tree depth
+(`engine.acceptance_by_depth`), and with `--keep-texts` each prompt and its AR text. Each
+configuration is warmed up (compiled) once before it is timed, and a timed generation that
+still compiled runs again, the second run timed (the JSON keeps what it compiled). Writes JSON with `--out`.
 
 Methods are compared on identical text: in bfloat16 the rounds run batch-invariant by
 default (every lossless method then writes AR's text, bit for bit), and AR with the
@@ -248,6 +248,11 @@ def main(argv=None):
   )
   cli.add_devices_flag(p)
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
+  p.add_argument(
+    "--keep-texts",
+    action="store_true",
+    help="the JSON keeps each prompt and its AR text (the ar row's prompt_ids, token_ids), for lab.replay_auto",
+  )
   args = p.parse_args(argv)
   names = [m for m, _, _ in args.methods]
   said = " ".join(map(str, names))
@@ -426,7 +431,12 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
           "tokens_per_second": result["tokens_per_second"],
           "end_to_end_tokens_per_second": result["end_to_end_tokens_per_second"],
           "time_to_first_token_seconds": result["time_to_first_token_seconds"],
-          "per_prompt": result["per_prompt"],
+          "per_prompt": result["per_prompt"]
+          if method is not Method.AR or on_fast or not args.keep_texts
+          else [
+            {**one, "prompt_ids": prompt, "token_ids": ids}
+            for one, prompt, ids in zip(result["per_prompt"], prompts, result["token_ids"])
+          ],
           "prefill_seconds": result["prefill_seconds"],
           "max_stream_gap_seconds": result["max_stream_gap_seconds"],
           **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
