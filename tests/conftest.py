@@ -12,12 +12,13 @@ from pathlib import Path
 
 # Off a GPU the suite compiles hundreds of small programs and runs each briefly: LLVM's
 # optimizations cost more compile time than they save in run time (the verification tests
-# take 28% less without them on 2 cores; the real SmolLM2's, which compute more, take
-# longer, and are split so that both workers share them). Set before JAX starts its backend.
+# take 28% less without them on 2 cores). The tests marked `optimized`, which compute more,
+# have them back (`pytest_runtest_protocol`). Set before JAX starts its backend.
 flags = os.environ.get("XLA_FLAGS", "")
-if "optimization_level" not in flags and not any(
+UNOPTIMIZED = "optimization_level" not in flags and not any(
   importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")
-):
+)
+if UNOPTIMIZED:
   os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
@@ -83,10 +84,35 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+  """Marks each test with its tier, and starts the `optimized` tests (the longest) first, so
+  that the two workers share them rather than one finishing them alone at the end."""
   for item in items:
     tier = Path(str(item.fspath)).parent.name
     if tier in TIERS:
       item.add_marker(getattr(pytest.mark, tier))
+  items.sort(key=lambda item: item.get_closest_marker("optimized") is None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """An `optimized` test's programs (its fixtures' too) compile with LLVM's optimizations
+  whatever the suite's level: such a test runs them long enough to pay for the compile (the
+  real SmolLM2's prefill of 1,280 tokens takes 7 s optimized, 17 s not)."""
+  if item.get_closest_marker("optimized") is None or not UNOPTIMIZED:
+    return (yield)
+  from jax._src import compiler
+
+  unoptimized = compiler.get_compile_options
+
+  def optimized(*args, env_options_overrides=None, **kwargs):
+    overrides = {"xla_backend_optimization_level": "2", **(env_options_overrides or {})}
+    return unoptimized(*args, env_options_overrides=overrides, **kwargs)
+
+  compiler.get_compile_options = optimized
+  try:
+    return (yield)
+  finally:
+    compiler.get_compile_options = unoptimized
 
 
 # Mapped memory regions past which `release_compiled_programs` frees compiled programs:

@@ -3,6 +3,8 @@ prompts, one chain each."""
 
 import json
 
+import pytest
+
 from lab.check_invariance import main
 
 from helpers import run_cli
@@ -22,6 +24,7 @@ def test_chain_equals_ar_steps_and_bad_input(tmp_path, capsys):
   assert "give --target as well" in capsys.readouterr().err
 
 
+@pytest.mark.optimized
 def test_real_target_and_prompt(tmp_path, capsys, smollm2_gguf):
   """The real weights (outlier dimensions: inexact float32 sums) on a real document prompt."""
   out = tmp_path / "inv.json"

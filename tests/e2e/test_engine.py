@@ -327,6 +327,7 @@ def real_run(smollm2_float32):
   return smollm2_float32, prompts, reference
 
 
+@pytest.mark.optimized
 def test_real_model_prompt_lookup_is_lossless(real_run):
   """PLD, one continuation and three of 12 tokens as a trie (the trie accepts more)."""
   target, prompts, reference = real_run
@@ -337,6 +338,7 @@ def test_real_model_prompt_lookup_is_lossless(real_run):
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
 
 
+@pytest.mark.optimized
 def test_real_model_longspec_is_lossless(real_run):
   """LongSpec with the shipped trained draft: scoring its vocabulary subset (a smaller tree
   than its default, for CPU time, prompt lookup's copies grafted in), and CAPE's tree over
@@ -352,6 +354,7 @@ def test_real_model_longspec_is_lossless(real_run):
   assert generate(target.model, prompts, 48, Decoding(proposer=proposer), params).token_ids == reference
 
 
+@pytest.mark.optimized
 def test_real_model_glide_and_tokenswift_are_lossless(real_run):
   """GLIDE with its shipped draft and CAPE's tree; TokenSwift with its shipped heads and a
   partial cache of 256 positions."""
