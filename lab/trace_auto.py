@@ -80,8 +80,8 @@ def generation(result, prices: dict[str, float], proposer: Adaptive) -> dict:
     "rounds_by_kind": stats.rounds_by_kind,
     "tau": stats.mean_accepted_length,
     "priced_tokens_per_second": (stats.num_new_tokens - 1) / seconds,
-    "copy_gain_by_match": as_list(learnt.copy_gain),
-    "chain_gain_by_match": as_list(learnt.chain_gain),
+    "copy_gain_by_ngram": as_list(learnt.copy_gain),
+    "chain_gain_by_ngram": as_list(learnt.chain_gain),
     "draft_gain_without_with_match": as_list(learnt.draft_gain),
     "explore_after": np.asarray(result.state.proposal.explore_after).tolist(),
   }
@@ -132,7 +132,7 @@ def main(argv=None):
   }
   print(f"prices (ms): {', '.join(f'{k} {1e3 * v:.3f}' for k, v in prices.items())}")
   print(
-    "set          | prompt | rounds ar/chain/copy/draft | tau  | tok/s at prices | copy gain by match length"
+    "set          | prompt | rounds ar/chain/copy/draft | tau  | tok/s at prices | copy gain by n-gram"
     " | draft gain (no match, match) | explore after"
   )
 
@@ -142,7 +142,7 @@ def main(argv=None):
     kinds = "/".join(str(row["rounds_by_kind"].get(k.value, 0)) for k in Kind)
     print(
       f"{set_name:12} | {prompt!s:>7} | {kinds:>26} | {row['tau']:4.2f} | {row['priced_tokens_per_second']:15.0f} |"
-      f" {row['copy_gain_by_match']} | {row['draft_gain_without_with_match']} | {row['explore_after']}",
+      f" {row['copy_gain_by_ngram']} | {row['draft_gain_without_with_match']} | {row['explore_after']}",
       flush=True,
     )
     if args.out:  # after every generation: a crash loses nothing traced

@@ -10,13 +10,13 @@ A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the pro
 the kind with the most gain / cost over the batch's running sequences. The costs are
 measured on the device for this target and context (`prices`); a change of kind has its
 own price, spread over `run` rounds so that the choice does not flap. The gains are moving
-averages per sequence: the draft's tree's, and the continuations' by how long a stretch
-their match continues (`MATCH_BUCKETS`; the trie's and the first continuation's apart),
-learnt also in rounds of other kinds by setting their continuations against the tokens
-emitted after them. An unseen gain counts as half the tree's depth, so each kind gets
-tried; a generation starts from the gains the previous one learnt (`Learnt`). A draft
-round runs after at most `explore_every` rounds without one, per case (with and without a
-match); a forced round that loses doubles that wait, one that wins is followed by another. The choice depends on earlier rounds only, so
+averages per sequence: the draft's tree's, and the continuations' per matched n-gram length
+(the trie's and the first continuation's apart), learnt also in rounds of other kinds by
+setting their continuations against the tokens emitted after them. An unseen gain counts
+as half the tree's depth, so each kind gets tried; a generation starts from the gains the
+previous one learnt (`Learnt`). A draft round runs after at most `explore_every` rounds
+without one, per case (with and without a match); a forced round that loses doubles that
+wait, one that wins is followed by another. The choice depends on earlier rounds only, so
 every round's tokens keep the target's law (greedy: AR's tokens).
 """
 
@@ -50,11 +50,6 @@ class Kind(enum.Enum):
   DRAFT = "draft"
 
 
-# The lower edges of the match lengths (`PromptLookup.match`) whose continuations' gains are
-# learnt apart: a continuation inside a long copied stretch mostly holds, one that matched
-# only its n-gram mostly does not.
-MATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-
 CHOOSE = -1  # `AdaptiveState.force`: each round's kind is chosen (below)
 CYCLE = -2  # each round takes the kind after the latest round's (calibration: the price of a change)
 
@@ -63,8 +58,8 @@ CYCLE = -2  # each round takes the kind after the latest round's (calibration: t
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   draft: DraftState | None  # (None without a draft) its ring is behind after AR, CHAIN and COPY rounds
-  copy_gain: jax.Array  # [B, U] float32: tokens the continuations give, by their match's length bucket; NaN: unseen
-  chain_gain: jax.Array  # [B, U] float32: tokens the first continuation alone gives, likewise
+  copy_gain: jax.Array  # [B, M] float32: tokens the continuations give, by their match's n-gram length; NaN: unseen
+  chain_gain: jax.Array  # [B, M] float32: tokens the first continuation alone gives, likewise
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   switch: jax.Array  # [] float32: seconds to change kind (measured; 0 until then)
@@ -79,7 +74,7 @@ class AdaptiveState:
   # An AR or draft round's continuations, kept until the tokens emitted since show their gain:
   pending: jax.Array  # [B, M, G] int32
   pending_valid: jax.Array  # [B, M, G] bool
-  pending_match: jax.Array  # [B] int32: its match's length; 0: none kept
+  pending_ngram: jax.Array  # [B] int32: its match's n-gram length; 0: none kept
   pending_at: jax.Array  # [B] int32: the history index of its first token
   pending_chained: jax.Array  # [B] bool: kept by a CHAIN round, which showed the first one's gain itself
 
@@ -89,12 +84,12 @@ class AdaptiveState:
 class Plan:
   """What a round's choice saw: the kind (its index in `Adaptive.kinds`), prompt lookup's
   continuations [B, M, G] (which of their tokens are real) that CHAIN, COPY and DRAFT
-  rounds verify, and the first one's match length."""
+  rounds verify, and the first one's match's n-gram length."""
 
   kind: jax.Array  # [] int32
   copies: jax.Array  # [B, M, G] int32
   copy_valid: jax.Array  # [B, M, G] bool
-  match: jax.Array  # [B] int32: the first continuation's match length (`PromptLookup.match`); 0: none
+  ngram: jax.Array  # [B] int32: 0 when there is no match
   at: jax.Array  # [B] int32: the history index the chain's first token would take
   cases: jax.Array  # [2] bool: some running sequence has no match / a match
   explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
@@ -165,7 +160,7 @@ class Adaptive:
     batch = history.shape[0]
     draft = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
     kinds = len(self.kinds)
-    unseen = lambda: jnp.full((batch, len(MATCH_BUCKETS)), jnp.nan, jnp.float32)  # (buffers of their own: donated)
+    unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
     return AdaptiveState(
       draft=draft,
       copy_gain=unseen(),
@@ -181,29 +176,29 @@ class Adaptive:
       rounds_by_kind=jnp.zeros((kinds,), jnp.int32),
       pending=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), jnp.int32),
       pending_valid=jnp.zeros((batch, self.lookup.matches, self.lookup.num_tokens), bool),
-      pending_match=jnp.zeros((batch,), jnp.int32),
+      pending_ngram=jnp.zeros((batch,), jnp.int32),
       pending_at=jnp.zeros((batch,), jnp.int32),
       pending_chained=jnp.zeros((batch,), bool),
     )
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
-    copies, copy_valid, match = self.lookup.match(history, cache.lengths)
-    copy_gain = self._matched_gain(state.copy_gain, match)  # [B]: 0 without a match
+    copies, copy_valid, ngram = self.lookup.match(history, cache.lengths)
+    copy_gain = self._matched_gain(state.copy_gain, ngram)  # [B]: 0 without a match
     gains = {
       Kind.AR: jnp.ones_like(copy_gain),
-      Kind.COPY: jnp.where(match > 0, copy_gain, 1.0),
-      Kind.CHAIN: jnp.where(match > 0, self._matched_gain(state.chain_gain, match), 1.0),
+      Kind.COPY: jnp.where(ngram > 0, copy_gain, 1.0),
+      Kind.CHAIN: jnp.where(ngram > 0, self._matched_gain(state.chain_gain, ngram), 1.0),
     }
     if self.draft is not None:  # (the continuations are in the draft's tree too)
-      draft_gain = jnp.take_along_axis(state.draft_gain, (match > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
+      draft_gain = jnp.take_along_axis(state.draft_gain, (ngram > 0).astype(jnp.int32)[:, None], axis=1)[:, 0]
       gains[Kind.DRAFT] = jnp.maximum(self._guessed(draft_gain, self.depth), copy_gain)
     change = (jnp.arange(len(self.kinds)) != state.last) & (state.last >= 0)  # [K]
     price = state.costs + jnp.where(change, state.switch / self.run, 0.0)
     per_kind = jnp.stack([gains[k] for k in self.kinds], axis=1)  # [B, K]
     value = jnp.sum(jnp.where(done[:, None], 0.0, per_kind), axis=0) / price  # [K]
     kind = jnp.argmax(value).astype(jnp.int32)
-    cases = jnp.any(~done[:, None] & ((match > 0)[:, None] == jnp.arange(2)[None, :]), axis=0)  # [2]
+    cases = jnp.any(~done[:, None] & ((ngram > 0)[:, None] == jnp.arange(2)[None, :]), axis=0)  # [2]
     explored, displaced, draft_price = jnp.asarray(False), jnp.max(value), jnp.float32(1)
     if self.draft is not None:
       draft = self.index(Kind.DRAFT)
@@ -215,7 +210,7 @@ class Adaptive:
       kind=jnp.where(state.force == CHOOSE, kind, forced),
       copies=copies,
       copy_valid=copy_valid,
-      match=match,
+      ngram=ngram,
       at=cache.lengths + 1,
       cases=cases,
       explored=explored & (state.force == CHOOSE),
@@ -223,11 +218,11 @@ class Adaptive:
       draft_price=draft_price,
     )
 
-  def _matched_gain(self, gain: jax.Array, match: jax.Array) -> jax.Array:
+  def _matched_gain(self, gain: jax.Array, ngram: jax.Array) -> jax.Array:
     """The expected tokens [B] of each sequence's continuations by `gain [B, M]` (the
-    trie's or the first one's) at the match length `match [B]` (0 without a match)."""
-    at = jnp.take_along_axis(gain, _bucket(match)[:, None], axis=1)[:, 0]
-    return jnp.where(match > 0, self._guessed(at, self.lookup.depth), 0.0)
+    trie's or the first one's) at the matched n-gram length (0 without a match)."""
+    at = jnp.take_along_axis(gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
+    return jnp.where(ngram > 0, self._guessed(at, self.lookup.depth), 0.0)
 
   @staticmethod
   def _guessed(gain: jax.Array, depth: int) -> jax.Array:
@@ -270,31 +265,31 @@ class Adaptive:
     move = lambda old, seen, where: jnp.where(
       where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old
     )
-    at_match = lambda match: (jnp.arange(len(MATCH_BUCKETS))[None, :] == _bucket(match)[:, None]) & (match > 0)[:, None]
+    at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
     copy_round, chain_round = active & of_kind(Kind.COPY), active & of_kind(Kind.CHAIN)  # [B]
-    copy_gain = move(state.copy_gain, count[:, None], copy_round[:, None] & at_match(plan.match))
+    copy_gain = move(state.copy_gain, count[:, None], copy_round[:, None] & at_ngram(plan.ngram))
     # A COPY round also shows its first continuation's gain whole (the trie accepted at
     # least as deep as that one agrees); a CHAIN round's is its count.
     first, _ = _agreement(plan.copies[:, :1], plan.copy_valid[:, :1], plan.at, history, lengths)  # [B, 1]
     chain_gain = move(
       state.chain_gain,
       jnp.where(copy_round, 1.0 + first[:, 0], count)[:, None],
-      (copy_round | chain_round)[:, None] & at_match(plan.match),
+      (copy_round | chain_round)[:, None] & at_ngram(plan.ngram),
     )
     # The other rounds' continuations are kept where none are, then every kept one is set
     # against the history: what they would have given is known once each has broken or
     # ended (the longest agreement; the first one's alone for CHAIN rounds).
-    keep = active & ~of_kind(Kind.COPY) & (state.pending_match == 0) & (plan.match > 0)  # [B]
+    keep = active & ~of_kind(Kind.COPY) & (state.pending_ngram == 0) & (plan.ngram > 0)  # [B]
     pending = jnp.where(keep[:, None, None], plan.copies, state.pending)
     pending_valid = jnp.where(keep[:, None, None], plan.copy_valid, state.pending_valid)
-    pending_match = jnp.where(keep, plan.match, state.pending_match)
+    pending_ngram = jnp.where(keep, plan.ngram, state.pending_ngram)
     pending_at = jnp.where(keep, plan.at, state.pending_at)
     pending_chained = jnp.where(keep, chain_round, state.pending_chained)
     agree, ended = _agreement(pending, pending_valid, pending_at, history, lengths)  # [B, M]
-    shown = (pending_match > 0) & jnp.all(ended, axis=1)
-    copy_gain = move(copy_gain, (1.0 + jnp.max(agree, axis=1))[:, None], shown[:, None] & at_match(pending_match))
+    shown = (pending_ngram > 0) & jnp.all(ended, axis=1)
+    copy_gain = move(copy_gain, (1.0 + jnp.max(agree, axis=1))[:, None], shown[:, None] & at_ngram(pending_ngram))
     chain_gain = move(
-      chain_gain, (1.0 + agree[:, 0])[:, None], (shown & ~pending_chained)[:, None] & at_match(pending_match)
+      chain_gain, (1.0 + agree[:, 0])[:, None], (shown & ~pending_chained)[:, None] & at_ngram(pending_ngram)
     )
     draft_round = of_kind(Kind.DRAFT)
     won = plan.explored & (jnp.sum(jnp.where(active, count, 0.0)) / plan.draft_price >= plan.displaced)
@@ -303,7 +298,7 @@ class Adaptive:
       copy_gain=copy_gain,
       chain_gain=chain_gain,
       draft_gain=move(
-        state.draft_gain, count[:, None], (active & draft_round)[:, None] & ((plan.match > 0)[:, None] == jnp.arange(2))
+        state.draft_gain, count[:, None], (active & draft_round)[:, None] & ((plan.ngram > 0)[:, None] == jnp.arange(2))
       ),
       last=kind,
       # (an explored round that won leaves its case's count where it was: the next round
@@ -317,7 +312,7 @@ class Adaptive:
       rounds_by_kind=state.rounds_by_kind.at[kind].add(1),
       pending=pending,
       pending_valid=pending_valid,
-      pending_match=jnp.where(shown, 0, pending_match),
+      pending_ngram=jnp.where(shown, 0, pending_ngram),
       pending_at=pending_at,
       pending_chained=pending_chained,
     )
@@ -328,7 +323,7 @@ class Adaptive:
 
   def nothing_learnt(self) -> Learnt:
     """What a first generation starts from: every gain unseen."""
-    unseen = np.full((len(MATCH_BUCKETS),), np.nan, np.float32)
+    unseen = np.full((self.lookup.max_ngram,), np.nan, np.float32)
     return Learnt(copy_gain=unseen, chain_gain=unseen, draft_gain=np.full((2,), np.nan, np.float32))
 
   @staticmethod
@@ -380,22 +375,17 @@ def _agreement(
   return agree, (agree < seen[:, None]) | (agree == jnp.sum(valid, axis=2))
 
 
-def _bucket(match: jax.Array) -> jax.Array:
-  """The bucket [B] of each match length [B] (`MATCH_BUCKETS`; 0 for none)."""
-  return jnp.maximum(jnp.sum(match[:, None] >= jnp.asarray(MATCH_BUCKETS)[None, :], axis=1) - 1, 0)
-
-
 def _forced(state: AdaptiveState, kind) -> AdaptiveState:
   return dataclasses.replace(state, force=kind)
 
 
 def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
   batch = state.copy_gain.shape[0]
-  by_match = lambda gain: jnp.broadcast_to(gain.astype(jnp.float32), state.copy_gain.shape)
+  by_ngram = lambda gain: jnp.broadcast_to(gain.astype(jnp.float32), state.copy_gain.shape)
   return dataclasses.replace(
     state,
-    copy_gain=by_match(learnt.copy_gain),
-    chain_gain=by_match(learnt.chain_gain),
+    copy_gain=by_ngram(learnt.copy_gain),
+    chain_gain=by_ngram(learnt.chain_gain),
     draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)),
   )
 

@@ -29,8 +29,6 @@ from longspec_jax.decoding.tree import Tree, copy_tree
 CANDIDATES_PER_MATCH = 4
 # Positions per block of `latest`'s counts from the end.
 COUNT_BLOCK = 128
-# The longest agreement `PromptLookup.match` measures between a match's source and the tail.
-MAX_MATCH = 32
 
 
 def latest(mask: jax.Array, k: int) -> jax.Array:
@@ -98,10 +96,8 @@ class PromptLookup:
     return drafted, valid
 
   def match(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`lookup`, and how many tokens before the first continuation agree with the tail of
-    the context [B] int32 (its n-gram and as far back as the text goes on agreeing, up to
-    `MAX_MATCH`; 0: no match): how much evidence it has (`auto.Adaptive` predicts its
-    gain by it; a continuation inside a long copied stretch is likelier to hold)."""
+    """`lookup`, and the length of the n-gram the first continuation matched [B] int32
+    (0: none): how much evidence it has (`auto.Adaptive` predicts its gain by it)."""
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     per_ngram = 1 if self.matches == 1 else CANDIDATES_PER_MATCH * self.matches
@@ -116,6 +112,7 @@ class PromptLookup:
     latest_first = latest(jnp.stack(occurrences, axis=1), min(per_ngram, size))  # [B, n-grams, C]
     lengths = jnp.arange(self.max_ngram, 0, -1, dtype=jnp.int32)[None, :, None]
     start = jnp.where(latest_first >= 0, latest_first + lengths, -1).reshape(batch, -1)  # [B, C]: longest n first
+    ngram = jnp.broadcast_to(lengths, latest_first.shape).reshape(batch, -1)
     offsets = start[:, :, None] + jnp.arange(self.num_tokens)[None, None, :]  # [B, C, gamma]
     tokens = jnp.take_along_axis(history[:, None, :], jnp.clip(offsets, 0, size - 1), axis=2)
     real = (start >= 0)[:, :, None] & (offsets < count[:, None, None])
@@ -132,9 +129,4 @@ class PromptLookup:
     found = jnp.any(chosen, axis=-1)  # [B, M]
     drafted = jnp.take_along_axis(tokens, pick[:, :, None], axis=1)  # [B, M, gamma]
     valid = jnp.take_along_axis(real, pick[:, :, None], axis=1) & found[:, :, None]
-    source = jnp.take_along_axis(start, pick[:, :1], axis=1)  # [B, 1]: where the first continuation begins
-    back = jnp.arange(1, MAX_MATCH + 1)[None, :]  # [1, A]: how far back
-    before_source = jnp.take_along_axis(history, jnp.clip(source - back, 0, size - 1), axis=1)  # [B, A]
-    before_end = jnp.take_along_axis(history, jnp.clip(end[:, None] + 1 - back, 0, size - 1), axis=1)
-    same = ((before_source == before_end) & (source - back >= 0)).astype(jnp.int32)
-    return drafted, valid, jnp.where(found[:, 0], jnp.sum(jnp.cumprod(same, axis=1), axis=1), 0)
+    return drafted, valid, jnp.where(found[:, 0], jnp.take_along_axis(ngram, pick[:, :1], axis=1)[:, 0], 0)

@@ -14,7 +14,7 @@ from longspec_jax import engine
 from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.engine import Decoding, generate, prefill
 from longspec_jax.methods import longspec, prices
-from longspec_jax.methods.auto import CHOOSE, CYCLE, MATCH_BUCKETS, Adaptive, AdaptiveState, Kind, Plan
+from longspec_jax.methods.auto import CHOOSE, CYCLE, Adaptive, AdaptiveState, Kind, Plan
 from longspec_jax.methods.longspec import LongSpecDraft
 from longspec_jax.methods.prompt_lookup import PromptLookup
 from longspec_jax.models.cache import KVCache
@@ -36,14 +36,6 @@ def draft_for(target, widths=(2, 2), **config):
   return LongSpecDraft(graphdef, widths), params, draft
 
 
-BUCKETS = len(MATCH_BUCKETS)  # the match lengths whose gains are learnt apart
-
-
-def unseen_but(bucket, gain):
-  """A sequence's gains by match bucket [U]: unseen (NaN) but `bucket`'s."""
-  return jnp.full((BUCKETS,), jnp.nan).at[bucket].set(gain)
-
-
 # The kinds' indices (`Adaptive.kinds`) of a proposer of one continuation: AR, COPY and
 # with a draft DRAFT (with several continuations, CHAIN comes after AR).
 AR, COPY, DRAFT = 0, 1, 2
@@ -52,9 +44,9 @@ AR, COPY, DRAFT = 0, 1, 2
 def state_with(
   copy_gain, costs, draft_gain=None, force=CHOOSE, since_draft=0, explore_after=32, switch=0.0, last=-1, chain=3
 ) -> AdaptiveState:
-  """copy_gain [B]: every match length's chain gain; draft_gain [B, 2] (default: none);
+  """copy_gain [B]: every n-gram length's chain gain; draft_gain [B, 2] (default: none);
   since_draft and explore_after: both cases' (a number) or each's [2]."""
-  copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), BUCKETS))
+  copy_gain = jnp.broadcast_to(jnp.asarray(copy_gain, jnp.float32)[:, None], (len(copy_gain), 3))
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(
     draft=None,
@@ -82,26 +74,26 @@ def no_pending(batch, chain, matches=1):
   return dict(
     pending=jnp.zeros((batch, matches, chain), jnp.int32),
     pending_valid=jnp.zeros((batch, matches, chain), bool),
-    pending_match=jnp.zeros((batch,), jnp.int32),
+    pending_ngram=jnp.zeros((batch,), jnp.int32),
     pending_at=jnp.zeros((batch,), jnp.int32),
     pending_chained=jnp.zeros((batch,), bool),
   )
 
 
-def plan_of(kind, copies, match, at, valid=None):
+def plan_of(kind, copies, ngram, at, valid=None):
   """A round's plan: its kind, continuations [B, M, G] or one [B, G] (all valid by
-  default), match length [B] and the history index [B] of their first token."""
+  default), n-gram length [B] and the history index [B] of their first token."""
   copies = jnp.asarray(copies)
   if copies.ndim == 2:
     copies = copies[:, None]
     valid = None if valid is None else jnp.asarray(valid)[:, None]
-  match = jnp.asarray(match)
-  cases = jnp.any((match > 0)[:, None] == jnp.arange(2), axis=0)
+  ngram = jnp.asarray(ngram)
+  cases = jnp.any((ngram > 0)[:, None] == jnp.arange(2), axis=0)
   return Plan(
     kind=jnp.int32(kind),
     copies=copies,
     copy_valid=jnp.ones(copies.shape, bool) if valid is None else jnp.asarray(valid),
-    match=match,
+    ngram=ngram,
     at=jnp.asarray(at),
     cases=cases,
     explored=jnp.asarray(False),
@@ -135,14 +127,14 @@ def test_a_round_takes_the_most_tokens_per_second():
   copy_only = Adaptive(PromptLookup(num_tokens=3))
   # Row 0 copies 3 tokens a round at 1.5x an AR step's price: copying wins.
   plan = plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[:1], [6])
-  assert int(plan.kind) == COPY and int(plan.match[0]) == 2
+  assert int(plan.kind) == COPY and int(plan.ngram[0]) == 2
   # Row 1 has no match: a copy round is an AR step at a higher price.
   assert int(plan_for(copy_only, state_with([3], [1.0, 1.5]), HISTORY[1:], [6]).kind) == AR
   # Summed over the batch: 3 + 1 tokens at 1.5 against 2 at 1.
   assert int(plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6]).kind) == COPY
-  # The gain at the match's length counts: chains after a match of 2 have given 1.2 tokens.
-  poor = dataclasses.replace(state_with([3], [1.0, 1.5]), copy_gain=jnp.full((1, BUCKETS), 3.0).at[0, 1].set(1.2))
-  assert int(plan_for(copy_only, poor, HISTORY[:1], [6]).kind) == AR
+  # The gain of the matched n-gram length counts: 2-gram chains have given 1.2 tokens.
+  poor_bigrams = dataclasses.replace(state_with([3], [1.0, 1.5]), copy_gain=jnp.asarray([[3.0, 1.2, 3.0]]))
+  assert int(plan_for(copy_only, poor_bigrams, HISTORY[:1], [6]).kind) == AR
   # A finished sequence counts for nothing.
   plan = plan_for(copy_only, state_with([3, 3], [1.0, 1.5]), HISTORY, [6, 6], done=[True, False])
   assert int(plan.kind) == AR
@@ -158,12 +150,13 @@ def test_chain_rounds_come_with_several_continuations_and_win_where_the_others_a
   ar, chain, copy = (proposer.index(k) for k in (Kind.AR, Kind.CHAIN, Kind.COPY))
   costs = [1.0, 1.2, 1.6]
   # The trie gives 3.2 tokens at 1.6, its first continuation alone 3 at 1.2: the chain.
-  state = dataclasses.replace(state_with([3.2], costs), chain_gain=jnp.full((1, BUCKETS), 3.0))
+  state = dataclasses.replace(state_with([3.2], costs), chain_gain=jnp.full((1, 3), 3.0))
   plan = plan_for(proposer, state, HISTORY[:1], [6])
   assert int(plan.kind) == chain
   # The trie gives 5: the trie. Without a match both are an AR step at a higher price.
-  richer = dataclasses.replace(state, copy_gain=jnp.full((1, BUCKETS), 5.0))
-  assert int(plan_for(proposer, richer, HISTORY[:1], [6]).kind) == copy
+  assert (
+    int(plan_for(proposer, dataclasses.replace(state, copy_gain=jnp.full((1, 3), 5.0)), HISTORY[:1], [6]).kind) == copy
+  )
   assert int(plan_for(proposer, state, HISTORY[1:], [6]).kind) == ar
 
 
@@ -178,7 +171,7 @@ def test_a_copy_round_shows_its_first_continuations_gain_and_a_chain_round_keeps
   continuations = [[[7, 8, 9], [7, 4, 4]]]
   after = observe(proposer, state, plan_of(copy, continuations, [2], [4]), [4], [True], [prefix + [7, 4, 4, 2, 0]], [7])
   assert float(after.copy_gain[0, 1]) == 4.0 and float(after.chain_gain[0, 1]) == 2.0
-  assert int(after.pending_match[0]) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
+  assert int(after.pending_ngram[0]) == 0 and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
   # A CHAIN round of 7 3 3 that emitted 7 and the target's 4 (2 tokens): the first
   # continuation broke after 1; the second (7 4 4) goes on, and the next round emits its 4.
   continuations = [[[7, 3, 3], [7, 4, 4]]]
@@ -237,7 +230,7 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
   (while it agrees and goes on, nothing is learnt); row 1's breaks at once: it gave 1.
   Later rounds' chains wait until the kept one is shown."""
   proposer = Adaptive(PromptLookup(num_tokens=3), ema=0.5)
-  state = state_with([1.0, 3.0], [1, 1])
+  state = dataclasses.replace(state_with([1.0, 3.0], [1, 1]), copy_gain=jnp.asarray([[1.0, 1.0, 1.0], [3, 3, 3.0]]))
   prefix = [5, 6, 1, 5]  # the root at index 3; the chains' first tokens at 4
   emitted = [[7, 8, 9], [4, 7, 8]]
   gains = []
@@ -249,7 +242,7 @@ def test_an_ar_rounds_chain_is_kept_until_the_tokens_emitted_since_show_its_gain
     assert int(state.last) == AR
   # (row 1: each round's chain is kept and breaks at once: 3 -> 2 -> 1.5 -> 1.25)
   assert gains == [[1.0, 2.0], [1.0, 1.5], [2.5, 1.25]]
-  np.testing.assert_array_equal(np.asarray(state.pending_match), [0, 0])
+  np.testing.assert_array_equal(np.asarray(state.pending_ngram), [0, 0])
   unseen = dataclasses.replace(state_with([np.nan, np.nan], [1, 1]))
   shown = observe(
     proposer,
@@ -340,12 +333,11 @@ def test_a_round_teaches_its_gain_and_a_draft_round_the_chains(tiny):
   # Draft gains move halfway to 5 (row 0: with a match, row 1: without); row 0's 2-gram chain
   # would have given 2 tokens + the bonus = 3; row 1 had no chain.
   np.testing.assert_allclose(np.asarray(after.draft_gain), [[4, 4.5], [4.5, 4]])
-  np.testing.assert_allclose(np.asarray(after.copy_gain), np.full((2, BUCKETS), 3.0))
+  np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 3, 3], [3, 3, 3]])
   assert np.asarray(after.since_draft).tolist() == [0, 0] and list(np.asarray(after.rounds_by_kind)) == [0, 0, 1]
   plan = plan_of(COPY, [[7, 8, 9]] * 2, [2, 0], [9, 9], valid)
   after = observe(proposer, after, plan, [2, 1], [True, False], history, [8, 8])
-  # (row 1 inactive)
-  np.testing.assert_allclose(np.asarray(after.copy_gain), jnp.full((2, BUCKETS), 3.0).at[0, 1].set(2.5))
+  np.testing.assert_allclose(np.asarray(after.copy_gain), [[3, 2.5, 3], [3, 3, 3]])  # row 1 inactive
   assert np.asarray(after.since_draft).tolist() == [1, 1]  # (row 1, inactive, counts for neither)
 
 
@@ -359,10 +351,10 @@ def test_an_unseen_gain_is_guessed_until_its_first_sighting_replaces_it(tiny):
   plan = plan_of(COPY, [[7, 8, 9, 5]], [2], [7])
   history = [HISTORY[0] + [0] * 6]
   after = observe(proposer, state, plan, [1], [True], history, [6])
-  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), unseen_but(1, 1.0))  # seen whole
+  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 1.0, np.nan])  # seen whole
   assert int(plan_for(proposer, after, HISTORY[:1], [6]).kind) == AR
   after = observe(proposer, after, plan, [5], [True], history, [6])
-  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), unseen_but(1, 3.0))  # then by ema
+  np.testing.assert_array_equal(np.asarray(after.copy_gain[0]), [np.nan, 3.0, np.nan])  # then by ema
   assert np.isnan(np.asarray(after.draft_gain)).all()
 
 
@@ -370,10 +362,10 @@ def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them_and_the_wait
   state = state_with([1.0, 3.0], [1, 1, 1], draft_gain=[[np.nan, 4.0], [np.nan, 6.0]], explore_after=64)
   state = dataclasses.replace(state, copy_gain=state.copy_gain.at[0, 2].set(np.nan))
   learnt = Adaptive.learnt(state)
-  np.testing.assert_array_equal(learnt.copy_gain, jnp.full(BUCKETS, 2.0).at[2].set(3.0))
+  np.testing.assert_array_equal(learnt.copy_gain, [2.0, 2.0, 3.0])
   np.testing.assert_array_equal(learnt.draft_gain, [np.nan, 5.0])
   started = Adaptive.with_learnt(state_with([np.nan] * 3, [1, 1, 1], draft_gain=[[np.nan] * 2] * 3), learnt)
-  np.testing.assert_array_equal(np.asarray(started.copy_gain), [jnp.full(BUCKETS, 2.0).at[2].set(3.0)] * 3)
+  np.testing.assert_array_equal(np.asarray(started.copy_gain), [[2.0, 2.0, 3.0]] * 3)
   np.testing.assert_array_equal(np.asarray(started.draft_gain), [[np.nan, 5.0]] * 3)
   assert np.asarray(started.explore_after).tolist() == [32, 32]  # (each generation's text is new)
 

@@ -55,7 +55,7 @@ def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_pa
     seconds = sum(count * PRICES_MS[kind] / 1e3 for kind, count in kinds.items())
     assert abs(g["priced_tokens_per_second"] - 5 / seconds) < 1e-6 * g["priced_tokens_per_second"]
     assert len(g["draft_gain_without_with_match"]) == 2 and len(g["explore_after"]) == 2
-    assert len(g["chain_gain_by_match"]) == len(g["copy_gain_by_match"])
+    assert len(g["chain_gain_by_ngram"]) == len(g["copy_gain_by_ngram"])
   assert "explore after" in capsys.readouterr().out
 
 
