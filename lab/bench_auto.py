@@ -187,6 +187,11 @@ def main(argv=None):
           run(proposer, params, prompt)  # (untimed: module docstring)
           runs[label].append(generation(run(proposer, params, prompt)))
     result["sets"][set_name] = {"generations": runs, "summary": summary(runs)}
+    result["rows"] = [  # (the summaries as one table)
+      {"set": name, "variant": label, **row}
+      for name, one in result["sets"].items()
+      for label, row in one["summary"].items()
+    ]
     print(
       f"{set_name}: variant                | ms/round | vs pld | tokens/s | tau  | ms/round over prices"
       " | rounds by kind"

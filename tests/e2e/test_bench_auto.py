@@ -58,6 +58,7 @@ def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, 
   ]
   assert rows["pld"]["ms_per_round_vs_pld"] == 1.0 and rows["pld"]["rounds_by_kind"] is None
   assert all(len(g) == 1 for g in result["sets"]["code"]["generations"].values())  # 1 prompt x 1 repeat
+  assert [(r["set"], r["variant"]) for r in result["rows"]] == [("code", label) for label in rows]
   assert set(rows["auto, no draft"]["rounds_by_kind"]) == {"ar", "chain", "copy"}  # (two continuations)
   assert out.with_suffix(".png").stat().st_size > 0 and "auto, copy only" in capsys.readouterr().out
 
