@@ -759,9 +759,9 @@ def generate(
         memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
         previous_done = time.perf_counter()
         calibration_seconds = previous_done - t1
-      else:
-        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(table.seconds)))
-      round_seconds = list(table.seconds)
+      else:  # (as the generations before realized them: `Prices.current`)
+        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(table.current())))
+      round_seconds = list(table.current()) if table.complete else list(table.seconds)
 
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
@@ -799,6 +799,9 @@ def generate(
     decode_seconds = time.perf_counter() - t1
   if decoding.multi_kind:
     memory.learnt[learnt_key] = decoding.proposer.learnt(state.proposal)
+    if not calibration_seconds:  # (its rounds by kind and time, for the next one's prices)
+      rounds_by_kind = np.asarray(state.proposal.rounds_by_kind)
+      memory.prices.remember(key, table.with_generation(rounds_by_kind, decode_seconds))
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]

@@ -6,18 +6,19 @@ much the cheaper at a large target's long contexts, where a tree's attention is
 compute-bound), COPY (prompt lookup's continuations as a trie) and DRAFT (the draft's beam
 tree with the same continuations grafted in, when a draft is named).
 
-A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer takes
-the kind with the most gain / cost over the batch's running sequences. The costs are
-measured on the device for this target and context (`prices`); a change of kind has its
-own price, spread over `run` rounds so that the choice does not flap. The gains are moving
-averages per sequence: the draft's tree's, and the continuations' per matched n-gram length
-(the trie's and the first continuation's apart), learnt also in rounds of other kinds by
-setting their continuations against the tokens emitted after them. An unseen gain counts
-as half the tree's depth, so each kind gets tried; a generation starts from the gains the
-previous one learnt (`Learnt`). A draft round runs after at most `explore_every` rounds
-without one, per case (with and without a match); a forced round that loses doubles that
-wait, one that wins is followed by another. The choice depends on earlier rounds only, so
-every round's tokens keep the target's law (greedy: AR's tokens).
+A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
+takes the kind with the most gain / cost over the batch's running sequences. The costs are
+measured on the device for this target and context, then corrected by what the generations
+that chose by them paid (`prices`); a change of kind has its own price, spread over `run`
+rounds so that the choice does not flap. The gains are moving averages per sequence: the
+draft's tree's, and the continuations' per matched n-gram length (the trie's and the first
+continuation's apart), learnt also in rounds of other kinds by setting their continuations
+against the tokens emitted after them. An unseen gain counts as half the tree's depth, so
+each kind gets tried; a generation starts from the gains the previous one learnt
+(`Learnt`). A draft round runs after at most `explore_every` rounds without one, per case
+(with and without a match); a forced round that loses doubles that wait, one that wins is
+followed by another. The choice depends on earlier rounds only, so every round's tokens
+keep the target's law (greedy: AR's tokens).
 """
 
 from __future__ import annotations

@@ -571,6 +571,13 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids
+  # The generation that chose by the prices is kept with them (not the one that measured
+  # them), and the next chooses by the prices it realized.
+  (table,) = engine.MEMORY.prices.measured.values()
+  assert [list(rounds) for rounds, _ in table.realized] == [list(again.stats.rounds_by_kind.values())]
+  third = generate(tiny, prompts, 120, decoding)
+  assert list(third.stats.round_seconds_by_kind.values()) == list(table.current())
+  assert third.token_ids == first.token_ids
 
 
 def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
