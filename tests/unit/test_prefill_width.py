@@ -1,4 +1,4 @@
-"""The engine's pure helpers (its generations are in tests/e2e/test_engine.py)."""
+"""The padded width of a prefill pass (`engine.prefill_width`; generations are in tests/e2e/test_engine.py)."""
 
 from longspec_jax.engine import prefill_width
 
