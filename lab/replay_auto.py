@@ -3,13 +3,14 @@
 Greedy decoding writes one text whatever the method, so a round's outcome is known from
 that text alone: a tree emits the longest path of it that the text continues, and one
 token more. This replays `auto` (without a draft: its copy kinds need no model) over the
-AR texts of an `infer.benchmark` results JSON (its `ar` rows keep each prompt's text),
-round by round through the proposer's own `plan` and `observe`, each round priced at that
-JSON's `auto` row's measured seconds per kind; and beside it every single kind alone
-(every round of that kind), priced alike. So the policy is compared with each kind on the
-very texts and prices of a GPU run, in seconds of CPU time: per prompt, `auto`'s tokens
-per second at those prices over the best single kind's. What the prices leave out (the
-cost of choosing, per-generation costs) is measured on the device (`lab.bench_auto`).
+AR texts of an `infer.benchmark --keep-texts` results JSON (its `ar` rows keep each prompt
+and its text), round by round through the proposer's own `plan` and `observe`, each round
+priced at that JSON's `auto` row's measured seconds per kind; and beside it every single
+kind alone (every round of that kind), priced alike. So the policy is compared with each
+kind on the very texts and prices of a GPU run, in seconds of CPU time: per prompt,
+`auto`'s tokens per second at those prices over the best single kind's. What the prices
+leave out (the cost of choosing, per-generation costs) is measured on the device
+(`lab.bench_auto`).
 
   python -m infer.benchmark --methods ar auto --sets held-out --keep-texts --out results.json  # (a GPU)
   python -m lab.replay_auto --texts results.json
