@@ -173,9 +173,11 @@ def test_cape_tree_is_the_chain_with_leaves_sized_by_confidence(seed, batch, gam
   top = np.stack([np.stack([rng.permutation(50)[: 1 + cape.most] for _ in range(gamma)]) for _ in range(batch)])
   confidence = rng.uniform(0.01, 1.0, (batch, gamma)).astype(np.float32)
   root = rng.integers(0, 50, batch)
-  tree = cape_tree(jnp.asarray(root), jnp.asarray(top), jnp.asarray(confidence), cape)
+  # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
+  tree = jax.jit(cape_tree, static_argnums=3)(jnp.asarray(root), jnp.asarray(top), jnp.asarray(confidence), cape)
   assert tree.size == cape.tree_size
-  computed = Tree(tree.tokens, tree.parents, tree.depths, tree.valid).ancestor_mask()
+  computed = jax.jit(lambda t: Tree(t.tokens, t.parents, t.depths, t.valid).ancestor_mask())(tree)
+  tree = jax.tree.map(np.asarray, tree)  # (read element by element below: on the host)
   np.testing.assert_array_equal(tree.ancestors, computed)
   sizes = {0.3: 7, 0.6: 5, 0.8: 3, 1.0: 1}
   for b in range(batch):
