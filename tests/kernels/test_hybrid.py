@@ -24,8 +24,9 @@ def test_pallas_hybrid_matches_reference(seed, nodes, cache_len, group, dtype):
   mask = random_ancestor_mask(rng, 2, nodes)
   positions = lengths[:, None] + jnp.arange(nodes)[None]
   args = (q, k_cache, v_cache, lengths, k_new, v_new, mask, positions)
-  out = hybrid_attention(*args, impl=Impl.PALLAS)
-  ref = hybrid_attention(*args, impl=Impl.REFERENCE)
+  # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
+  out = jax.jit(hybrid_attention, static_argnames="impl")(*args, impl=Impl.PALLAS)
+  ref = jax.jit(hybrid_attention, static_argnames="impl")(*args, impl=Impl.REFERENCE)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
@@ -71,8 +72,10 @@ def test_invariant_hybrid_matches_reference(seed, nodes, cache_len, group, dtype
   mask = random_ancestor_mask(rng, 2, nodes)
   positions = lengths[:, None] + _depths(mask)
   args = (q, k_cache, v_cache, lengths, k_new, v_new, mask, positions, window)
-  out = hybrid_attention(*args, impl=Impl.PALLAS, invariance=Invariance.FULL)
-  ref = hybrid_attention(*args, impl=Impl.REFERENCE)
+  # (jitted, as above; the window is static)
+  run = jax.jit(hybrid_attention, static_argnums=8, static_argnames=("impl", "invariance"))
+  out = run(*args, impl=Impl.PALLAS, invariance=Invariance.FULL)
+  ref = run(*args, impl=Impl.REFERENCE)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
