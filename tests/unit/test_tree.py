@@ -40,9 +40,11 @@ def reference_ancestors(parents, valid):
 def test_ancestors_and_positions_match_python_reference(seed, batch, size):
   rng = np.random.default_rng(seed)
   tree, parents, depths, valid, _, _ = random_tree(rng, batch, size, vocab=64)
-  ancestors = np.asarray(tree.ancestor_mask())
   lengths = rng.integers(0, 100, size=batch)
-  np.testing.assert_array_equal(np.asarray(tree.positions(jnp.asarray(lengths))), lengths[:, None] + depths)
+  # (jitted: one program instead of every op compiled eagerly for this example's shapes)
+  ancestors, positions = jax.jit(lambda t, n: (t.ancestor_mask(), t.positions(n)))(tree, jnp.asarray(lengths))
+  ancestors = np.asarray(ancestors)
+  np.testing.assert_array_equal(np.asarray(positions), lengths[:, None] + depths)
   for b in range(batch):
     np.testing.assert_array_equal(ancestors[b], reference_ancestors(parents[b], valid[b]))
 
@@ -80,6 +82,7 @@ def test_graft_chains_is_a_trie_insert(seed, batch, size, chains, gamma):
   valid = np.arange(gamma)[None, None, :] < rng.integers(0, gamma + 1, (batch, chains, 1))
   # (jitted: one program instead of every op compiled eagerly for this example's shapes)
   grafted = jax.jit(graft_chains)(tree, jnp.asarray(drafted, jnp.int32), jnp.asarray(valid))
+  tree, grafted = (jax.tree.map(np.asarray, t) for t in (tree, grafted))  # (read element by element: on the host)
   assert grafted.size == size + chains * gamma
   for b in range(batch):
     want = paths_of(tree, b) | {
