@@ -311,13 +311,16 @@ def test_padded_trees_accept_and_walk_as_the_tree(seed, size, extra):
   bigger = tree.padded(size + extra)
   assert bigger.size == size + extra and tree.padded(size) is tree
   target_padded = np.concatenate([target, rng.integers(0, 64, (2, extra))], axis=1)
-  a = accept_greedy(tree, jnp.asarray(target, jnp.int32), tree.ancestor_mask())
-  b = accept_greedy(bigger, jnp.asarray(target_padded, jnp.int32), bigger.ancestor_mask())
+  # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
+  greedy = jax.jit(lambda tree, target: accept_greedy(tree, target, tree.ancestor_mask()))
+  a = greedy(tree, jnp.asarray(target, jnp.int32))
+  b = greedy(bigger, jnp.asarray(target_padded, jnp.int32))
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y)[:, : x.shape[1]] if x.ndim > 1 else np.asarray(y))
   p = jnp.asarray(rng.dirichlet(np.ones(64), (2, size + extra)), jnp.float32)
-  stop, residual = walk_outcomes(tree, p[:, :size], tree.ancestor_mask())
-  stop_padded, residual_padded = walk_outcomes(bigger, p, bigger.ancestor_mask())
+  walk = jax.jit(lambda tree, p: walk_outcomes(tree, p, tree.ancestor_mask()))
+  stop, residual = walk(tree, p[:, :size])
+  stop_padded, residual_padded = walk(bigger, p)
   np.testing.assert_allclose(np.asarray(stop_padded), np.pad(np.asarray(stop), ((0, 0), (0, extra))), atol=1e-7)
   np.testing.assert_allclose(np.asarray(residual_padded)[:, :size], np.asarray(residual), atol=1e-7)
 
