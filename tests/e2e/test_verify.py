@@ -47,8 +47,13 @@ def reference_accept(parents, valid, tokens, target):
 def test_random_trees_match_python_reference(seed, batch, size):
   rng = np.random.default_rng(seed)
   tree, parents, depths, valid, tokens, target = random_tree(rng, batch, size, vocab=64)
-  acceptance = accept_greedy(tree, jnp.asarray(target, jnp.int32), tree.ancestor_mask())
-  emitted = np.asarray(emitted_tokens(tree, acceptance))
+
+  @jax.jit  # (one program instead of every op compiled eagerly for this example's shapes)
+  def run(tree, target):
+    acceptance = accept_greedy(tree, target, tree.ancestor_mask())
+    return acceptance, emitted_tokens(tree, acceptance)
+
+  acceptance, emitted = jax.tree.map(np.asarray, run(tree, jnp.asarray(target, jnp.int32)))  # (read on the host)
   for b in range(batch):
     path, bonus = reference_accept(parents[b], valid[b], tokens[b], target[b])
     count = int(acceptance.count[b])
