@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from lab.trace_auto import read_prices
 from longspec_jax import cli
 from longspec_jax.decoding.tree import Tree
+from longspec_jax.decoding.verify import accept_greedy
 from longspec_jax.errors import UserError
 from longspec_jax.methods.auto import CHOOSE, Adaptive
 from longspec_jax.methods.factory import make_proposer
@@ -46,14 +47,13 @@ class Committed:
 
 
 def emitted(tree: Tree, text: jax.Array, lengths: jax.Array) -> jax.Array:
-  """Tokens [B] a greedy round of `tree` emits where the target writes `text [B, S]`
-  (the root at index `lengths [B]`): its longest path that the text continues, and the
-  target's token after it."""
-  index = lengths[:, None] + tree.depths  # [B, N]: each node's index in the text
-  at = jnp.take_along_axis(text, jnp.minimum(index, text.shape[1] - 1), axis=1)
-  agrees = tree.valid & (index < text.shape[1]) & ((tree.tokens == at) | (tree.depths == 0))  # [B, N]
-  on_text = jnp.all(~tree.ancestor_mask() | agrees[:, None, :], axis=2)  # [B, N]: the node's path is the text's
-  return 1 + jnp.max(jnp.where(on_text & tree.valid, tree.depths, 0), axis=1)
+  """Tokens [B] a greedy round of `tree` emits where the target writes `text [B, S]` (the
+  root at index `lengths [B]`): the engine's acceptance (`verify.accept_greedy`) with the
+  text's next token as the target's after each node. Past the text's end that token is its
+  last, so a count there runs over what the text holds (the caller bounds it)."""
+  after = lengths[:, None] + tree.depths + 1  # [B, N]: the index of the token after each node
+  target = jnp.take_along_axis(text, jnp.minimum(after, text.shape[1] - 1), axis=1)
+  return accept_greedy(tree, target, tree.ancestor_mask()).count
 
 
 @functools.partial(jax.jit, static_argnums=0)
