@@ -8,7 +8,8 @@ included), the split of decode time into drafting, verification and the rest, an
 the method wrote AR's text; the JSON also holds each row's acceptance per tree depth
 (`engine.acceptance_by_depth`), and with `--keep-texts` each prompt and its AR text. Each
 configuration is warmed up (compiled) once before it is timed, and a timed generation that
-still compiled runs again, the second run timed (the JSON keeps what it compiled). Writes JSON with `--out`.
+still compiled runs again, the second run timed (the JSON keeps what it compiled). Writes
+JSON with `--out`.
 
 Methods are compared on identical text: in bfloat16 the rounds run batch-invariant by
 default (every lossless method then writes AR's text, bit for bit), and AR with the

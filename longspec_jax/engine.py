@@ -759,9 +759,10 @@ def generate(
         memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
         previous_done = time.perf_counter()
         calibration_seconds = previous_done - t1
+        round_seconds = list(table.seconds)
       else:  # (as the generations before realized them: `Prices.current`)
-        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, list(table.current())))
-      round_seconds = list(table.current()) if table.complete else list(table.seconds)
+        round_seconds = list(table.current())
+        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, round_seconds))
 
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
