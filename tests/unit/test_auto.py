@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from lab.replay_auto import replay
-from longspec_jax.methods.auto import Adaptive
+from longspec_jax.methods.auto import CHOOSE, Adaptive, Kind
 from longspec_jax.methods.prompt_lookup import PromptLookup
 
 AUTO = Adaptive(lookup=PromptLookup(num_tokens=8, matches=2))
@@ -23,8 +23,8 @@ def fresh(n):
 
 
 def run(prompt, text, seconds, force=None):
-  kinds = {"ar": 0, "chain": 1, "copy": 2}
-  force = -1 if force is None else kinds[force]
+  """The replay's result; `force`: a kind's name, every round of it."""
+  force = CHOOSE if force is None else AUTO.index(Kind(force))
   result, _ = replay(AUTO, prompt, text, seconds, AUTO.nothing_learnt(), force=force)
   return result
 
