@@ -292,9 +292,17 @@ def prefill(
 
 
 @gemm.jit(static_argnames=("graphdef", "proposer"))
-def _start_proposer(graphdef, params, proposer, proposer_params, cache, history):
+def _start_proposer(graphdef, params, proposer, proposer_params, cache, history, carried):
+  """The proposer's state after prefill; `carried`: a multi-kind proposer's gains learnt
+  and prices (`generate`), set in the same program ({} for other proposers)."""
   model = nnx.merge(graphdef, params)
-  return proposer.start(proposer_params, target=model, cache=cache, history=history)
+  return proposer.start(proposer_params, target=model, cache=cache, history=history, **carried)
+
+
+def cache_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, proposer) -> int:
+  """Positions the cache holds: the longest prompt, the new tokens and one verified tree,
+  rounded up to a multiple of 128."""
+  return -(-(max(map(len, prompts)) + max_new_tokens + verified_size(proposer)) // 128) * 128
 
 
 def verified_size(proposer) -> int:
@@ -523,15 +531,16 @@ def start(
   seed: int | Sequence[int] = 0,
   prefill_chunk: int | None = None,
   on_prefill: Callable[[int, int], None] | None = None,
+  carried: dict | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
-  `decode_chunk` continues. The cache holds prompt + `max_new_tokens` + one verified tree.
-  `seed`: one a prompt, or one int, row b then drawing with seed + b (`generate`)."""
+  `decode_chunk` continues. The cache holds `cache_length` positions. `seed`: one a prompt,
+  or one int, row b then drawing with seed + b (`generate`). `carried`: what a multi-kind
+  proposer starts from (`MultiKind.start`'s `learnt` and `seconds`)."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
-  longest = max(map(len, prompts))
-  max_len = -(-(longest + max_new_tokens + verified_size(decoding.proposer)) // 128) * 128
+  max_len = cache_length(prompts, max_new_tokens, decoding.proposer)
   seeds = [seed + row for row in range(len(prompts))] if isinstance(seed, int) else list(seed)
   if len(seeds) != len(prompts):
     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one a prompt, or one int.")
@@ -546,7 +555,9 @@ def start(
   first = np.asarray(root)
   history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
   history = jnp.asarray(history)
-  proposal = _start_proposer[model.compilation()](graphdef, params, decoding.proposer, proposer_params, cache, history)
+  proposal = _start_proposer[model.compilation()](
+    graphdef, params, decoding.proposer, proposer_params, cache, history, carried or {}
+  )
   jax.block_until_ready(proposal)
   done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth)
@@ -694,6 +705,23 @@ def generate(
   memory = MEMORY if memory is None else memory
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
     raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
+  carried = None
+  if decoding.multi_kind:  # what earlier generations learnt and measured, set as the state starts
+    learnt_key = (decoding, model.config)
+    key = prices.cost_key(
+      model,
+      decoding.proposer,
+      proposer_params,
+      decoding.sampling,
+      len(prompts),
+      cache_length(prompts, max_new_tokens, decoding.proposer),
+    )
+    table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
+    seconds = table.current() if table.complete else table.seconds  # (as the generations before realized them)
+    carried = {
+      "learnt": memory.learnt.get(learnt_key) or decoding.proposer.nothing_learnt(),
+      "seconds": np.asarray([np.nan if price is None else price for price in seconds], np.float32),
+    }
   started = start(
     model,
     prompts,
@@ -703,6 +731,7 @@ def generate(
     seed=seed,
     prefill_chunk=prefill_chunk,
     on_prefill=on_prefill,
+    carried=carried,
   )
   state, first = started.state, started.first
   first_at = time.perf_counter()
@@ -741,17 +770,7 @@ def generate(
         on_tokens(tokens)
 
     if decoding.multi_kind:  # the measured price of each kind of round
-      # Set in every generation, the first too: the program that sets it compiles in the
-      # first (a warm-up), not inside the decode time of the first that starts from gains
-      # learnt (~0.4 s on an H100: that generation ran at 13% of prompt lookup's speed).
-      learnt_key = (decoding, model.config)
-      learnt = memory.learnt.get(learnt_key) or decoding.proposer.nothing_learnt()
-      state = dataclasses.replace(state, proposal=decoding.proposer.with_learnt(state.proposal, learnt))
-      key = prices.cost_key(
-        model, decoding.proposer, proposer_params, decoding.sampling, len(prompts), state.history.shape[1]
-      )
-      table = memory.prices.known(key)
-      if table is None or not table.complete:  # measured by the first rounds, which emit tokens as usual
+      if not table.complete:  # measured by the first rounds, which emit tokens as usual
         measured = prices.calibrate(decoding.proposer, run, state, emit, table)
         state, table, dispatched = measured.state, measured.prices, measured.rounds
         if measured.finished:
@@ -760,9 +779,8 @@ def generate(
         previous_done = time.perf_counter()
         calibration_seconds = previous_done - t1
         round_seconds = list(table.seconds)
-      else:  # (as the generations before realized them: `Prices.current`)
-        round_seconds = list(table.current())
-        state = dataclasses.replace(state, proposal=decoding.proposer.with_costs(state.proposal, round_seconds))
+      else:
+        round_seconds = list(seconds)
 
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every

@@ -157,12 +157,15 @@ class Adaptive:
     shape = {"tree_widths": None} if self.draft is None else self.draft.describe()
     return {**shape, **self.lookup.describe()}
 
-  def start(self, params, *, target, cache, history) -> AdaptiveState:
+  def start(self, params, *, target, cache, history, learnt: Learnt | None = None, seconds=None) -> AdaptiveState:
+    """The state after prefill, its gains started from what earlier generations `learnt`
+    and its prices the measured `seconds` per round of each kind, then of a change of kind
+    (NaN where not measured yet: calibration then forces each kind in turn)."""
     batch = history.shape[0]
     draft = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
     kinds = len(self.kinds)
     unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
-    return AdaptiveState(
+    state = AdaptiveState(
       draft=draft,
       copy_gain=unseen(),
       chain_gain=unseen(),
@@ -181,6 +184,8 @@ class Adaptive:
       pending_at=jnp.zeros((batch,), jnp.int32),
       pending_chained=jnp.zeros((batch,), bool),
     )
+    state = state if learnt is None else self.with_learnt(state, learnt)
+    return state if seconds is None else _with_costs(state, seconds)
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
@@ -341,8 +346,15 @@ class Adaptive:
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
-    """The state (donated) with every sequence's gains started from `learnt`."""
-    return _donated(_with_learnt, state, learnt)
+    """The state with every sequence's gains started from `learnt`."""
+    batch = state.copy_gain.shape[0]
+    by_ngram = lambda gain: jnp.broadcast_to(jnp.asarray(gain, jnp.float32), state.copy_gain.shape)
+    return dataclasses.replace(
+      state,
+      copy_gain=by_ngram(learnt.copy_gain),
+      chain_gain=by_ngram(learnt.chain_gain),
+      draft_gain=jnp.broadcast_to(jnp.asarray(learnt.draft_gain, jnp.float32), (batch, 2)),
+    )
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
     """The state (donated) with the measured seconds per round of each kind, then of a
@@ -380,16 +392,13 @@ def _forced(state: AdaptiveState, kind) -> AdaptiveState:
   return dataclasses.replace(state, force=kind)
 
 
-def _with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:
-  batch = state.copy_gain.shape[0]
-  by_ngram = lambda gain: jnp.broadcast_to(gain.astype(jnp.float32), state.copy_gain.shape)
+def _with_costs(state: AdaptiveState, seconds) -> AdaptiveState:
+  """The state choosing by `seconds` (NaN: not measured, the start's price kept)."""
+  seconds = jnp.asarray(seconds, jnp.float32)
+  costs, switch = seconds[:-1], seconds[-1]
   return dataclasses.replace(
     state,
-    copy_gain=by_ngram(learnt.copy_gain),
-    chain_gain=by_ngram(learnt.chain_gain),
-    draft_gain=jnp.broadcast_to(learnt.draft_gain.astype(jnp.float32), (batch, 2)),
+    costs=jnp.where(jnp.isnan(costs), state.costs, costs),
+    switch=jnp.where(jnp.isnan(switch), state.switch, switch),
+    force=jnp.int32(CHOOSE),
   )
-
-
-def _with_costs(state: AdaptiveState, seconds) -> AdaptiveState:
-  return dataclasses.replace(state, costs=seconds[:-1], switch=seconds[-1], force=jnp.int32(CHOOSE))

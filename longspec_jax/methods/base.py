@@ -42,15 +42,19 @@ class Proposer(Protocol):
 class MultiKind(Protocol):
   """A proposer that chooses each round's kind of tree on device (`auto.Adaptive`). The
   engine runs each kind's rounds as a loop of its own, with `plan` before each round and
-  `observe` after it, and carries what the proposer learnt (`learnt`, `with_learnt`) and
-  the measured price of each kind (`with_costs`) from one generation to the next. The
-  engine asks whether a proposer is one once, through `Decoding.multi_kind`."""
+  `observe` after it, and carries what the proposer learnt (`learnt`) and the measured
+  price of each kind from one generation to the next, into the next one's `start` (in the
+  program that starts the state: no call of its own inside the decode time) or, once
+  calibration measured them, `with_costs`. The engine asks whether a proposer is one once,
+  through `Decoding.multi_kind`."""
 
   kinds: tuple[Any, ...]
   tree_size: int
   depth: int
 
-  def start(self, params, *, target, cache, history) -> Any: ...
+  def start(self, params, *, target, cache, history, learnt, seconds) -> Any:
+    """The state after prefill, its gains from `learnt` and its prices `seconds` per round
+    of each kind, then per change of kind (NaN: not measured yet)."""
 
   def plan(self, state, *, cache, history, done) -> Any:
     """This round's kind (an index in `kinds`) and what its tree needs."""
@@ -64,8 +68,6 @@ class MultiKind(Protocol):
   def nothing_learnt(self) -> Any: ...
 
   def learnt(self, state) -> Any: ...
-
-  def with_learnt(self, state, learnt) -> Any: ...
 
   def with_costs(self, state, seconds: list[float]) -> Any: ...
 

@@ -368,6 +368,9 @@ def test_gains_learnt_are_averaged_over_the_sequences_that_saw_them_and_the_wait
   np.testing.assert_array_equal(np.asarray(started.copy_gain), [[2.0, 2.0, 3.0]] * 3)
   np.testing.assert_array_equal(np.asarray(started.draft_gain), [[np.nan, 5.0]] * 3)
   assert np.asarray(started.explore_after).tolist() == [32, 32]  # (each generation's text is new)
+  priced = Adaptive(PromptLookup()).with_costs(started, [np.nan, 2.0, 3.0, np.nan])  # (NaN: not measured yet)
+  np.testing.assert_array_equal(np.asarray(priced.costs), [1.0, 2.0, 3.0])
+  assert float(priced.switch) == 0.0
 
 
 @pytest.mark.parametrize("lag_rows", [5, longspec.LAG_ROWS])
@@ -564,10 +567,12 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   first = generate(tiny, prompts, 120, decoding)
   learnt = engine.MEMORY.learnt[(decoding, tiny.config)]
   np.testing.assert_array_equal(learnt.copy_gain, Adaptive.learnt(first.state.proposal).copy_gain)
-  started = []
-  monkeypatch.setattr(Adaptive, "with_learnt", staticmethod(lambda state, gains: started.append(gains) or state))
+  started, start = [], engine.start
+  monkeypatch.setattr(engine, "start", lambda *args, **kwargs: started.append(kwargs["carried"]) or start(*args, **kwargs))
   again = generate(tiny, prompts, 120, decoding)
-  assert started == [learnt]
+  (carried,) = started  # (the state starts from them: `Adaptive.start`)
+  np.testing.assert_array_equal(carried["learnt"].copy_gain, learnt.copy_gain)
+  np.testing.assert_array_equal(carried["seconds"], np.float32(list(first.stats.round_seconds_by_kind.values())))
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids
