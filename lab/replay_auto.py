@@ -27,6 +27,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lab.trace_auto import read_prices
 from longspec_jax import cli
@@ -80,8 +81,9 @@ def replay(proposer: Adaptive, prompt: list[int], text: list[int], seconds: list
   ids = jnp.asarray([prompt + text], jnp.int32)  # [1, S]
   lengths = jnp.asarray([len(prompt)], jnp.int32)  # the root: the token the prefill wrote
   end = len(prompt) + len(text) - 1
-  state = proposer.start(None, target=None, cache=Committed(lengths), history=ids)
-  state = proposer.with_costs(proposer.with_learnt(state, learnt), seconds)
+  state = proposer.start(
+    None, target=None, cache=Committed(lengths), history=ids, learnt=learnt, seconds=np.asarray(seconds, np.float32)
+  )
   if force != CHOOSE:
     state = proposer.forced(state, force)
   kinds, total, last = [], 0.0, None
