@@ -371,6 +371,7 @@ def test_real_model_glide_and_tokenswift_are_lossless(real_run):
   assert swift.token_ids == reference and swift.stats.mean_accepted_length > 1.5
 
 
+@pytest.mark.optimized
 def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
   """auto with LongSpec's draft (two continuations), its first rounds timed; an oracle tree
   with decoys accepted to its full depth."""
