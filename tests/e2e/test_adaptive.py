@@ -568,7 +568,12 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   learnt = engine.MEMORY.learnt[(decoding, tiny.config)]
   np.testing.assert_array_equal(learnt.copy_gain, Adaptive.learnt(first.state.proposal).copy_gain)
   started, start = [], engine.start
-  monkeypatch.setattr(engine, "start", lambda *args, **kwargs: started.append(kwargs["carried"]) or start(*args, **kwargs))
+
+  def starting(*args, **kwargs):
+    started.append(kwargs["carried"])
+    return start(*args, **kwargs)
+
+  monkeypatch.setattr(engine, "start", starting)
   again = generate(tiny, prompts, 120, decoding)
   (carried,) = started  # (the state starts from them: `Adaptive.start`)
   np.testing.assert_array_equal(carried["learnt"].copy_gain, learnt.copy_gain)

@@ -76,7 +76,8 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   ]
   assert run_cli(main, sampled, PROG) == 0, capsys.readouterr().err
   result = json.loads((tmp_path / "sampled.json").read_text())
-  assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] is None for r in result["rows"])
+  # (draws keyed by position, the default: every method samples AR's text)
+  assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] for r in result["rows"])
   assert result["rows"][2]["method"] == "glide[2,2]" and result["glide_draft"] == "random"
   swift = result["rows"][3]  # (the beam widths shape the draft methods' trees, not TokenSwift's)
   assert swift["method"] == "tokenswift" and swift["tree_widths"] == [1, 3, 3, 3] and result["heads"] == "random"

@@ -480,6 +480,7 @@ def assert_same_law(reference: np.ndarray, got: np.ndarray, label) -> None:
   assert p_value > 0.01, label
 
 
+@pytest.mark.optimized
 def test_sampled_speculation_matches_ar_statistically(tiny):
   """1,500 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's
   (rows drawing with other seeds than AR's), under each draw: a chi-square test of

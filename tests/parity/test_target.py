@@ -55,6 +55,7 @@ def test_logits_match_transformers(kind, tmp_path):
   np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.optimized
 def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   """The real model: logits on >= 512 tokens of real text, and 32 greedy tokens."""
   import transformers
