@@ -12,6 +12,7 @@ from helpers import run_cli
 PROG = "python -m lab.check_invariance"
 
 
+@pytest.mark.optimized
 def test_chain_equals_ar_steps_and_bad_input(tmp_path, capsys):
   out = tmp_path / "inv.json"
   assert run_cli(main, ["--context", "40", "--starts", "1", "--out", str(out)], PROG) == 0, capsys.readouterr().err
