@@ -12,10 +12,11 @@ still compiled runs again, the second run timed (the JSON keeps what it compiled
 JSON with `--out`.
 
 Methods are compared on identical text: in bfloat16 the rounds run batch-invariant by
-default (every lossless method then writes AR's text, bit for bit), and AR with the
-fastest kernels runs beside as a row of its own, `ar+fast-numerics`, the price of that;
-float32 needs nothing. `--no-batch-invariant` times the fastest kernels instead, whose
-texts leave AR's at logit ties (each row says where).
+default (every lossless method then writes AR's text, bit for bit, greedy or sampled with
+the default `--draw position`), and AR with the fastest kernels runs beside as a row of
+its own, `ar+fast-numerics`, the price of that; float32 needs nothing.
+`--no-batch-invariant` times the fastest kernels instead, whose texts leave AR's at logit
+ties (each row says where).
 
   python -m infer.benchmark --methods ar pld longspec --draft random --sets code docs \
       --lengths 1024 4096 7680 --out bench.json
@@ -184,7 +185,7 @@ def divergence(target, prompt: list[int], reference: list[int], other: list[int]
 
 def same_tokens(row: dict) -> str:
   if row["same_tokens_as_ar"] is None:
-    return "n/a (sampling)"
+    return "n/a (stream draws)"
   if row["same_tokens_as_ar"]:
     return "yes"
   if "divergences" not in row:  # (sampled)
