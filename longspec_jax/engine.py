@@ -271,23 +271,26 @@ def prefill(
   on_progress: Callable[[int, int], None] | None = None,
 ):
   """Fills a new cache with the prompts in passes of `chunk` tokens a sequence (default
-  `prefill_chunk_tokens`); returns (cache, hidden [B, E] at each last prompt token).
-  `on_progress(done, total)` is called after each pass has run (which then waits for the
-  device pass by pass, instead of queueing them all)."""
+  `prefill_chunk_tokens`); returns (cache, hidden [B, E] at each last prompt token). The
+  last pass is only as wide as `prefill_width` of what is left (a 640-token prompt in
+  512-token passes computes 512 + 128 tokens, not 1,024). `on_progress(done, total)` is
+  called after each pass has run (which then waits for the device pass by pass, instead of
+  queueing them all)."""
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
-  chunk = min(chunk or prefill_chunk_tokens(len(prompts)), prefill_width(longest))  # (short: less)
-  padded = _left_aligned(prompts, -(-longest // chunk) * chunk)
+  chunk = chunk or prefill_chunk_tokens(len(prompts))
+  passes = [(start, min(chunk, prefill_width(longest - start))) for start in range(0, longest, chunk)]
+  padded = _left_aligned(prompts, sum(width for _, width in passes))
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
-  for start in range(0, padded.shape[1], chunk):
+  for start, width in passes:
     cache, last_hidden = _prefill_chunk[model.compilation()](
-      graphdef, params, cache, padded[:, start : start + chunk], start, lengths, last_hidden, first=start == 0
+      graphdef, params, cache, padded[:, start : start + width], start, lengths, last_hidden, first=start == 0
     )
     if on_progress:
       jax.block_until_ready(last_hidden)
-      on_progress(min(start + chunk, longest), longest)
+      on_progress(min(start + width, longest), longest)
   return cache, last_hidden
 
 

@@ -25,13 +25,14 @@ def full_forward_hidden(model, tokens):
   return np.asarray(hidden)
 
 
-def test_chunked_prefill_equals_full_forward(tiny):
-  """Prompts of different lengths, chunks smaller than the prompts, per-sequence lengths;
-  one pass over the whole batch (causal over its own tokens, the cache still empty) the
-  same."""
+@pytest.mark.parametrize("chunk", [16, 40], ids=["equal-passes", "narrower-last-pass"])
+def test_chunked_prefill_equals_full_forward(tiny, chunk):
+  """Prompts of different lengths, chunks smaller than the prompts (45 tokens in passes of
+  40 end with one of 16), per-sequence lengths; one pass over the whole batch (causal over
+  its own tokens, the cache still empty) the same."""
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 211, size=n).tolist() for n in (45, 17, 32)]
-  cache, last_hidden = prefill(tiny, prompts, max_len=64, chunk=16)
+  cache, last_hidden = prefill(tiny, prompts, max_len=64, chunk=chunk)
   np.testing.assert_array_equal(np.asarray(cache.lengths), [45, 17, 32])
   one, one_last = prefill(tiny, prompts, max_len=64)  # (the default: one pass for these)
   np.testing.assert_array_equal(np.asarray(one.lengths), [45, 17, 32])
