@@ -43,6 +43,7 @@ from lab.shapes import SHAPES
 from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
+  add_batch_invariant_flag,
   add_gemm_flag,
   attention_impl,
   method_type,
@@ -252,6 +253,7 @@ def main(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"))
   add_attention_flag(p)
   add_gemm_flag(p)
+  add_batch_invariant_flag(p)
   p.add_argument("--top", type=positive_int, default=25, help="how many ops to list")
   add_sampling_flags(p)
   p.add_argument("--out", type=Path, required=True, help="a directory: profile.json, profile.png, the trace, HLO")
