@@ -2,25 +2,31 @@
 M of decoding (1 row), a tree verification (16-128 rows) and a draft pass, where the
 weights are the bytes that matter and must be read once, at memory bandwidth.
 
-The grid is (N / block_n, splits): program (j, s) streams w[K_s, j-th column block] for
-its share K_s of the contraction, one block_k step at a time; each step's weight tile is
-loaded once and multiplied with every `block_rows`-row block of x in turn, each into its
-own float32 accumulator; the program writes a float32 partial [M, block_n], and the partials
-of the splits are then added in split order. Enough programs to fill the GPU come from
-the column blocks times the splits, never from the rows.
+The grid is (N / block_n, splits, row groups): program (j, s, g) streams w[K_s, j-th
+column block] for its share K_s of the contraction, one block_k step at a time; each
+step's weight tile is loaded once and multiplied with each `block_rows`-row block of its
+group g of x's rows in turn, each into its own float32 accumulator; the program writes a
+float32 partial [its rows, block_n], and the partials of the splits are then added in
+split order. The programs that fill the GPU come from the column blocks times the splits;
+only where those are too few for it (a small model's narrow weights: SmolLM2's 576
+columns are 9 blocks) are the row blocks spread over groups, each group reading the
+weight tiles again (`row_groups`). On SmolLM2's shape at 4k (H200) a batch-invariant
+round over a 97-node trie took 1.85 ms so against 2.40 ms with every row in one program
+(docs/results.md, "Kernels").
 
 The weights may be a layer of a stack [L, K, N] named by an index read at run time (as
 the attention kernels read a layer of the stacked KV cache): inside the model's layer
 scan, a slice handed to a custom call would be a copy of that layer's weights per call.
 They may also be stored transposed, [N, K] (a tied LM head is the embedding [V, E]).
-Nothing of the weights is padded or copied: the edges of K and N are masked loads.
+Nothing is padded or copied: the edges of M, K and N are masked loads (a pad of x would
+be a kernel of its own before every product).
 
 Batch-invariant: every output element's sum runs over the same block_k steps, then the
 same splits, in the same order, through a product of the same row tile shape, whatever
-M is (the parameters depend on K and N only, and zero rows are never mixed into a real
-row's sum). So a row computes the same bits alone, as in AR decoding, and among a tree's
-69 rows, as in verification: speculative output can equal AR output exactly in bf16, not
-only up to ties.
+M is (the parameters depend on K and N only, zero rows are never mixed into a real row's
+sum, and which program a row block runs in does not change its sum). So a row computes
+the same bits alone, as in AR decoding, and among a tree's 69 rows, as in verification:
+speculative output can equal AR output exactly in bf16, not only up to ties.
 
 Reference twin: `matmul_reference` (XLA's dot with float32 accumulation).
 """
@@ -53,7 +59,11 @@ def matmul_reference(x: jax.Array, w: jax.Array, *, transposed: bool = False) ->
   return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def default_params(k: int, n: int, programs: int = 132, block_n: int | None = None) -> MatmulParams:
+# Programs a grid aims to fill: one wave on an H100 (132 SMs).
+PROGRAMS = 132
+
+
+def default_params(k: int, n: int, programs: int = PROGRAMS, block_n: int | None = None) -> MatmulParams:
   """Parameters from the weight's shape alone (so that they, and the sums, do not depend
   on the row count), the best rule of a sweep over Llama-3.1-8B's products at 1, 69 and
   128 rows on an H100 (docs/results.md, "Few-row matmuls"): column blocks of 128 where they
@@ -70,6 +80,14 @@ def default_params(k: int, n: int, programs: int = 132, block_n: int | None = No
   return MatmulParams(block_n=block_n, block_k=block_k, splits=splits)
 
 
+def row_groups(row_blocks: int, programs_without: int, programs: int = PROGRAMS) -> int:
+  """How many groups to spread `row_blocks` row blocks over, where the column blocks times
+  the splits make `programs_without` programs: as many as fill about `programs` (whole
+  multiples only), at most one per row block. Each group reads the weight tiles again, so
+  a grid that already fills the GPU keeps its rows in one group."""
+  return max(1, min(row_blocks, programs // programs_without))
+
+
 def _kernel(
   layer_ref,
   x_ref,
@@ -81,17 +99,20 @@ def _kernel(
   block_n: int,
   steps: int,
   steps_per_split: int,
+  m: int,
   k: int,
   n: int,
+  ragged: bool,
   transposed: bool,
   exact: bool,
 ):
-  # x_ref [M_pad, K_pad] (zero-padded); w_ref [L, K, N] or [L, N, K]; out_ref [M_pad, block_n] f32.
+  # x_ref [M, K]; w_ref [L, K, N] or [L, N, K]; out_ref [group rows, block_n] f32.
   layer = layer_ref[0]
-  j, s = pl.program_id(0), pl.program_id(1)
+  j, s, g = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   cols = pl.ds(j * block_n, block_n)
   col_ok = j * block_n + jnp.arange(block_n) < n
   row_blocks = out_ref.shape[0] // block_rows
+  first_row = g * out_ref.shape[0]
 
   def step(i, accs):
     ks = pl.ds(i * block_k, block_k)
@@ -101,10 +122,15 @@ def _kernel(
     else:
       tile, mask = w_ref.at[layer, ks, cols], k_ok[:, None] & col_ok[None, :]  # [block_k, block_n]
     w = plgpu.load(tile, mask=mask, other=0.0) if k % block_k or n % block_n else tile[...]
-    return tuple(
-      acc + plgpu.dot(x_ref[pl.ds(r * block_rows, block_rows), ks], w, trans_b=transposed, allow_tf32=not exact)
-      for r, acc in enumerate(accs)
-    )
+
+    def rows(r):  # [block_rows, block_k]: zeros past x's rows and columns (x is never padded)
+      at = first_row + r * block_rows
+      tile = x_ref.at[pl.ds(at, block_rows), ks]
+      if not ragged:
+        return tile[...]
+      return plgpu.load(tile, mask=(at + jnp.arange(block_rows) < m)[:, None] & k_ok[None, :], other=0.0)
+
+    return tuple(acc + plgpu.dot(rows(r), w, trans_b=transposed, allow_tf32=not exact) for r, acc in enumerate(accs))
 
   first = s * steps_per_split
   accs = jax.lax.fori_loop(
@@ -138,11 +164,13 @@ def matmul(
   params = params or default_params(k, n)
   rows = x.reshape(-1, k)
   m = rows.shape[0]
-  m_pad = pl.cdiv(m, params.block_rows) * params.block_rows
+  n_pad = pl.cdiv(n, params.block_n) * params.block_n
+  row_blocks = pl.cdiv(m, params.block_rows)
+  groups = row_groups(row_blocks, n_pad // params.block_n * params.splits)
+  group_rows = pl.cdiv(row_blocks, groups) * params.block_rows
+  m_pad = groups * group_rows
   steps = pl.cdiv(k, params.block_k)
   steps_per_split = pl.cdiv(steps, params.splits)
-  rows = jnp.pad(rows, ((0, m_pad - m), (0, steps * params.block_k - k)))  # x is small; w is never padded
-  n_pad = pl.cdiv(n, params.block_n) * params.block_n
   kernel = functools.partial(
     _kernel,
     block_rows=params.block_rows,
@@ -150,20 +178,22 @@ def matmul(
     block_n=params.block_n,
     steps=steps,
     steps_per_split=steps_per_split,
+    m=m,
     k=k,
     n=n,
+    ragged=m != m_pad or k % params.block_k != 0,
     transposed=transposed,
     exact=x.dtype == jnp.float32,
   )
   partials = pl.pallas_call(
     kernel,
-    grid=(n_pad // params.block_n, params.splits),
+    grid=(n_pad // params.block_n, params.splits, groups),
     in_specs=[
-      pl.BlockSpec((1,), lambda j, s: (0,)),
-      pl.BlockSpec(rows.shape, lambda j, s: (0, 0)),
-      pl.BlockSpec(w.shape, lambda j, s: (0, 0, 0)),
+      pl.BlockSpec((1,), lambda j, s, g: (0,)),
+      pl.BlockSpec(rows.shape, lambda j, s, g: (0, 0)),
+      pl.BlockSpec(w.shape, lambda j, s, g: (0, 0, 0)),
     ],
-    out_specs=pl.BlockSpec((None, m_pad, params.block_n), lambda j, s: (s, 0, j)),
+    out_specs=pl.BlockSpec((None, group_rows, params.block_n), lambda j, s, g: (s, g, j)),
     out_shape=jax.ShapeDtypeStruct((params.splits, m_pad, n_pad), jnp.float32),
     compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
     interpret=interpret,

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pallas_kernels.matmul import MatmulParams, default_params, matmul, matmul_reference
+from pallas_kernels.matmul import MatmulParams, default_params, matmul, matmul_reference, row_groups
 
 from helpers import DTYPES, SEEDS, examples
 
@@ -56,12 +56,16 @@ def test_leading_axes_and_default_params():
   assert params.splits > 1 and (4096 // params.block_n) * params.splits <= 132
   assert default_params(576, 960).block_k == 64  # SmolLM2's width: a step that divides it
   assert default_params(4096, 128256).block_k == 64 and default_params(4096, 4096).block_k == 128
+  # Rows spread over groups only where the columns and splits leave the GPU's programs idle.
+  assert row_groups(7, programs_without=9) == 7  # SmolLM2's 576 columns: a group per row block
+  assert row_groups(8, programs_without=27) == 4 and row_groups(1, programs_without=9) == 1
+  assert row_groups(5, programs_without=128) == 1  # Llama-3.1-8B's: the grid is full already
 
 
 def test_a_row_computes_the_same_bits_alone_and_among_others():
-  """Batch invariance: row i of a 69-row product equals the 1-row product of row i,
-  bit for bit (bf16 in, float32 sums in a fixed order), for a layer of a stacked weight
-  and for a transposed one."""
+  """Batch invariance: row i of a 69-row product (its rows in 5 groups) equals the 1-row
+  product of row i, bit for bit (bf16 in, float32 sums in a fixed order), for a layer of
+  a stacked weight and for a transposed one."""
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((69, 256)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((2, 256, 96)) / 16, jnp.bfloat16)
