@@ -8,9 +8,8 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_num_cpu_devices", 8)
     from flax import nnx
     jax.config.update("jax_default_matmul_precision", "highest")
     from longspec_jax.models.config import DraftConfig, TargetConfig
