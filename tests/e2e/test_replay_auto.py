@@ -29,9 +29,11 @@ def test_replays_each_prompt_beside_every_kind_and_refuses_a_json_without_texts(
   first, second = result["prompts"]
   assert first["auto"]["tau"] > 4 and first["chain"]["tau"] > 4  # (the text repeats the prompt)
   assert second["auto"]["rounds_by_kind"] == {"ar": 19, "chain": 0, "copy": 0}  # (nothing to copy)
-  assert second["auto_over_best_kind"] == 1.0
+  assert second["auto_over_best_kind"] == 1.0 and second["hindsight_over_best_kind"] == 1.0  # (AR: the best)
+  assert first["hindsight_over_best_kind"] >= 1.0  # (each round's best kind: at least the best one's rounds)
   assert result["auto_over_best_kind"]["min"] <= result["auto_over_best_kind"]["median"]
-  assert "auto / the best single kind" in capsys.readouterr().out
+  printed = capsys.readouterr().out
+  assert "auto / the best single kind" in printed and "best kind in hindsight / the best single kind" in printed
 
   ar.pop("per_prompt")
   texts.write_text(json.dumps({"rows": [ar, auto]}))
