@@ -14,8 +14,8 @@ from pathlib import Path
 # optimizations cost more compile time than they save in run time (the verification tests
 # take 28% less without them on 2 cores), and so do XLA:CPU's MLIR fusion emitters against
 # its older ones (the verification tests 182 -> 148 s, auto's lossless tests 88 -> 55 s, the
-# real model's as before). The tests marked `optimized`, which compute more, have LLVM's
-# optimizations back (`pytest_runtest_protocol`). Set before JAX starts its backend.
+# real model's as before). Tests marked `optimized` or `training` have them back
+# (`MARKED_OPTIONS`). Set before JAX starts its backend.
 flags = os.environ.get("XLA_FLAGS", "")
 UNOPTIMIZED = "optimization_level" not in flags and not any(
   importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")
@@ -95,26 +95,40 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.get_closest_marker("optimized") is None)
 
 
+# What a marked test's programs (its fixtures' too) compile with, whatever the suite's flags:
+# `optimized` tests run theirs long enough to pay for LLVM's optimizations (the real
+# SmolLM2's prefill of 1,280 tokens takes 7 s optimized, 17 s not); `training` tests run
+# train steps, which XLA:CPU's MLIR fusion emitters run faster (a TokenSwift heads run
+# 49 -> 32 s, 2 cores).
+MARKED_OPTIONS = {
+  "optimized": {"xla_backend_optimization_level": "2"},
+  "training": {"xla_cpu_use_fusion_emitters": True},
+}
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-  """An `optimized` test's programs (its fixtures' too) compile with LLVM's optimizations
-  whatever the suite's level: such a test runs them long enough to pay for the compile (the
-  real SmolLM2's prefill of 1,280 tokens takes 7 s optimized, 17 s not)."""
-  if item.get_closest_marker("optimized") is None or not UNOPTIMIZED:
+  """A marked test's programs compile with its marks' options (`MARKED_OPTIONS`)."""
+  options = {
+    key: value
+    for mark, marked in MARKED_OPTIONS.items()
+    if item.get_closest_marker(mark) is not None
+    for key, value in marked.items()
+  }
+  if not options or not UNOPTIMIZED:
     return (yield)
   from jax._src import compiler
 
-  unoptimized = compiler.get_compile_options
+  suite_options = compiler.get_compile_options
 
-  def optimized(*args, env_options_overrides=None, **kwargs):
-    overrides = {"xla_backend_optimization_level": "2", **(env_options_overrides or {})}
-    return unoptimized(*args, env_options_overrides=overrides, **kwargs)
+  def marked_options(*args, env_options_overrides=None, **kwargs):
+    return suite_options(*args, env_options_overrides={**options, **(env_options_overrides or {})}, **kwargs)
 
-  compiler.get_compile_options = optimized
+  compiler.get_compile_options = marked_options
   try:
     return (yield)
   finally:
-    compiler.get_compile_options = unoptimized
+    compiler.get_compile_options = suite_options
 
 
 # Mapped memory regions past which `release_compiled_programs` frees compiled programs:

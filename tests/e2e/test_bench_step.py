@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import lab.bench_step
@@ -15,6 +16,8 @@ from longspec_jax.models.target import random_model
 from train.step import TrainConfig
 
 from helpers import run_cli
+
+pytestmark = pytest.mark.training  # (train steps: `MARKED_OPTIONS` in conftest.py)
 
 TARGET = TargetConfig(
   vocab_size=97,

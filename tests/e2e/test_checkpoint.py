@@ -15,6 +15,8 @@ from longspec_jax.models.target import random_model
 from train.checkpoint import Checkpoints
 from train.step import TrainConfig, make_optimizer, make_train_step
 
+pytestmark = pytest.mark.training  # (train steps: `MARKED_OPTIONS` in conftest.py)
+
 TARGET = TargetConfig(
   vocab_size=128,
   hidden_size=32,

@@ -6,9 +6,13 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 from train.run import main
 
 from helpers import run_cli
+
+pytestmark = pytest.mark.training  # (train steps: `MARKED_OPTIONS` in conftest.py)
 
 PROG = "python -m train.run"
 

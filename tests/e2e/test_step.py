@@ -19,6 +19,8 @@ from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delay
 
 from helpers import real_texts
 
+pytestmark = pytest.mark.training  # (train steps: `MARKED_OPTIONS` in conftest.py)
+
 
 def test_delayed_cross_attention_matches_the_papers_slicing():
   """Algorithm 2: out[j:] = causal attention(Q[j:], K[:-j], V[:-j]), out[:j] = 0, for the
