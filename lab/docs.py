@@ -182,8 +182,8 @@ def usage_page() -> str:
     "The tests come in four tiers, by folder and marker: `pytest -m unit` (pure functions and",
     "small models, under a minute on 2 cores, no torch; `HYPOTHESIS_PROFILE=dev` draws fewer",
     "examples), `-m kernels` (the Pallas kernels against their jnp twins), `-m parity` (against",
-    "PyTorch transformers) and `-m e2e` (the commands and the real model). `pytest` runs them all;",
-    "`-m slow` adds the tests sized for a GPU.",
+    "PyTorch transformers) and `-m e2e` (the commands and the real model). `pytest` runs them all",
+    "(about 27 minutes on 2 cores); `-m slow` adds the tests sized for a GPU.",
   ]
   for section, modules in COMMANDS.items():
     lines += ["", f"## {section}"]
