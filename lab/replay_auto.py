@@ -10,8 +10,8 @@ kind alone (every round of that kind), priced alike. So the policy is compared w
 kind on the very texts and prices of a GPU run, in seconds of CPU time: per prompt,
 `auto`'s tokens per second at those prices over the best single kind's. Beside them, a
 ceiling no policy that learns from earlier rounds reaches: each round the kind that emits
-the most tokens per second there, known from the text (`hindsight`). What the prices
-leave out (the cost of choosing, per-generation costs) is measured on the device
+the most tokens per second there, known from the text (`replay`'s `hindsight`). What the
+prices leave out (the cost of choosing, per-generation costs) is measured on the device
 (`lab.bench_auto`).
 
   python -m infer.benchmark --methods ar auto --sets held-out --keep-texts --out results.json  # (a GPU)
@@ -76,10 +76,20 @@ def _round(proposer: Adaptive, kind, state, plan, text, lengths, remaining):
   return state, count
 
 
-def replay(proposer: Adaptive, prompt: list[int], text: list[int], seconds: list[float], learnt, force: int = CHOOSE):
+def replay(
+  proposer: Adaptive,
+  prompt: list[int],
+  text: list[int],
+  seconds: list[float],
+  learnt,
+  force: int = CHOOSE,
+  hindsight: bool = False,
+):
   """`proposer`'s generation of `text` after `prompt`, starting from `learnt`: its rounds
   by kind, its seconds at `seconds` (per kind, then a change of kind) and what it learnt.
-  `force`: every round of that kind (an index in `proposer.kinds`)."""
+  `force`: every round of that kind (an index in `proposer.kinds`); `hindsight`: every
+  round of the kind that emits the most tokens per second from there (each kind's round
+  tried on the known text), a ceiling no policy that learns from earlier rounds reaches."""
   ids = jnp.asarray([prompt + text], jnp.int32)  # [1, S]
   lengths = jnp.asarray([len(prompt)], jnp.int32)  # the root: the token the prefill wrote
   end = len(prompt) + len(text) - 1
@@ -89,38 +99,22 @@ def replay(proposer: Adaptive, prompt: list[int], text: list[int], seconds: list
   if force != CHOOSE:
     state = proposer.forced(state, force)
   kinds, total, last = [], 0.0, None
+  price = lambda kind: seconds[kind] + (seconds[-1] if last not in (None, kind) else 0.0)
   while int(lengths[0]) < end:
     plan = _plan(proposer, state, ids, lengths)
-    kind = int(plan.kind)
-    state, count = _round(proposer, proposer.kinds[kind], state, plan, ids, lengths, end - lengths)
+    if hindsight:
+      rounds = [_round(proposer, kind, state, plan, ids, lengths, end - lengths) for kind in proposer.kinds]
+      kind = max(range(len(rounds)), key=lambda i: int(rounds[i][1][0]) / price(i))
+      state, count = rounds[kind]
+    else:
+      kind = int(plan.kind)
+      state, count = _round(proposer, proposer.kinds[kind], state, plan, ids, lengths, end - lengths)
     lengths = lengths + count
-    total += seconds[kind] + (seconds[-1] if last not in (None, kind) else 0.0)
+    total += price(kind)
     kinds.append(kind)
     last = kind
   counts = {k.value: kinds.count(i) for i, k in enumerate(proposer.kinds)}
   return {"rounds_by_kind": counts, "seconds": total, "tau": (len(text) - 1) / len(kinds)}, proposer.learnt(state)
-
-
-def hindsight(proposer: Adaptive, prompt: list[int], text: list[int], seconds: list[float], learnt) -> float:
-  """Tokens per second at `seconds` of a generation of `text` whose every round is of the
-  kind that emits the most tokens per second from there (each kind's round tried on the
-  known text; a change of kind priced as in `replay`)."""
-  ids = jnp.asarray([prompt + text], jnp.int32)
-  lengths = jnp.asarray([len(prompt)], jnp.int32)
-  end = len(prompt) + len(text) - 1
-  state = proposer.start(
-    None, target=None, cache=Committed(lengths), history=ids, learnt=learnt, seconds=np.asarray(seconds, np.float32)
-  )
-  total, last = 0.0, None
-  while int(lengths[0]) < end:
-    plan = _plan(proposer, state, ids, lengths)
-    rounds = [_round(proposer, kind, state, plan, ids, lengths, end - lengths) for kind in proposer.kinds]
-    price = lambda i: seconds[i] + (seconds[-1] if last not in (None, i) else 0.0)
-    best = max(range(len(rounds)), key=lambda i: int(rounds[i][1][0]) / price(i))
-    state, count = rounds[best]
-    total += price(best)
-    lengths, last = lengths + count, best
-  return (len(text) - 1) / total
 
 
 def read_texts(path: Path) -> list[tuple[str, list[tuple[list[int], list[int]]]]]:
@@ -177,7 +171,7 @@ def main(argv=None):
         "auto": {**auto, "tokens_per_second": rate(auto)},
         **{n: {**run, "tokens_per_second": rate(run)} for n, run in alone.items()},
         "auto_over_best_kind": rate(auto) / best,
-        "hindsight_over_best_kind": hindsight(proposer, prompt, text, seconds, learnt) / best,
+        "hindsight_over_best_kind": rate(replay(proposer, prompt, text, seconds, learnt, hindsight=True)[0]) / best,
       }
       result["prompts"].append(row)
       kinds = "/".join(str(auto["rounds_by_kind"][n]) for n in names)
