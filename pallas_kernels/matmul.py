@@ -11,7 +11,7 @@ split order. The programs that fill the GPU come from the column blocks times th
 only where those are too few for it (a small model's narrow weights: SmolLM2's 576
 columns are 9 blocks) are the row blocks spread over groups, each group reading the
 weight tiles again (`row_groups`). On SmolLM2's shape at 4k (H200) a batch-invariant
-round over a 97-node trie took 1.85 ms so against 2.40 ms with every row in one program
+round over a 97-node trie took 1.85 ms against 2.40 ms with every row in one program
 (docs/results.md, "Kernels").
 
 The weights may be a layer of a stack [L, K, N] named by an index read at run time (as
