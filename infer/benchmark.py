@@ -83,6 +83,7 @@ class Variant(NamedTuple):
   vocab: int | None = None
   sparse: SparseVerify | None = None
   fast: bool = False  # the target's fastest numerics, not batch-invariant ones (the price row)
+  drafted: bool = True  # False: `auto` without the named draft (its row beside auto with it)
 
 
 def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
@@ -207,7 +208,8 @@ def main(argv=None):
   p.add_argument(
     "--draft",
     help="draft for longspec and auto: 'default' (shipped for the target; longspec's default),"
-    " 'random', a checkpoint dir, or 'none'; auto uses one only when named",
+    " 'random', a checkpoint dir, or 'none'; auto uses one only when named, and then runs"
+    " twice, without it (`auto`) and with it (`auto+draft`)",
   )
   p.add_argument("--glide-draft", help="GLIDE's draft for glide: 'default' (the default), 'random' or a checkpoint dir")
   p.add_argument(
@@ -297,8 +299,9 @@ def main(argv=None):
     m for m in args.methods if m[0] is not Method.AR
   ]  # AR first: the baseline of every ratio
   # A draft method once per tree and vocabulary subset (and per --sparse-verify P), each
-  # copying method once per continuation length and number.
-  variants = []
+  # copying method once per continuation length and number; `auto` with a draft also once
+  # without it, so that one run says what the draft adds.
+  variants, undrafted = [], set()
   for m, own_copies, own_matches in methods:
     if not m.copies:
       variants.append(Variant(m.value, m, (None, None), 0, None))
@@ -311,8 +314,15 @@ def main(argv=None):
             shape += "" if vocab is None else f"+vocab{vocab}"
             # (TokenSwift's continuations are its n-grams, their length 0 none of them)
             grams = m is Method.TOKENSWIFT and copies is not None
-            label = m.value + shape + (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "")
-            label += f"x{matches}" if matches else ""
+            suffix = (f"+gram{copies}" if grams else f"+copy{copies}" if copies else "") + (
+              f"x{matches}" if matches else ""
+            )
+            if m is Method.AUTO and m in treed:
+              if (copies, matches) not in undrafted:
+                undrafted.add((copies, matches))
+                variants.append(Variant(m.value + suffix, m, (None, None), copies, matches, drafted=False))
+              shape = "+draft" + shape
+            label = m.value + shape + suffix
             variants.append(Variant(label, m, tree_choice(spec, args), copies, matches, vocab=vocab))
             for fraction in (args.sparse_verify or ()) if m.reads_sparsely else ():
               variants.append(
@@ -411,8 +421,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
       baseline = None
-      for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast in variants:
-        draft = drafts[method.draft_kind, vocab] if specs[method] is not None else None
+      for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast, drafted in variants:
+        draft = drafts[method.draft_kind, vocab] if specs[method] is not None and drafted else None
         proposer, draft_params = make_proposer(
           method,
           draft,

@@ -81,9 +81,11 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   assert result["rows"][2]["method"] == "glide[2,2]" and result["glide_draft"] == "random"
   swift = result["rows"][3]  # (the beam widths shape the draft methods' trees, not TokenSwift's)
   assert swift["method"] == "tokenswift" and swift["tree_widths"] == [1, 3, 3, 3] and result["heads"] == "random"
-  auto = result["rows"][-1]  # its rounds by kind instead of one draft/verify split
-  assert auto["method"] == "auto[2,2]" and set(auto["rounds_by_kind"]) == {"ar", "copy", "draft"}
-  assert auto["draft_seconds_share"] is None
+  undrafted, auto = result["rows"][-2:]  # auto without the named draft, then with it
+  assert undrafted["method"] == "auto" and set(undrafted["rounds_by_kind"]) == {"ar", "copy"}
+  assert undrafted["tree_widths"] is None
+  assert auto["method"] == "auto+draft[2,2]" and set(auto["rounds_by_kind"]) == {"ar", "copy", "draft"}
+  assert auto["draft_seconds_share"] is None  # (its rounds by kind instead of one draft/verify split)
   assert all(p["compile_seconds"] == 0 for r in result["rows"] for p in r["per_prompt"])
 
 
