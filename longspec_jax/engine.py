@@ -720,10 +720,9 @@ def generate(
       cache_length(prompts, max_new_tokens, decoding.proposer),
     )
     table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
-    seconds = table.current() if table.complete else table.seconds  # (as the generations before realized them)
     carried = {
       "learnt": memory.learnt.get(learnt_key) or decoding.proposer.nothing_learnt(),
-      "seconds": np.asarray([np.nan if price is None else price for price in seconds], np.float32),
+      "seconds": np.asarray([np.nan if price is None else price for price in table.seconds], np.float32),
     }
   started = start(
     model,
@@ -781,9 +780,7 @@ def generate(
         memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
         previous_done = time.perf_counter()
         calibration_seconds = previous_done - t1
-        round_seconds = list(table.seconds)
-      else:
-        round_seconds = list(seconds)
+      round_seconds = list(table.seconds)
 
     def stream(chunk: _Chunk) -> bool:
       """Hands the chunk's tokens on, sizes the next chunks from its pace; whether every
@@ -821,9 +818,6 @@ def generate(
     decode_seconds = time.perf_counter() - t1
   if decoding.multi_kind:
     memory.learnt[learnt_key] = decoding.proposer.learnt(state.proposal)
-    if not calibration_seconds:  # (its rounds by kind and time, for the next one's prices)
-      rounds_by_kind = np.asarray(state.proposal.rounds_by_kind)
-      memory.prices.remember(key, table.with_generation(rounds_by_kind, decode_seconds))
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]

@@ -8,9 +8,8 @@ tree with the same continuations grafted in, when a draft is named).
 
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost over the batch's running sequences. The costs are
-measured on the device for this target and context, then corrected by what the generations
-that chose by them paid (`prices`); a change of kind has its own price, spread over `run`
-rounds so that the choice does not flap. The gains are moving averages per sequence: the
+measured on the device for this target and context (`prices`); a change of kind has its own
+price, spread over `run` rounds so that the choice does not flap. The gains are moving averages per sequence: the
 draft's tree's, and the continuations' per matched n-gram length (the trie's and the first
 continuation's apart), learnt also in rounds of other kinds by setting their continuations
 against the tokens emitted after them. An unseen gain counts as half the tree's depth, so

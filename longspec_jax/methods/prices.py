@@ -24,10 +24,11 @@ loop for another's, on a CPU through a call from the host): the same chunks with
 that each take the kind after the previous round's (`auto.CYCLE`), less their
 rounds' prices, leave a change a round beyond the first.
 
-The prices a generation chooses by are these corrected by the latest generations that
-chose by them: each one's decode time against its rounds of each kind, fitted by least
-squares with the measurement as a prior (`realized_prices`), so that a kind whose rounds
-cost more among the others than alone is priced at what it costs.
+A generation chooses by the prices as measured. Corrected instead by least squares over the
+decode times of the generations that chose by them, they drifted on the generations' noise
+(an H200's chain round from 1.50 to 1.74 ms, above the trie's 1.65, where it runs 0.2 ms
+cheaper alone), and a kind priced out was never run again to set its price right
+(docs/results.md, "End-to-end decoding").
 
 The rounds emit tokens as any other. A generation that ends first keeps the prices it
 finished and the chunks it timed, and the next one goes on from there: without that,
@@ -44,7 +45,6 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -87,12 +87,10 @@ PRICES_VERSION = 3
 @dataclasses.dataclass(frozen=True)
 class Prices:
   """Seconds per round of each kind, then seconds per change of kind (None: not measured
-  yet), the timed chunks (rounds run, seconds) of those still being measured, and the
-  latest generations that chose by them (rounds run of each kind, decode seconds)."""
+  yet), and the timed chunks (rounds run, seconds) of those still being measured."""
 
   seconds: tuple[float | None, ...]
   chunks: tuple[tuple[tuple[int, float], ...], ...]
-  realized: tuple[tuple[tuple[int, ...], float], ...] = ()
 
   @classmethod
   def none(cls, kinds: int) -> Prices:
@@ -102,23 +100,8 @@ class Prices:
   def complete(self) -> bool:
     return None not in self.seconds
 
-  def current(self) -> tuple[float, ...]:
-    """The prices to choose by (a complete table's): the measured ones as the generations
-    that chose by them realized them (`realized_prices`), the change of kind's as measured."""
-    return (*realized_prices(self.seconds[:-1], self.realized), self.seconds[-1])
-
-  def with_generation(self, rounds: Sequence[int], seconds: float) -> Prices:
-    """The table with one more generation realized: its rounds of each kind and its decode
-    seconds (the latest `REALIZED_KEPT` kept)."""
-    realized = (*self.realized, (tuple(int(r) for r in rounds), float(seconds)))
-    return dataclasses.replace(self, realized=realized[-REALIZED_KEPT:])
-
   def to_json(self) -> dict:
-    return {
-      "seconds": list(self.seconds),
-      "chunks": [[list(c) for c in chunks] for chunks in self.chunks],
-      "realized": [[list(rounds), seconds] for rounds, seconds in self.realized],
-    }
+    return {"seconds": list(self.seconds), "chunks": [[list(c) for c in chunks] for chunks in self.chunks]}
 
   @classmethod
   def from_json(cls, entry) -> Prices | None:
@@ -126,40 +109,9 @@ class Prices:
     try:
       seconds = tuple(None if s is None else float(s) for s in entry["seconds"])
       chunks = tuple(tuple((int(r), float(t)) for r, t in kind) for kind in entry["chunks"])
-      realized = tuple((tuple(int(r) for r in rounds), float(t)) for rounds, t in entry.get("realized", ()))
     except (TypeError, KeyError, ValueError, AttributeError):
       return None
-    return cls(seconds, chunks, realized) if len(seconds) == len(chunks) else None
-
-
-# Generations a price table keeps to correct its prices by, and the weight of the measured
-# prices among them: as many rounds of each kind as a generation of 256 copied tokens runs.
-REALIZED_KEPT = 64
-PRIOR_ROUNDS = 32
-
-
-def realized_prices(measured: Sequence[float], realized) -> list[float]:
-  """Per-round prices that best explain the `realized` generations' decode seconds (each a
-  fixed part, the same for all, plus its rounds of each kind at their prices), drawn
-  toward the `measured` ones as if `PRIOR_ROUNDS` rounds of each kind had cost those, and
-  kept within half and twice them. The measurement times a kind's rounds alone, in chunks
-  of one kind; a generation pays what its rounds cost among the others, which can differ
-  (an H100's trie rounds measured 2.03 ms where they ran at 2.24-2.40 alone;
-  docs/results.md, "End-to-end decoding")."""
-  measured = np.asarray(measured, np.float64)
-  if not realized:
-    return measured.tolist()
-  kinds = len(measured)
-  rounds = np.asarray([r for r, _ in realized], np.float64)  # [G, K]
-  seconds = np.asarray([t for _, t in realized], np.float64)  # [G]
-  prior = np.hstack([np.zeros((kinds, 1)), PRIOR_ROUNDS * np.eye(kinds)])  # [K, 1 + K]
-  for fixed in (True, False):  # (a fixed part below zero: fitted without one)
-    runs = np.hstack([np.full((len(realized), 1), 1.0 if fixed else 0.0), rounds])  # [G, 1 + K]
-    a, b = np.vstack([runs, prior]), np.concatenate([seconds, PRIOR_ROUNDS * measured])
-    solution = np.linalg.lstsq(a, b, rcond=None)[0]
-    if solution[0] >= 0:
-      break
-  return np.clip(solution[1:], measured / 2, measured * 2).tolist()
+    return cls(seconds, chunks) if len(seconds) == len(chunks) else None
 
 
 def price(chunks, switch: bool, repeats: int) -> float | None:

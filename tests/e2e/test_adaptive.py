@@ -531,13 +531,6 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   assert book.known(key) is None
 
 
-def test_a_price_is_read_from_the_fastest_chunks_and_counts_chunks_cut_short():
-  late = [(1, 8.5), (1, 15.0), (1, 8.6), (9, 20.5), (9, 30.0), (5, 14.5)]  # (a late 1- and 9-round chunk)
-  assert prices.price(late, switch=False, repeats=3) == 1.5
-  assert prices.price(late[:5], switch=False, repeats=3) is None  # (2 longer chunks: not yet)
-  assert prices.price([(1, 3.0)] * 3 + [(9, 2.0)] * 3, switch=True, repeats=3) == 0.0  # (a change costs nothing)
-
-
 def test_a_measurement_cut_short_keeps_its_prices_and_the_next_measures_the_rest(tiny, monkeypatch):
   """A generation that ends while its kinds are being timed keeps the prices it finished
   and the chunks it timed, a chunk cut short with the rounds it ran; the next one goes on
@@ -581,13 +574,6 @@ def test_a_later_generation_uses_the_kept_prices_and_starts_from_the_gains_learn
   assert first.stats.calibration_seconds > 0 and again.stats.calibration_seconds == 0
   assert again.stats.round_seconds_by_kind == first.stats.round_seconds_by_kind
   assert again.token_ids == first.token_ids
-  # The generation that chose by the prices is kept with them (not the one that measured
-  # them), and the next chooses by the prices it realized.
-  (table,) = engine.MEMORY.prices.measured.values()
-  assert [list(rounds) for rounds, _ in table.realized] == [list(again.stats.rounds_by_kind.values())]
-  third = generate(tiny, prompts, 120, decoding)
-  assert list(third.stats.round_seconds_by_kind.values()) == list(table.current())
-  assert third.token_ids == first.token_ids
 
 
 def test_a_generation_after_the_first_compiles_nothing(tiny, monkeypatch):
