@@ -62,6 +62,31 @@ def rows_of(entry: dict, data: dict) -> list[dict]:
   return rows
 
 
+def prompt_rows(entry: dict, data: dict) -> list[dict]:
+  """A benchmark's rows turned per prompt (the entry's `per_prompt`): for each set and
+  prompt, each method's `value` over the `baseline` method's on that prompt, and each of
+  `over_best` (name -> [method, [kinds]]) the method's value over the best of the kinds on
+  that prompt; a last row of medians."""
+  spec = entry["per_prompt"]
+  runs: dict[tuple, dict[str, dict]] = {}  # (set, prefill length) -> method -> row
+  for row in data["rows"]:
+    runs.setdefault((row["set"], row["prefill_tokens"]), {})[row["method"]] = row
+  rows = []
+  for (set_name, _), methods in runs.items():
+    for i in range(len(methods[spec["baseline"]]["per_prompt"])):
+      value = {method: row["per_prompt"][i][spec["value"]] for method, row in methods.items()}
+      rows.append(
+        {
+          "set": set_name,
+          "prompt": i + 1,
+          **{method: value[method] / value[spec["baseline"]] for method in value},
+          **{name: value[m] / max(value[k] for k in kinds) for name, (m, kinds) in spec.get("over_best", {}).items()},
+        }
+      )
+  numeric = [key for key in rows[0] if key not in ("set", "prompt")]
+  return rows + [{"set": "median", **{key: statistics.median(row[key] for row in rows) for key in numeric}}]
+
+
 def cell(value, fmt: str) -> str:
   if value is None:
     return "-"
@@ -141,7 +166,7 @@ def page(manifest: dict) -> str:
       lines += entry.get("text", [])
       if entry.get("text"):
         lines.append("")
-      lines += table(entry["columns"], rows_of(entry, data))
+      lines += table(entry["columns"], prompt_rows(entry, data) if "per_prompt" in entry else rows_of(entry, data))
       lines += [
         "",
         f"`{entry['command']}`",
