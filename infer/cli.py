@@ -226,18 +226,23 @@ def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
     cape.check_fits(vocab_size, node_budget(vocab_size), copy_tokens)
 
 
+def read_text(path: Path, what: str) -> str:
+  """The text of the file `path`; a missing or unreadable one is a `UserError` that calls it
+  `what`."""
+  try:
+    return path.read_text()
+  except FileNotFoundError:
+    raise UserError(f"{what} {path} does not exist.") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"{what} {path} is not readable text ({type(e).__name__}).") from None
+
+
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
   """The prompt's text, from the flag, a file or stdin ('-'); an empty one is refused."""
   if prompt_file == "-":
     prompt = sys.stdin.read()
   elif prompt_file is not None:
-    path = Path(prompt_file)
-    try:
-      prompt = path.read_text()
-    except FileNotFoundError:
-      raise UserError(f"prompt file {path} does not exist.") from None
-    except (UnicodeDecodeError, IsADirectoryError) as e:
-      raise UserError(f"prompt file {path} is not readable text ({type(e).__name__}).") from None
+    prompt = read_text(Path(prompt_file), "prompt file")
   if not prompt.strip():
     raise UserError("the prompt is empty; give at least one token of text.")
   return prompt

@@ -1,7 +1,9 @@
 """`python -m infer.generate`: generate text from a prompt with the target model.
 
 Text streams to stdout as it is made; a progress line goes to stderr; with --json the
-last stdout line is one JSON object with the token ids and timing statistics.
+last stdout line is one JSON object with the token ids and timing statistics. With
+--input, the prompts of a JSON Lines file are decoded in batches and their results
+appended to --output (`infer.batch_file`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
+from infer import batch_file
 from infer.cli import (
   CompileNotice,
   add_copy_flags,
@@ -42,12 +46,27 @@ from longspec_jax.errors import UserError
 from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
+BATCH = 8  # --input's prompts decoded together by default
+
 
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m infer.generate", description=__doc__.splitlines()[0])
   src = p.add_mutually_exclusive_group(required=True)
   src.add_argument("--prompt", help="the prompt text")
   src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
+  src.add_argument(
+    "--input",
+    type=Path,
+    help='a JSON Lines file of prompts, one object a line: {"prompt": ..., "chat": bool, "max_new_tokens":'
+    ' int, "seed": int, "id": ...} (all but prompt optional; the flags give the rest), decoded in batches',
+  )
+  p.add_argument(
+    "--output",
+    type=Path,
+    help="with --input: the JSON Lines file each record's result is appended to as its batch finishes (its"
+    " fields, line, text, token_ids and stats); records already in it are skipped, so a rerun resumes",
+  )
+  p.add_argument("--batch", type=positive_int, help=f"with --input: prompts decoded together (default {BATCH})")
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
@@ -84,6 +103,14 @@ def parse_args(argv=None):
   add_devices_flag(p)
   p.add_argument("--json", action="store_true", help="end stdout with one JSON line of results")
   args = p.parse_args(argv)
+  if args.input is not None and args.output is None:
+    p.error("--input needs --output, the file its results are appended to")
+  if args.input is None:
+    for flag, value in (("--output", args.output), ("--batch", args.batch)):
+      if value is not None:
+        p.error(f"{flag} goes with --input")
+  if args.input is not None and args.json:
+    p.error("--json prints one prompt's results; with --input each record's are in --output")
   if args.method in (Method.AR, Method.PLD):
     copy_flags = (("--copy-tokens", args.copy_tokens or None), ("--copy-matches", args.copy_matches))
     for flag, value in (
@@ -166,7 +193,19 @@ class PrefillBar:
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  prompt_text = read_prompt(args.prompt, args.prompt_file)
+  if args.input is not None:
+    records = batch_file.read_records(args.input)
+    output = batch_file.Output(args.output)  # (unwritable: said now, before the weights load)
+    todo = [r for r in records if r.key not in output.done]
+    if len(todo) < len(records):
+      print(
+        f"skipping {plural(len(records) - len(todo), 'record')} of {len(records)} already in {args.output}",
+        file=sys.stderr,
+      )
+    if not todo:
+      return
+  else:
+    prompt_text = read_prompt(args.prompt, args.prompt_file)
   mesh = device_mesh(args.devices)  # (before JAX runs anything: a CPU's devices are made for it)
   import jax
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
@@ -189,8 +228,16 @@ def main(argv=None) -> None:
   path = resolve_target(args.target)
   config = read_target_config(path)
   tokenizer = load_tokenizer(path)
-  prompt = encode_prompt(tokenizer, prompt_text, args.chat)
-  check_capacity(config, [prompt], args.max_new_tokens)
+  if args.input is not None:
+    prompts = [encode_prompt(tokenizer, r.prompt, r.chat(args.chat)) for r in todo]
+    for record, prompt in zip(todo, prompts):
+      try:
+        check_capacity(config, [prompt], record.max_new_tokens(args.max_new_tokens))
+      except UserError as e:
+        raise UserError(f"{args.input} line {record.line}: {e}") from None
+  else:
+    prompt = encode_prompt(tokenizer, prompt_text, args.chat)
+    check_capacity(config, [prompt], args.max_new_tokens)
   if uses_draft:
     resolve_draft(spec, args.target, method.draft_kind)
   if args.tree_widths and not uses_draft:
@@ -218,12 +265,8 @@ def main(argv=None) -> None:
       if uses_draft
       else None
     )
-    print(
-      f"loaded in {time.perf_counter() - t0:.1f} s; prompt {plural(len(prompt), 'token')}; method {method}",
-      file=sys.stderr,
-      flush=True,
-    )
-    stream = TextStream(target.tokenizer)
+    what = plural(len(todo), "record") if args.input is not None else f"prompt {plural(len(prompt), 'token')}"
+    print(f"loaded in {time.perf_counter() - t0:.1f} s; {what}; method {method}", file=sys.stderr, flush=True)
     sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
     proposer, draft_params = make_proposer(
       method,
@@ -237,8 +280,12 @@ def main(argv=None) -> None:
         sparse=sparse,
       ),
     )
+    decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
+    if args.input is not None:
+      decode_file(args, target, decoding, draft_params, todo, prompts, output)
+      return
+    stream = TextStream(target.tokenizer)
     with PrefillBar() as on_prefill:
-      decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
       result = generate(
         target.model,
         [prompt],
@@ -286,3 +333,49 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
   run_main(main, "python -m infer.generate")
+
+
+def decode_file(args, target, decoding, draft_params, records, prompts, output) -> None:
+  """Decodes `records` (their token ids: `prompts`) in batches of `args.batch`, appending
+  each batch's results to `output` as it finishes."""
+  from tqdm import tqdm
+
+  from longspec_jax.engine import generate
+
+  started, tokens, size = time.perf_counter(), 0, args.batch or BATCH
+  with tqdm(total=len(records), desc="records", unit="record", file=sys.stderr) as bar:
+    for at in range(0, len(records), size):
+      batch, ids = records[at : at + size], prompts[at : at + size]
+      result = generate(
+        target.model,
+        ids,
+        [r.max_new_tokens(args.max_new_tokens) for r in batch],
+        decoding,
+        draft_params,
+        seed=[r.seed(args.seed) for r in batch],
+      )
+      batch_stats = {"size": len(batch), **json_stats(result.stats)}
+      output.append(
+        [
+          {
+            **record.fields,
+            "line": record.line,
+            "method": args.method.value,
+            "prompt_tokens": len(prompt),
+            "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
+            "token_ids": token_ids,
+            **{("steps" if k == "rounds" else k): v for k, v in own.items()},
+            "batch": batch_stats,
+          }
+          for record, prompt, token_ids, own in zip(batch, ids, result.token_ids, result.sequence_stats())
+        ]
+      )
+      tokens += result.stats.num_new_tokens
+      bar.update(len(batch))
+  output.close()
+  seconds = time.perf_counter() - started
+  print(
+    f"[{args.method}] {plural(len(records), 'record')}, {plural(tokens, 'token')} in {seconds:.1f} s"
+    f" ({tokens / seconds:.1f} tokens/s end to end); appended to {args.output}",
+    file=sys.stderr,
+  )

@@ -208,6 +208,22 @@ class GenerationResult:
   stats: GenerationStats
   state: DecodeState  # the final state (its caches stay allocated while it is held)
 
+  def sequence_stats(self) -> list[dict]:
+    """Each sequence's own share of the stats (theirs are the batch's): its new tokens, the
+    rounds it ran in (before it was done), its tau and its acceptance by depth."""
+    stats = []
+    for ids, by_length in zip(self.token_ids, np.asarray(self.state.rounds_by_length)):
+      rounds = int(by_length.sum())
+      stats.append(
+        {
+          "num_new_tokens": len(ids),
+          "rounds": rounds,
+          "mean_accepted_length": (len(ids) - 1) / rounds if rounds else 1.0,
+          "acceptance_by_depth": acceptance_by_depth(by_length),
+        }
+      )
+    return stats
+
 
 @dataclasses.dataclass(frozen=True)
 class Started:
@@ -302,10 +318,20 @@ def _start_proposer(graphdef, params, proposer, proposer_params, cache, history,
   return proposer.start(proposer_params, target=model, cache=cache, history=history, **carried)
 
 
-def cache_length(prompts: Sequence[Sequence[int]], max_new_tokens: int, proposer) -> int:
-  """Positions the cache holds: the longest prompt, the new tokens and one verified tree,
-  rounded up to a multiple of 128."""
-  return -(-(max(map(len, prompts)) + max_new_tokens + verified_size(proposer)) // 128) * 128
+def token_limits(prompts: Sequence, max_new_tokens: int | Sequence[int]) -> tuple[int, ...]:
+  """New tokens each sequence may emit: one limit for all, or one a prompt."""
+  if isinstance(max_new_tokens, int):
+    return (max_new_tokens,) * len(prompts)
+  if len(max_new_tokens) != len(prompts):
+    raise ValueError(f"{len(max_new_tokens)} token limits for {len(prompts)} prompts: give one a prompt, or one int.")
+  return tuple(int(n) for n in max_new_tokens)
+
+
+def cache_length(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], proposer) -> int:
+  """Positions the cache holds: the longest prompt with its new tokens, and one verified
+  tree, rounded up to a multiple of 128."""
+  longest = max(len(p) + n for p, n in zip(prompts, token_limits(prompts, max_new_tokens)))
+  return -(-(longest + verified_size(proposer)) // 128) * 128
 
 
 def verified_size(proposer) -> int:
@@ -498,18 +524,20 @@ def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths)
   return sample(logits, key, sampling, seen, lengths), ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
-def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> None:
+  """Each prompt is not empty and fits the model's context with its new tokens (one limit
+  for all, or one a prompt)."""
   if not prompts or any(len(p) == 0 for p in prompts):
     raise UserError("the prompt is empty; give at least one token of text.")
-  if max_new_tokens < 1:
-    raise UserError(f"at least 1 new token must be asked for, got {max_new_tokens}.")
-  longest = max(len(p) for p in prompts)
-  if longest + max_new_tokens > config.max_position_embeddings:
-    raise UserError(
-      f"the prompt ({longest} token{'' if longest == 1 else 's'}) plus {max_new_tokens} new"
-      f" token{'' if max_new_tokens == 1 else 's'} exceeds the model's context of"
-      f" {config.max_position_embeddings} tokens."
-    )
+  for prompt, limit in zip(prompts, token_limits(prompts, max_new_tokens)):
+    if limit < 1:
+      raise UserError(f"at least 1 new token must be asked for, got {limit}.")
+    if len(prompt) + limit > config.max_position_embeddings:
+      raise UserError(
+        f"the prompt ({len(prompt)} token{'' if len(prompt) == 1 else 's'}) plus {limit} new"
+        f" token{'' if limit == 1 else 's'} exceeds the model's context of"
+        f" {config.max_position_embeddings} tokens."
+      )
 
 
 def check_invariant_depth(model: Transformer, proposer) -> None:
@@ -527,7 +555,7 @@ def check_invariant_depth(model: Transformer, proposer) -> None:
 def start(
   model: Transformer,
   prompts: Sequence[Sequence[int]],
-  max_new_tokens: int,
+  max_new_tokens: int | Sequence[int],
   decoding: Decoding = Decoding(),
   proposer_params: Any = None,
   *,
@@ -537,7 +565,8 @@ def start(
   carried: dict | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
-  `decode_chunk` continues. The cache holds `cache_length` positions. `seed`: one a prompt,
+  `decode_chunk` continues. The cache holds `cache_length` positions. `max_new_tokens`:
+  one limit for all, or one a prompt. `seed`: one a prompt,
   or one int, row b then drawing with seed + b (`generate`). `carried`: what a multi-kind
   proposer starts from (`MultiKind.start`'s `learnt` and `seconds`)."""
   check_capacity(model.config, prompts, max_new_tokens)
@@ -562,7 +591,7 @@ def start(
     graphdef, params, decoding.proposer, proposer_params, cache, history, carried or {}
   )
   jax.block_until_ready(proposal)
-  done = jnp.isin(root, decoding.eos_array()) | (max_new_tokens == 1)
+  done = jnp.isin(root, decoding.eos_array()) | (jnp.asarray(token_limits(prompts, max_new_tokens)) == 1)
   state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth)
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
 
@@ -573,14 +602,14 @@ def decode_chunk(
   decoding: Decoding = Decoding(),
   proposer_params: Any = None,
   *,
-  max_new_tokens: int,
+  max_new_tokens: int | Sequence[int],
   rounds: int,
   max_rounds: int = MAX_ROUNDS_PER_CHUNK,
 ):
   """Up to `rounds` rounds from `state` (donated) on device, stopping early when every
   sequence is done. Returns (state, tokens [B, n] with PAD_ID where there is none,
   whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
-  compilation."""
+  compilation, as do any token limits (one for all, or one a sequence)."""
   graphdef, params = nnx.split(model)
   run = _Rounds(
     _decode_chunk[model.compilation(rounds=True)],
@@ -588,7 +617,7 @@ def decode_chunk(
     params,
     decoding,
     proposer_params,
-    max_new_tokens,
+    token_limits(state.root, max_new_tokens),
     max_rounds,
   )
   return run(state, rounds)
@@ -606,7 +635,7 @@ class _Rounds:
   params: Any
   decoding: Decoding
   proposer_params: Any
-  limit: int  # new tokens per sequence
+  limits: tuple[int, ...]  # new tokens each sequence may emit
   max_rounds: int
 
   def args(self, state: DecodeState, rounds: int, kind: int | None = None) -> tuple:
@@ -617,7 +646,7 @@ class _Rounds:
       state,
       self.decoding,
       self.proposer_params,
-      jnp.int32(self.limit),
+      jnp.asarray(self.limits, jnp.int32),
       jnp.int32(rounds),
       self.max_rounds,
       kind,
@@ -683,7 +712,7 @@ def _rounds_in(per_round: float | None) -> int:
 def generate(
   model: Transformer,
   prompts: Sequence[Sequence[int]],
-  max_new_tokens: int,
+  max_new_tokens: int | Sequence[int],
   decoding: Decoding = Decoding(),
   proposer_params: Any = None,
   *,
@@ -696,6 +725,7 @@ def generate(
 ) -> GenerationResult:
   """Decodes a batch of prompts with `decoding.proposer`'s trees (its arrays:
   `proposer_params`) verified by the target; the AR baseline is the one-node tree.
+  `max_new_tokens`: one limit for all, or one a prompt.
   `on_tokens` receives each chunk of new tokens [B, n] (PAD_ID marks no token) as soon as
   it is on the host; a chunk is `rounds_per_chunk` rounds, by default as many as run in
   about `CHUNK_SECONDS`. `on_prefill(done, total)` reports prefill progress in tokens.
@@ -740,13 +770,14 @@ def generate(
   if on_tokens:
     on_tokens(first[:, None])
   graphdef, params = nnx.split(model)  # once, not per chunk
+  limits = token_limits(prompts, max_new_tokens)
   run = _Rounds(
     _decode_chunk[model.compilation(rounds=True)],
     graphdef,
     params,
     decoding,
     proposer_params,
-    max_new_tokens,
+    limits,
     MAX_ROUNDS_PER_CHUNK,
   )
   tc = time.perf_counter()  # compile outside the timed region
@@ -776,7 +807,7 @@ def generate(
         measured = prices.calibrate(decoding.proposer, run, state, emit, table)
         state, table, dispatched = measured.state, measured.prices, measured.rounds
         if measured.finished:
-          dispatched = max_new_tokens  # every sequence finished: nothing left to dispatch
+          dispatched = max(limits)  # every sequence finished: nothing left to dispatch
         memory.prices.remember(key, table)  # (a part too: the next generation goes on from it)
         previous_done = time.perf_counter()
         calibration_seconds = previous_done - t1
@@ -803,7 +834,7 @@ def generate(
           break
         pending = None
       launched = None
-      if dispatched < max_new_tokens:  # each round emits >= 1 token per unfinished sequence
+      if dispatched < max(limits):  # each round emits >= 1 token per unfinished sequence
         launched = _Chunk.run(run, (state, rounds), rounds)
         state = launched.state
         dispatched += rounds

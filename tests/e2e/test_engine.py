@@ -60,6 +60,15 @@ def test_batch_equals_each_prompt_alone(tiny):
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (7, 23, 15)]
   batched = generate(tiny, prompts, 9, prefill_chunk=8, rounds_per_chunk=4).token_ids
   assert batched == [generate(tiny, [p], 9).token_ids[0] for p in prompts]
+  # A token limit a prompt: each stops at its own; the longest runs on alone.
+  limited = generate(tiny, prompts, [1, 9, 4], prefill_chunk=8, rounds_per_chunk=4)
+  assert limited.token_ids == [batched[0][:1], batched[1], batched[2][:4]]
+  assert limited.stats.num_new_tokens == 14
+  each = limited.sequence_stats()
+  assert [s["num_new_tokens"] for s in each] == [1, 9, 4] and each[0]["rounds"] == 0  # (done at its first token)
+  assert sum(s["rounds"] for s in each) == limited.stats.rounds and each[1]["mean_accepted_length"] == 1.0  # (AR)
+  with pytest.raises(ValueError, match="2 token limits for 3 prompts"):
+    generate(tiny, prompts, [9, 9])
 
 
 def test_eos_stops_exactly_there(tiny):
@@ -86,6 +95,8 @@ def test_capacity_and_empty_prompt_errors(tiny):
     generate(tiny, [[]], 4)
   with pytest.raises(UserError, match=r"the prompt \(1 token\) plus 512 new tokens exceeds"):
     check_capacity(tiny.config, [[5]], 512)
+  with pytest.raises(UserError, match=r"the prompt \(400 tokens\) plus 200 new tokens exceeds"):
+    check_capacity(tiny.config, [[5] * 10, [5] * 400], [500, 200])  # (each prompt with its own limit)
 
 
 def test_nonfinite_logits_are_reported(tiny):

@@ -83,7 +83,12 @@ def test_chat_and_prompt_file(tiny_with_tokenizer, tmp_path, capsys):
     (["--prompt", "x", "--method", "magic"], "invalid choice"),
     (["--prompt-file", "/no/such/prompt.txt"], "does not exist"),
     (["--prompt-file", "/"], "is not readable text"),
-    ([], "one of the arguments --prompt --prompt-file is required"),
+    ([], "one of the arguments --prompt --prompt-file --input is required"),
+    (["--input", "in.jsonl"], "--input needs --output"),
+    (["--prompt", "x", "--output", "out.jsonl"], "--output goes with --input"),
+    (["--prompt", "x", "--batch", "2"], "--batch goes with --input"),
+    (["--input", "in.jsonl", "--output", "out.jsonl", "--json"], "--json prints one prompt's results"),
+    (["--input", "/no/such/in.jsonl", "--output", "out.jsonl"], "the input /no/such/in.jsonl does not exist"),
     (["--prompt", "x", "--target", "/no/such/model.gguf"], "does not exist"),
     (["--prompt", "x", "--target", "/no/such/dir"], "does not exist"),
     (["--prompt", "x", "--target", "/etc/hostname"], "neither a Hugging Face model directory nor a .gguf file"),
@@ -189,6 +194,53 @@ def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, caps
   weights load: stderr has no loading line."""
   code, _, err = run(["--target", str(tiny_with_tokenizer)] + argv, capsys)
   assert code == 2 and message in err.strip().splitlines()[-1], err
+  assert "loading target" not in err
+
+
+def test_a_batch_file_writes_what_each_prompt_writes_alone_and_resumes(tiny_with_tokenizer, tmp_path, capsys):
+  """Prompts of different lengths and token limits, one through the chat template, in
+  batches of two: each record's tokens are those of its prompt run alone. A rerun skips the
+  records already written, and one whose line was cut off runs again."""
+  records = [
+    {"prompt": "def main():\n    return", "id": "a"},
+    {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_new_tokens": 3},
+    {"prompt": "Say hello.", "chat": True, "extra": {"kept": True}},
+  ]
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps(r) + "\n" for r in records))
+  target = ["--target", str(tiny_with_tokenizer), "--max-new-tokens", "6"]
+  out = tmp_path / "out.jsonl"
+  code, _, err = run([*target, "--input", str(source), "--output", str(out), "--batch", "2"], capsys)
+  assert code == 0, err
+  written = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [w["line"] for w in written] == [1, 2, 3] and written[0]["id"] == "a" and written[2]["extra"] == {"kept": True}
+  for record, result in zip(records, written):
+    alone = ["--prompt", record["prompt"], "--json", "--max-new-tokens", str(record.get("max_new_tokens", 6))]
+    code, stdout, err = run([*target, *alone, *(["--chat"] if record.get("chat") else [])], capsys)
+    assert code == 0, err
+    expected = json.loads(stdout.strip().splitlines()[-1])
+    assert result["token_ids"] == expected["token_ids"] and result["text"] == expected["text"]
+    assert result["prompt_tokens"] == expected["prompt_tokens"] and result["method"] == "auto"
+    assert result["num_new_tokens"] == len(result["token_ids"])
+    assert result["mean_accepted_length"] == pytest.approx((result["num_new_tokens"] - 1) / result["steps"])
+  assert [w["batch"]["size"] for w in written] == [2, 2, 1] and len(written[1]["token_ids"]) == 3
+  # A run cut off after its first batch, the write of its last record cut short.
+  out.write_text("".join(line + "\n" for line in out.read_text().splitlines()[:2]) + '{"line": 3, "te')
+  code, _, err = run([*target, "--input", str(source), "--output", str(out), "--batch", "2"], capsys)
+  assert code == 0 and "skipping 2 records of 3 already in" in err, err
+  assert [json.loads(line) for line in out.read_text().splitlines()] == written[:2] + [
+    {**written[2], "batch": json.loads(out.read_text().splitlines()[2])["batch"]}  # (its batch is now of one)
+  ]
+  code, _, err = run([*target, "--input", str(source), "--output", str(out)], capsys)
+  assert code == 0 and "skipping 3 records of 3" in err and "loading target" not in err
+
+
+def test_a_batch_files_record_too_long_is_named_before_the_model_loads(tiny_with_tokenizer, tmp_path, capsys):
+  source = tmp_path / "in.jsonl"
+  source.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "hello " * 300}) + "\n")
+  argv = ["--target", str(tiny_with_tokenizer), "--input", str(source), "--output", str(tmp_path / "out.jsonl")]
+  code, _, err = run([*argv, "--max-new-tokens", "400"], capsys)
+  assert code == 2 and f"{source} line 2: the prompt" in err and "exceeds the model's context" in err, err
   assert "loading target" not in err
 
 
