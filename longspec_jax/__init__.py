@@ -26,6 +26,7 @@ _EXPORTS = {
   "generate": "longspec_jax.engine",
   "start": "longspec_jax.engine",
   "decode_chunk": "longspec_jax.engine",
+  "Slots": "longspec_jax.batching",
   "Method": "longspec_jax.methods.registry",
   "ProposerOptions": "longspec_jax.methods.registry",
   "make_proposer": "longspec_jax.methods.factory",

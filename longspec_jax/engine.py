@@ -563,16 +563,20 @@ def start(
   prefill_chunk: int | None = None,
   on_prefill: Callable[[int, int], None] | None = None,
   carried: dict | None = None,
+  positions: int | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
-  `decode_chunk` continues. The cache holds `cache_length` positions. `max_new_tokens`:
+  `decode_chunk` continues. The cache holds `positions` (default `cache_length`). `max_new_tokens`:
   one limit for all, or one a prompt. `seed`: one a prompt,
   or one int, row b then drawing with seed + b (`generate`). `carried`: what a multi-kind
   proposer starts from (`MultiKind.start`'s `learnt` and `seconds`)."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
-  max_len = cache_length(prompts, max_new_tokens, decoding.proposer)
+  needed = cache_length(prompts, max_new_tokens, decoding.proposer)
+  max_len = positions or needed
+  if needed > max_len:
+    raise UserError(f"the prompt and its new tokens need a cache of {needed} positions; this one holds {max_len}.")
   seeds = [seed + row for row in range(len(prompts))] if isinstance(seed, int) else list(seed)
   if len(seeds) != len(prompts):
     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one a prompt, or one int.")
@@ -738,22 +742,14 @@ def generate(
   memory = MEMORY if memory is None else memory
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
     raise ValueError(f"rounds_per_chunk must be in [1, {MAX_ROUNDS_PER_CHUNK}], got {rounds_per_chunk}.")
-  carried = None
-  if decoding.multi_kind:  # what earlier generations learnt and measured, set as the state starts
-    learnt_key = (decoding, model.config)
-    key = prices.cost_key(
-      model,
-      decoding.proposer,
-      proposer_params,
-      decoding.sampling,
-      len(prompts),
-      cache_length(prompts, max_new_tokens, decoding.proposer),
-    )
-    table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
-    carried = {
-      "learnt": memory.learnt.get(learnt_key) or decoding.proposer.nothing_learnt(),
-      "seconds": np.asarray([np.nan if price is None else price for price in table.seconds], np.float32),
-    }
+  key, table, carried = carried_state(
+    memory,
+    model,
+    decoding,
+    proposer_params,
+    len(prompts),
+    cache_length(prompts, max_new_tokens, decoding.proposer),
+  )
   started = start(
     model,
     prompts,
@@ -848,7 +844,7 @@ def generate(
       raise UserError("the model produced NaN or infinite logits; the weights or the dtype are unsuitable.")
     decode_seconds = time.perf_counter() - t1
   if decoding.multi_kind:
-    memory.learnt[learnt_key] = decoding.proposer.learnt(state.proposal)
+    memory.learnt[(decoding, model.config)] = decoding.proposer.learnt(state.proposal)
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
@@ -876,6 +872,22 @@ def generate(
     kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
   )
   return GenerationResult(token_ids=token_ids, stats=stats, state=state)
+
+
+def carried_state(memory: Memory, model: Transformer, decoding: Decoding, proposer_params, batch: int, positions: int):
+  """For a multi-kind proposer (`auto`), what a generation of `batch` sequences in a cache
+  of `positions` starts from: the key of its round prices, their table (measured or not
+  yet), and `start`'s `carried` (the gains earlier generations learnt and those prices);
+  (None, None, None) for other proposers."""
+  if not decoding.multi_kind:
+    return None, None, None
+  key = prices.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, batch, positions)
+  table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
+  carried = {
+    "learnt": memory.learnt.get((decoding, model.config)) or decoding.proposer.nothing_learnt(),
+    "seconds": np.asarray([np.nan if price is None else price for price in table.seconds], np.float32),
+  }
+  return key, table, carried
 
 
 def _kind_stats(decoding: Decoding, proposal, round_seconds) -> dict:

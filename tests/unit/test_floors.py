@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pallas_kernels", "longspec_jax", "train", "infer", "lab")
 # Lowest first: a module imports only from its own floor or the floors below. Within the
-# library: ops < models < weights < decoding < methods < engine < cli < the public API.
+# library: ops < models < weights < decoding < methods < engine (and the continuous batching
+# over it) < cli < the public API.
 FLOORS = (
   ("pallas_kernels",),
   ("longspec_jax.errors", "longspec_jax.files", "longspec_jax.backend"),
@@ -24,7 +25,7 @@ FLOORS = (
   ("longspec_jax.weights",),
   ("longspec_jax.decoding",),
   ("longspec_jax.methods",),
-  ("longspec_jax.engine",),
+  ("longspec_jax.engine", "longspec_jax.batching"),
   ("longspec_jax.cli",),
   ("longspec_jax",),  # the public API (`__init__.py`)
   ("train", "infer"),  # the apps: never each other

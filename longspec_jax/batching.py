@@ -1,0 +1,141 @@
+"""Continuous batching: a fixed number of slots decoding together, each request admitted
+into a free slot between chunks of rounds and leaving when it is done.
+
+The slots are one batch (`engine.DecodeState` of `slots` rows, one cache of `positions`).
+A request is prefilled alone (`engine.start` on a batch of one, its cache as long as the
+slots') and its rows of that state are written into its slot's. Which arrays of the state
+hold a row per sequence, and along which axis, is read off the state's own shapes at batch
+sizes one and two, so every proposer's state (a draft's ring, `auto`'s gains) follows
+without code of its own, and what the batch shares (`auto`'s prices and counts) stays the
+batch's. The rows of other slots are untouched, and a round's tokens for one row do not
+depend on the others (the engine's batch invariance), so under greedy decoding or draws
+keyed by position (the default) a request's tokens are those it gets alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from longspec_jax import engine
+from longspec_jax.engine import DecodeState, Decoding
+from longspec_jax.models.target import Transformer
+
+
+def batch_axes(one: Any, two: Any) -> tuple[int | None, ...]:
+  """Per leaf of two states of one pytree structure, at batch sizes one and two: the axis
+  along which the batch runs (the one whose size differs), None for a leaf the batch
+  shares."""
+  leaves_one, leaves_two = jax.tree.leaves(one), jax.tree.leaves(two)
+  axes = []
+  for a, b in zip(leaves_one, leaves_two):
+    differ = [i for i, (x, y) in enumerate(zip(np.shape(a), np.shape(b))) if x != y]
+    axes.append(differ[0] if differ else None)
+  return tuple(axes)
+
+
+@functools.partial(jax.jit, static_argnames=("axes",), donate_argnums=0)
+def _splice(state: Any, one: Any, row: jax.Array, axes: tuple[int | None, ...]) -> Any:
+  """`state` (donated) with `one`'s single row written at `row` along each leaf's batch axis."""
+  leaves, tree = jax.tree.flatten(state)
+  written = [
+    leaf if axis is None else jax.lax.dynamic_update_slice_in_dim(leaf, new.astype(leaf.dtype), row, axis)
+    for leaf, new, axis in zip(leaves, jax.tree.leaves(one), axes)
+  ]
+  return jax.tree.unflatten(tree, written)
+
+
+@dataclasses.dataclass
+class Slots:
+  """`slots` sequences decoding together in a cache of `positions`: `admit` a prompt into a
+  free slot, `run` chunks of rounds, `release` a slot once its request is done (or given
+  up). `limits`: each slot's token limit."""
+
+  model: Transformer
+  decoding: Decoding
+  proposer_params: Any
+  positions: int
+  state: DecodeState
+  axes: tuple[int | None, ...]
+  limits: np.ndarray  # [slots] int32
+  busy: np.ndarray  # [slots] bool
+  carried: dict | None
+
+  @classmethod
+  def open(
+    cls,
+    model: Transformer,
+    decoding: Decoding,
+    proposer_params: Any,
+    slots: int,
+    positions: int,
+    memory: engine.Memory | None = None,
+  ) -> Slots:
+    """Every slot free. `auto` starts from the prices and gains `memory` holds (default the
+    process's) for `slots` sequences in `positions`; measure its prices first by a
+    generation of that shape (`engine.generate`), else it chooses by its gains alone."""
+    memory = engine.MEMORY if memory is None else memory
+    _, _, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
+    empty = lambda batch: (
+      engine.start(model, [[0]] * batch, 1, decoding, proposer_params, carried=carried, positions=positions).state
+    )
+    axes = batch_axes(empty(1), empty(2))
+    return cls(
+      model=model,
+      decoding=decoding,
+      proposer_params=proposer_params,
+      positions=positions,
+      state=empty(slots),
+      axes=axes,
+      limits=np.ones(slots, np.int32),
+      busy=np.zeros(slots, bool),
+      carried=carried,
+    )
+
+  @property
+  def free(self) -> list[int]:
+    return [int(i) for i in np.flatnonzero(~self.busy)]
+
+  def admit(self, slot: int, prompt: Sequence[int], max_new_tokens: int, seed: int = 0) -> tuple[int, bool]:
+    """Prefills `prompt` alone into the free `slot`: (its first token, whether that already
+    ends it: an EOS, or a limit of one token)."""
+    if self.busy[slot]:
+      raise ValueError(f"slot {slot} holds a request; release it first.")
+    started = engine.start(
+      self.model,
+      [prompt],
+      max_new_tokens,
+      self.decoding,
+      self.proposer_params,
+      seed=[seed],
+      carried=self.carried,
+      positions=self.positions,
+    )
+    self.state = _splice(self.state, started.state, np.int32(slot), self.axes)
+    self.limits[slot] = max_new_tokens
+    self.busy[slot] = True
+    return int(started.first[0]), bool(np.asarray(started.state.done)[0])
+
+  def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Up to `rounds` rounds over every slot: (the new tokens [slots, n], PAD_ID where a slot
+    has none; which slots are done)."""
+    self.state, tokens, _ = engine.decode_chunk(
+      self.model,
+      self.state,
+      self.decoding,
+      self.proposer_params,
+      max_new_tokens=self.limits.tolist(),
+      rounds=rounds,
+    )
+    return np.asarray(tokens), np.asarray(self.state.done)
+
+  def release(self, slot: int) -> None:
+    """Frees `slot`, done or not (a request given up): its row emits nothing until a request
+    is admitted there."""
+    self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
+    self.busy[slot] = False

@@ -1,0 +1,90 @@
+"""Continuous batching: requests admitted into free slots between chunks of rounds, each
+writing the tokens it writes alone."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from longspec_jax.batching import Slots, batch_axes
+from longspec_jax.engine import PAD_ID, Decoding, generate
+from longspec_jax.methods.factory import make_proposer
+from longspec_jax.methods.registry import Method, ProposerOptions
+from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig
+from longspec_jax.models.draft import random_draft
+from longspec_jax.models.heads import random_heads
+
+from helpers import tiny_target
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return tiny_target("llama")
+
+
+def proposer(target, method: Method):
+  """`method`'s proposer and params on `target`, with random drafts of small trees."""
+  options = ProposerOptions(tree_widths=(2, 2), copy_tokens=4)
+  if method is Method.TOKENSWIFT:
+    heads = random_heads(HeadsConfig.for_target(target.config, gamma=2, tree_widths=(1, 2, 2)), jnp.float32)
+    return make_proposer(method, heads, ProposerOptions(tree_widths=(1, 2, 2)))
+  if method in (Method.LONGSPEC, Method.GLIDE, Method.AUTO):
+    kind = DraftKind.GLIDE if method is Method.GLIDE else DraftKind.LONGSPEC
+    draft = random_draft(DraftConfig.for_target(target.config, kind=kind, window=8), jnp.float32)
+    return make_proposer(method, draft, options)
+  return make_proposer(method, None, options if method is Method.PLD else ProposerOptions())
+
+
+def test_the_batch_axis_of_each_leaf_is_read_off_two_batch_sizes():
+  one = {"rows": np.zeros((1, 5)), "cache": np.zeros((3, 1, 7)), "shared": np.zeros(4), "count": np.zeros(())}
+  two = {"rows": np.zeros((2, 5)), "cache": np.zeros((3, 2, 7)), "shared": np.zeros(4), "count": np.zeros(())}
+  assert batch_axes(one, two) == (1, None, 0, None)  # (leaves in key order: cache, count, rows, shared)
+
+
+@pytest.mark.parametrize("method", list(Method))
+def test_requests_joining_and_leaving_slots_write_what_they_write_alone(tiny, method):
+  """Five requests of different lengths and limits through two slots, in chunks of two
+  rounds: each joins the first free slot, one is given up after its first chunk, and the
+  tokens of every other equal its generation alone."""
+  rng = np.random.default_rng(3)
+  prompt = lambda n: (rng.integers(3, 60, size=n // 2).tolist() * 2)[:n]  # (repeats: prompt lookup copies)
+  requests = [(prompt(n), limit) for n, limit in [(21, 9), (9, 4), (30, 12), (14, 1), (17, 7)]]
+  given_up = 2
+  proposer_, params = proposer(tiny, method)
+  decoding = Decoding(proposer=proposer_)
+  slots = Slots.open(tiny, decoding, params, slots=2, positions=256)
+  waiting, running, written = list(range(len(requests))), {}, {}
+  while waiting or running:
+    for slot in slots.free:
+      if not waiting:
+        break
+      request = waiting.pop(0)
+      first, done = slots.admit(slot, *requests[request])
+      written[request] = [first]
+      if done:
+        slots.release(slot)
+      else:
+        running[slot] = request
+    if not running:
+      continue
+    tokens, done = slots.run(2)
+    for slot, request in list(running.items()):
+      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      if done[slot] or request == given_up:
+        slots.release(slot)
+        del running[slot]
+  for request, (ids, limit) in enumerate(requests):
+    alone = generate(tiny, [ids], limit, decoding, params).token_ids[0]
+    if request == given_up:
+      assert written[request] == alone[: len(written[request])] and len(written[request]) < limit
+    else:
+      assert written[request] == alone, request
+
+
+def test_a_slot_in_use_and_a_prompt_too_long_are_refused(tiny):
+  slots = Slots.open(tiny, Decoding(), None, slots=2, positions=128)
+  slots.admit(0, [5, 6, 7], 4)
+  with pytest.raises(ValueError, match="slot 0 holds a request"):
+    slots.admit(0, [5, 6], 4)
+  with pytest.raises(Exception, match="need a cache of 256 positions; this one holds 128"):
+    slots.admit(1, [5] * 100, 40)
+  assert slots.free == [1]
