@@ -14,19 +14,16 @@ import sys
 import time
 from pathlib import Path
 
-from infer import batch_file
+from infer import batch_file, decoder
 from infer.cli import (
   CompileNotice,
   add_copy_flags,
   add_draft_vocab_flag,
   add_sampling_flags,
   add_tree_flags,
-  check_tree,
   encode_prompt,
   read_prompt,
-  sampling_config,
   sparse_fraction,
-  tree_choice,
 )
 from longspec_jax.cli import (
   ArgumentParser,
@@ -37,9 +34,7 @@ from longspec_jax.cli import (
   check_batch_invariant,
   device_mesh,
   method_type,
-  numerics,
   positive_int,
-  resolve_dtype,
   run_main,
 )
 from longspec_jax.errors import UserError
@@ -211,19 +206,10 @@ def main(argv=None) -> None:
   import jax.numpy as jnp  # after argument checks: bad flags fail fast
 
   from longspec_jax import backend
-  from longspec_jax.engine import Decoding, check_capacity, generate
-  from longspec_jax.methods.factory import make_proposer
-  from longspec_jax.methods.registry import ProposerOptions
-  from longspec_jax.models.config import SparseVerify
-  from longspec_jax.ops import sharding
-  from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
-  from longspec_jax.weights.drafts import load_draft, resolve_draft
+  from longspec_jax.engine import check_capacity, generate
+  from longspec_jax.weights import load_tokenizer, read_target_config, resolve_target
 
   method = args.method
-  spec = method.draft_spec(args.draft)
-  uses_draft = spec is not None
-  sampling = sampling_config(args, method)
-  dtype = resolve_dtype(args.dtype)
   # Everything the prompt and flags can get wrong is checked before the weights load.
   path = resolve_target(args.target)
   config = read_target_config(path)
@@ -238,49 +224,16 @@ def main(argv=None) -> None:
   else:
     prompt = encode_prompt(tokenizer, prompt_text, args.chat)
     check_capacity(config, [prompt], args.max_new_tokens)
-  if uses_draft:
-    resolve_draft(spec, args.target, method.draft_kind)
-  if args.tree_widths and not uses_draft:
-    raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
-  if args.draft_vocab is not None:
-    if not uses_draft or method is Method.TOKENSWIFT:
-      raise UserError("--draft-vocab sets what a block draft scores (longspec, glide, auto with --draft)")
-    if args.draft_vocab > config.vocab_size:
-      raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
-  widths, cape = tree_choice(args.tree_widths, args)
-  check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
+  plan = decoder.check_flags(args, config)
   t0 = time.perf_counter()
   devices = f", over {args.devices} devices" if args.devices > 1 else ""
-  print(f"loading target {args.target} ({jnp.dtype(dtype).name}{devices}) ...", file=sys.stderr, flush=True)
-  impl = attention_impl(args.attention)
+  print(f"loading target {args.target} ({jnp.dtype(plan.dtype).name}{devices}) ...", file=sys.stderr, flush=True)
   notice = CompileNotice(backend.keep_compiled_programs())
   with notice, jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
-    target = load_target(path, dtype, tokenizer, numerics=numerics(args))
-    draft = (
-      sharding.placed(
-        load_draft(
-          spec, target.config, dtype, args.target, attention=impl, kind=method.draft_kind, vocab_subset=args.draft_vocab
-        )
-      )
-      if uses_draft
-      else None
-    )
+    loaded = decoder.load(args, plan, path, tokenizer)
+    target, decoding, draft_params, sparse = loaded.target, loaded.decoding, loaded.draft_params, loaded.sparse
     what = plural(len(todo), "record") if args.input is not None else f"prompt {plural(len(prompt), 'token')}"
     print(f"loaded in {time.perf_counter() - t0:.1f} s; {what}; method {method}", file=sys.stderr, flush=True)
-    sparse = None if args.sparse_verify is None else SparseVerify(args.sparse_verify)
-    proposer, draft_params = make_proposer(
-      method,
-      draft,
-      ProposerOptions(
-        tree_widths=widths,
-        copy_tokens=args.copy_tokens,
-        cape=cape,
-        copy_matches=args.copy_matches,
-        sampling=sampling,
-        sparse=sparse,
-      ),
-    )
-    decoding = Decoding(proposer=proposer, sampling=sampling, eos_ids=tuple(target.config.eos_token_ids))
     if args.input is not None:
       decode_file(args, target, decoding, draft_params, todo, prompts, output)
       return
@@ -316,14 +269,14 @@ def main(argv=None) -> None:
       "method": method.value,
       **json_stats(stats),
       "target": args.target,
-      "dtype": jnp.dtype(dtype).name,
-      "attention": impl.value,
+      "dtype": jnp.dtype(plan.dtype).name,
+      "attention": attention_impl(args.attention).value,
       "batch_invariant": args.batch_invariant,
       "devices": args.devices,
-      "draft": spec,
-      **proposer.describe(),
+      "draft": plan.draft,
+      **loaded.proposer.describe(),
       "sparse_verify": None if sparse is None else dataclasses.asdict(sparse),
-      "sampling": dataclasses.asdict(sampling),
+      "sampling": dataclasses.asdict(plan.sampling),
       "prompt_tokens": len(prompt),
       "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
       "token_ids": token_ids,

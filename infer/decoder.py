@@ -1,0 +1,97 @@
+"""What a decoding command loads, shared by `infer.generate` and `infer.serve`: the method's
+draft and tree flags checked against the target's config before any weights load, then the
+target, the draft and the proposer."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from infer.cli import check_tree, sampling_config, tree_choice
+from longspec_jax.cli import attention_impl, numerics, resolve_dtype
+from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The flags, checked: the draft to load (None: none), the tree, the dtype, the sampling."""
+
+  method: Method
+  draft: str | None
+  widths: Any
+  cape: Any
+  dtype: Any
+  sampling: Any
+
+
+def check_flags(args, config) -> Plan:
+  """The method's draft and tree flags against the target's `config` (a `UserError` for a
+  bad combination), before the weights load."""
+  from longspec_jax.weights.drafts import resolve_draft
+
+  method = args.method
+  spec = method.draft_spec(args.draft)
+  if spec is not None:
+    resolve_draft(spec, args.target, method.draft_kind)
+  if args.tree_widths and spec is None:
+    raise UserError("--tree-widths shapes a draft's tree, but no draft is used here (give --draft on a CPU)")
+  if args.draft_vocab is not None:
+    if spec is None or method is Method.TOKENSWIFT:
+      raise UserError("--draft-vocab sets what a block draft scores (longspec, glide, auto with --draft)")
+    if args.draft_vocab > config.vocab_size:
+      raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
+  widths, cape = tree_choice(args.tree_widths, args)
+  check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
+  return Plan(method, spec, widths, cape, resolve_dtype(args.dtype), sampling_config(args, method))
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  target: Any  # `weights.LoadedTarget`: the model, its config and tokenizer
+  decoding: Any  # `engine.Decoding`
+  proposer: Any
+  draft_params: Any
+  sparse: Any  # `SparseVerify` or None
+
+
+def load(args, plan: Plan, path, tokenizer) -> Loaded:
+  """The target, the draft and the proposer the checked `plan` names (inside the caller's
+  mesh, for --devices)."""
+  from longspec_jax.engine import Decoding
+  from longspec_jax.methods.factory import make_proposer
+  from longspec_jax.methods.registry import ProposerOptions
+  from longspec_jax.models.config import SparseVerify
+  from longspec_jax.ops import sharding
+  from longspec_jax.weights import load_target
+  from longspec_jax.weights.drafts import load_draft
+
+  target = load_target(path, plan.dtype, tokenizer, numerics=numerics(args))
+  draft = None
+  if plan.draft is not None:
+    draft = sharding.placed(
+      load_draft(
+        plan.draft,
+        target.config,
+        plan.dtype,
+        args.target,
+        attention=attention_impl(args.attention),
+        kind=plan.method.draft_kind,
+        vocab_subset=args.draft_vocab,
+      )
+    )
+  sparse = None if getattr(args, "sparse_verify", None) is None else SparseVerify(args.sparse_verify)
+  proposer, draft_params = make_proposer(
+    plan.method,
+    draft,
+    ProposerOptions(
+      tree_widths=plan.widths,
+      copy_tokens=args.copy_tokens,
+      cape=plan.cape,
+      copy_matches=args.copy_matches,
+      sampling=plan.sampling,
+      sparse=sparse,
+    ),
+  )
+  decoding = Decoding(proposer=proposer, sampling=plan.sampling, eos_ids=tuple(target.config.eos_token_ids))
+  return Loaded(target, decoding, proposer, draft_params, sparse)
