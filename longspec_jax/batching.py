@@ -24,6 +24,7 @@ import numpy as np
 
 from longspec_jax import engine
 from longspec_jax.engine import DecodeState, Decoding
+from longspec_jax.methods import prices
 from longspec_jax.models.target import Transformer
 
 
@@ -77,15 +78,15 @@ class Slots:
     memory: engine.Memory | None = None,
   ) -> Slots:
     """Every slot free. `auto` starts from the prices and gains `memory` holds (default the
-    process's) for `slots` sequences in `positions`; measure its prices first by a
-    generation of that shape (`engine.generate`), else it chooses by its gains alone."""
+    process's) for `slots` sequences in `positions`; prices not measured yet are measured
+    now (`measure_prices`)."""
     memory = engine.MEMORY if memory is None else memory
-    _, _, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
+    key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
     empty = lambda batch: (
       engine.start(model, [[0]] * batch, 1, decoding, proposer_params, carried=carried, positions=positions).state
     )
     axes = batch_axes(empty(1), empty(2))
-    return cls(
+    opened = cls(
       model=model,
       decoding=decoding,
       proposer_params=proposer_params,
@@ -96,6 +97,27 @@ class Slots:
       busy=np.zeros(slots, bool),
       carried=carried,
     )
+    if decoding.multi_kind and not table.complete:
+      memory.prices.remember(key, opened.measure_prices(table))
+    return opened
+
+  def measure_prices(self, table: prices.Prices) -> prices.Prices:
+    """`auto`'s prices of a round of each kind (and of a change of kind) at these slots'
+    shape, those `table` lacks, measured by rounds of a prompt that repeats itself (so that
+    copying rounds run whole) in every slot (`prices.calibrate`); every slot is free after.
+    Returns the table (complete unless the rounds ran out first)."""
+    prompt = [3 + i % 61 for i in range(min(128, self.positions // 4))]
+    room = self.positions - len(prompt) - engine.verified_size(self.decoding.proposer)
+    for slot in self.free:
+      self.admit(slot, prompt, room)
+    run = lambda state, rounds: engine.decode_chunk(
+      self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits.tolist(), rounds=rounds
+    )
+    measured = prices.calibrate(self.decoding.proposer, run, self.state, lambda tokens: None, table)
+    self.state = measured.state
+    for slot in range(len(self.busy)):
+      self.release(slot)
+    return measured.prices
 
   @property
   def free(self) -> list[int]:

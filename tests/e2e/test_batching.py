@@ -88,3 +88,15 @@ def test_a_slot_in_use_and_a_prompt_too_long_are_refused(tiny):
   with pytest.raises(Exception, match="need a cache of 256 positions; this one holds 128"):
     slots.admit(1, [5] * 100, 40)
   assert slots.free == [1]
+
+
+def test_autos_prices_are_measured_at_the_slots_shape_when_they_open(tiny):
+  from longspec_jax import engine
+
+  proposer_, params = proposer(tiny, Method.AUTO)
+  decoding = Decoding(proposer=proposer_)
+  slots = Slots.open(tiny, decoding, params, slots=2, positions=256)
+  (table,) = engine.MEMORY.prices.measured.values()
+  assert table.complete and slots.free == [0, 1]
+  costs = np.asarray(slots.state.proposal.costs)
+  np.testing.assert_allclose(costs, np.float32(table.seconds[:-1]))  # (the batch chooses by them)
