@@ -30,7 +30,7 @@ README = ROOT / "README.md"
 HEADLINE = ("<!-- headline: written by python -m lab.docs -->", "<!-- end of headline -->")
 # The commands docs/usage.md describes, in its order: what users run, then the lab's tools.
 COMMANDS = {
-  "Inference": ["infer.generate", "infer.benchmark", "infer.tree_search", "infer.plots"],
+  "Inference": ["infer.generate", "infer.serve", "infer.benchmark", "infer.tree_search", "infer.plots"],
   "Training": ["train.run", "train.corpus", "train.self_text", "train.rank_vocab"],
   "Lab tools": [
     "lab.bench_target",

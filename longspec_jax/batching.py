@@ -107,7 +107,9 @@ class Slots:
     copying rounds run whole) in every slot (`prices.calibrate`); every slot is free after.
     Returns the table (complete unless the rounds ran out first)."""
     prompt = [3 + i % 61 for i in range(min(128, self.positions // 4))]
-    room = self.positions - len(prompt) - engine.verified_size(self.decoding.proposer)
+    room = min(
+      self.positions - engine.verified_size(self.decoding.proposer), self.model.config.max_position_embeddings
+    ) - len(prompt)
     for slot in self.free:
       self.admit(slot, prompt, room)
     run = lambda state, rounds: engine.decode_chunk(

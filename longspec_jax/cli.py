@@ -27,7 +27,16 @@ GEMM = ("xla", "cublas")  # likewise `longspec_jax.ops.gemm.Gemm`
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 # Optional packages -> the extra that installs them (pyproject.toml).
-EXTRAS = {"optax": "train", "datasets": "train", "matplotlib": "bench", "scipy": "dev", "torch": None}
+EXTRAS = {
+  "optax": "train",
+  "datasets": "train",
+  "matplotlib": "bench",
+  "fastapi": "serve",
+  "uvicorn": "serve",
+  "sse_starlette": "serve",
+  "scipy": "dev",
+  "torch": None,
+}
 # transformers announces at import that it found no torch; the commands never need it.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 

@@ -1,0 +1,410 @@
+"""`python -m infer.serve`: an OpenAI-compatible HTTP server with continuous batching.
+
+`POST /v1/completions` and `POST /v1/chat/completions` (the model's chat template), each
+streaming as server-sent events with `stream: true`; `GET /v1/models`, `GET /health`.
+`--max-batch` slots decode as one batch (`longspec_jax.batching.Slots`) with the method the
+flags choose. A request waits in a bounded queue (full: HTTP 429), joins a free slot between
+chunks of rounds, streams its text as each chunk ends, and leaves when it is done, when one
+of its `stop` strings appears, or when its client goes away. One thread runs the model; the
+HTTP side only queues requests and reads their text. A bad request gets HTTP 400 and one
+sentence. On SIGTERM the server takes no new connections, finishes the requests it holds
+(for up to `--shutdown-seconds`) and exits 0. `max_tokens`, `seed` and `stop` are per
+request; the sampling (temperature, top-p) is the flags', and a request asking for other
+values is refused rather than served otherwise.
+"""
+
+import asyncio
+import dataclasses
+import json
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+
+from infer import decoder
+from infer.cli import add_copy_flags, add_draft_vocab_flag, add_sampling_flags, add_tree_flags
+from longspec_jax.cli import (
+  ArgumentParser,
+  add_attention_flag,
+  add_batch_invariant_flag,
+  check_batch_invariant,
+  method_type,
+  positive_int,
+  run_main,
+)
+from longspec_jax.errors import UserError
+from longspec_jax.methods.registry import Method
+from longspec_jax.weights import default
+
+CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
+
+
+@dataclasses.dataclass
+class Job:
+  """One request as the model thread serves it: its prompt ids, limits and stop strings,
+  and the queue (on the HTTP side's event loop) its pieces of text go to, each (text,
+  finish reason or None); `cancelled` once its client is gone."""
+
+  prompt: list[int]
+  max_tokens: int
+  seed: int
+  stop: tuple[str, ...]
+  loop: asyncio.AbstractEventLoop
+  events: asyncio.Queue
+  cancelled: bool = False
+  ids: list[int] = dataclasses.field(default_factory=list)
+  sent: int = 0  # characters of the text handed on
+
+  def put(self, text: str, finish: str | None) -> None:
+    self.loop.call_soon_threadsafe(self.events.put_nowait, (text, finish))
+
+
+class Worker(threading.Thread):
+  """The model thread: admits queued jobs into free slots, runs chunks of rounds, hands
+  each job its new text, and frees a slot when its job is done, stopped or given up."""
+
+  def __init__(self, slots, tokenizer, eos_ids, max_queue: int):
+    super().__init__(daemon=True, name="model")
+    self.slots, self.tokenizer, self.eos_ids = slots, tokenizer, set(eos_ids)
+    self.queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
+    self.waiting: deque[Job] = deque()
+    self.running: dict[int, Job] = {}
+    self.stopping = threading.Event()
+    self.rounds = 1
+
+  def submit(self, job: Job) -> bool:
+    """Queues `job`; False when the queue is full."""
+    try:
+      self.queue.put_nowait(job)
+      return True
+    except queue.Full:
+      return False
+
+  @property
+  def queued(self) -> int:
+    return self.queue.qsize() + len(self.waiting)
+
+  def run(self) -> None:
+    while not self.stopping.is_set():
+      self._admit()
+      if not self.running:
+        try:
+          self.waiting.append(self.queue.get(timeout=0.05))
+        except queue.Empty:
+          pass
+        continue
+      started = time.perf_counter()
+      try:
+        tokens, done = self.slots.run(self.rounds)
+      except Exception as e:  # (the model failed: every running job is told, the server goes on)
+        for slot, job in list(self.running.items()):
+          self._finish(slot, job, f"error: {e}")
+        continue
+      per_round = (time.perf_counter() - started) / self.rounds
+      self.rounds = int(min(max(CHUNK_SECONDS / max(per_round, 1e-6), 1), 128))
+      for slot, job in list(self.running.items()):
+        new = [int(t) for t in tokens[slot] if t >= 0]
+        self._hand_on(slot, job, new, bool(done[slot]))
+
+  def _admit(self) -> None:
+    for slot in self.slots.free:
+      job = self._next()
+      if job is None:
+        return
+      first, done = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed)
+      self.running[slot] = job
+      self._hand_on(slot, job, [first], done)
+
+  def _next(self) -> Job | None:
+    while True:
+      if self.waiting:
+        job = self.waiting.popleft()
+      else:
+        try:
+          job = self.queue.get_nowait()
+        except queue.Empty:
+          return None
+      if not job.cancelled:
+        return job
+
+  def _hand_on(self, slot: int, job: Job, new: list[int], done: bool) -> None:
+    """The job's text since the last piece, held back where a stop string may be starting
+    or a character is incomplete; the slot freed when the job ends."""
+    if job.cancelled:
+      self._finish(slot, job, None)
+      return
+    job.ids += new
+    text = self.tokenizer.decode(job.ids, skip_special_tokens=True)
+    cut = min((i for i in (text.find(s, max(0, job.sent - len(s) + 1)) for s in job.stop) if i >= 0), default=-1)
+    if cut >= 0:
+      self._piece(job, text[job.sent : cut])
+      self._finish(slot, job, "stop")
+      return
+    if done:
+      self._piece(job, text[job.sent :])
+      self._finish(slot, job, "stop" if job.ids[-1] in self.eos_ids else "length")
+      return
+    hold = max((len(s) - 1 for s in job.stop), default=0)
+    end = len(text) - hold if not text.endswith("\ufffd") else len(text.rstrip("\ufffd")) - hold
+    if end > job.sent:
+      self._piece(job, text[job.sent : end])
+
+  def _piece(self, job: Job, text: str) -> None:
+    if text:
+      job.sent += len(text)
+      job.put(text, None)
+
+  def _finish(self, slot: int, job: Job, reason: str | None) -> None:
+    self.slots.release(slot)
+    del self.running[slot]
+    if reason is not None:
+      job.put("", reason)
+
+
+def error(status: int, message: str):
+  from fastapi.responses import JSONResponse
+
+  kind = "invalid_request_error" if status == 400 else "server_error"
+  return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def create_app(
+  worker: Worker, tokenizer, model_name: str, context: int, sampling, max_new_tokens: int, shutdown_seconds: float
+):
+  """The HTTP side: requests checked, queued on `worker`, answered whole or streamed (a
+  stream in flight at shutdown goes on for up to `shutdown_seconds`)."""
+  from fastapi import FastAPI, Request
+  from fastapi.exceptions import RequestValidationError
+  from pydantic import BaseModel, ConfigDict, Field
+  from sse_starlette.sse import EventSourceResponse
+
+  class Common(BaseModel):
+    model_config = ConfigDict(extra="allow")  # (fields this server does not use are ignored)
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = 1
+
+  class Completion(Common):
+    prompt: str | list[str]
+
+  class Message(BaseModel):
+    role: str
+    content: str
+
+  class Chat(Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+  app = FastAPI(title="longspec-jax", docs_url=None, redoc_url=None)
+
+  @app.exception_handler(RequestValidationError)
+  async def invalid(_, exc: RequestValidationError):
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+      return error(400, "the request body is not valid JSON.")
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    return error(400, f"{where + ': ' if where else ''}{first.get('msg', 'invalid request')}.")
+
+  @app.get("/health")
+  async def health():
+    busy = len(worker.running)
+    return {"status": "ok", "slots": len(worker.slots.busy), "busy": busy, "queued": worker.queued}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "longspec-jax"}]}
+
+  def check(body: Common, prompt: list[int], limit: int) -> str | None:
+    """One sentence for what the server cannot serve as asked, else None."""
+    if body.model != model_name:
+      return f"unknown model {body.model!r}; this server serves {model_name!r}."
+    if body.n != 1:
+      return "n must be 1: this server writes one choice a request."
+    if limit < 1:
+      return f"max_tokens must be at least 1, got {limit}."
+    served = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    for name, asked in (("temperature", body.temperature), ("top_p", body.top_p)):
+      if asked is not None and abs(asked - served[name]) > 1e-6:
+        flag = "--" + name.replace("_", "-")
+        return f"this server samples with {name} {served[name]:g} (its {flag}); the request asks {asked:g}."
+    if not prompt:
+      return "the prompt is empty."
+    if len(prompt) + limit > context:
+      return (
+        f"the prompt ({len(prompt)} tokens) and max_tokens {limit} exceed this server's {context} positions a"
+        f" request (its --context)."
+      )
+    return None
+
+  async def serve(request: Request, body: Common, prompt: list[int], limit: int, chat: bool):
+    problem = check(body, prompt, limit)
+    if problem:
+      return error(400, problem)
+    stops = () if body.stop is None else ((body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
+    loop = asyncio.get_running_loop()
+    job = Job(prompt, limit, body.seed or 0, tuple(s for s in stops if s), loop, asyncio.Queue())
+    if not worker.submit(job):
+      return error(429, f"the server's queue is full ({worker.queue.maxsize} requests waiting); retry later.")
+    ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+    kind = "chat.completion" if chat else "text_completion"
+
+    def choice(text: str, finish: str | None, streamed: bool) -> dict:
+      if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+      key = "delta" if streamed else "message"
+      return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+
+    if body.stream:
+
+      async def events():
+        try:
+          while True:
+            text, finish = await job.events.get()
+            if finish is not None and finish.startswith("error"):
+              yield {"data": json.dumps({"error": {"message": finish, "type": "server_error"}})}
+              break
+            piece = {"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created, "model": model_name}
+            yield {"data": json.dumps({**piece, "choices": [choice(text, finish, True)]})}
+            if finish is not None:
+              break
+          yield {"data": "[DONE]"}
+        finally:
+          job.cancelled = True  # (a client gone mid-stream frees its slot; a finished job is gone already)
+
+      return EventSourceResponse(events(), shutdown_grace_period=shutdown_seconds)
+    parts, finish = [], None
+    while finish is None:
+      try:
+        text, finish = await asyncio.wait_for(job.events.get(), timeout=0.5)
+        parts.append(text)
+      except TimeoutError:
+        if await request.is_disconnected():
+          job.cancelled = True
+          return error(499, "the client went away.")
+    if finish.startswith("error"):
+      return error(500, finish)
+    usage = {
+      "prompt_tokens": len(prompt),
+      "completion_tokens": len(job.ids),
+      "total_tokens": len(prompt) + len(job.ids),
+    }
+    return {
+      "id": ident,
+      "object": kind,
+      "created": created,
+      "model": model_name,
+      "choices": [choice("".join(parts), finish, False)],
+      "usage": usage,
+    }
+
+  @app.post("/v1/completions")
+  async def completions(request: Request, body: Completion):
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+      return error(400, "prompt must be one string: this server writes one completion a request.")
+    limit = 16 if body.max_tokens is None else body.max_tokens  # (the OpenAI API's default)
+    return await serve(request, body, tokenizer(prompts[0]).input_ids, limit, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat(request: Request, body: Chat):
+    if not getattr(tokenizer, "chat_template", None):
+      return error(400, "this server's model has no chat template; use /v1/completions.")
+    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    try:
+      text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # (a template that refuses these roles or their order)
+      return error(400, f"the chat template refuses these messages: {e}")
+    limit = body.max_completion_tokens or body.max_tokens or max_new_tokens
+    return await serve(request, body, tokenizer(text, add_special_tokens=False).input_ids, limit, chat=True)
+
+  return app
+
+
+def parse_args(argv=None):
+  p = ArgumentParser(prog="python -m infer.serve", description=__doc__.splitlines()[0])
+  p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
+  p.add_argument(
+    "--draft",
+    help="draft for longspec, glide, tokenswift and auto: 'default' (shipped for the target), 'random', 'none' or a"
+    " checkpoint dir; auto uses one only when named",
+  )
+  p.add_argument("--method", type=method_type, choices=list(Method), default=Method.AUTO, help="decoding method")
+  add_tree_flags(p)
+  add_draft_vocab_flag(p)
+  add_copy_flags(p)
+  add_sampling_flags(p)
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
+  add_attention_flag(p)
+  add_batch_invariant_flag(p)
+  p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+  p.add_argument("--port", type=positive_int, default=8000, help="port to listen on")
+  p.add_argument("--max-batch", type=positive_int, default=8, help="slots: requests decoded together")
+  p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting for a slot; beyond: HTTP 429")
+  p.add_argument(
+    "--context",
+    type=positive_int,
+    help="positions a request may fill, prompt and new tokens (default: the model's context, at most 4096)",
+  )
+  p.add_argument(
+    "--max-new-tokens", type=positive_int, default=256, help="a chat request's max_tokens when it gives none"
+  )
+  p.add_argument("--served-model-name", help="the model's name in the API (default: --target)")
+  p.add_argument("--shutdown-seconds", type=positive_int, default=30, help="on SIGTERM: how long requests may finish")
+  args = p.parse_args(argv)
+  args.sparse_verify, args.devices = None, 1
+  if args.draft == "none" and args.method.needs_draft:
+    p.error(f"--method {args.method} needs a draft, but --draft none was given")
+  check_batch_invariant(p, args)
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  import uvicorn
+
+  from longspec_jax import backend
+  from longspec_jax.batching import Slots
+  from longspec_jax.engine import verified_size
+  from longspec_jax.weights import load_tokenizer, read_target_config, resolve_target
+
+  path = resolve_target(args.target)
+  config = read_target_config(path)
+  tokenizer = load_tokenizer(path)
+  plan = decoder.check_flags(args, config)
+  context = args.context or min(config.max_position_embeddings, 4096)
+  if context > config.max_position_embeddings:
+    raise UserError(f"--context {context} exceeds the model's context of {config.max_position_embeddings} tokens.")
+  backend.keep_compiled_programs()
+  print(f"loading target {args.target} ...", file=sys.stderr, flush=True)
+  loaded = decoder.load(args, plan, path, tokenizer)
+  reserved = verified_size(loaded.proposer)
+  positions = -(-(context + reserved) // 128) * 128
+  print(f"compiling for {args.max_batch} slots of {context} positions ...", file=sys.stderr, flush=True)
+  slots = Slots.open(loaded.target.model, loaded.decoding, loaded.draft_params, args.max_batch, positions)
+  slots.run(1)  # (the decode loop compiled before the first request)
+  worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue)
+  worker.start()
+  name = args.served_model_name or args.target
+  app = create_app(worker, tokenizer, name, context, plan.sampling, args.max_new_tokens, args.shutdown_seconds - 0.5)
+  print(
+    f"serving {name!r} on http://{args.host}:{args.port} ({args.max_batch} slots, method {args.method})",
+    file=sys.stderr,
+    flush=True,
+  )
+  # uvicorn shuts down on SIGTERM, then raises it again under the handler it found: this one
+  # lets the process end as a finished run (exit 0) instead of dying by the signal.
+  signal.signal(signal.SIGTERM, lambda *_: None)
+  uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_seconds)
+  worker.stopping.set()
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m infer.serve", interruptible=False)

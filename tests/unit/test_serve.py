@@ -1,0 +1,74 @@
+"""The server's model thread without a model: text handed on in pieces, held back where a
+stop string may be starting, cut at one, and a full queue refused."""
+
+import asyncio
+
+from infer.serve import Job, Worker
+
+
+class Slots:
+  busy = [False, False]
+
+  def __init__(self):
+    self.released = []
+
+  def release(self, slot):
+    self.released.append(slot)
+
+
+class Letters:
+  """A tokenizer whose token i is the character chr(i) (EOS 0 decodes to nothing)."""
+
+  def decode(self, ids, skip_special_tokens=True):
+    return "".join(chr(i) for i in ids if i)
+
+
+def job(stop=(), max_tokens=50):
+  loop = asyncio.new_event_loop()
+  return Job([1], max_tokens, 0, stop, loop, asyncio.Queue()), loop
+
+
+def pieces(job, loop):
+  loop.run_until_complete(asyncio.sleep(0))  # (the pieces were scheduled on the job's loop)
+  out = []
+  while not job.events.empty():
+    out.append(job.events.get_nowait())
+  return out
+
+
+def test_text_is_handed_on_and_cut_at_a_stop_string():
+  worker = Worker(Slots(), Letters(), eos_ids=(0,), max_queue=4)
+  j, loop = job(stop=("END",))
+  worker.running[1] = j
+  worker._hand_on(1, j, [ord(c) for c in "abcE"], done=False)
+  assert pieces(j, loop) == [("ab", None)]  # ("cE" held: "END" may be starting)
+  worker._hand_on(1, j, [ord(c) for c in "Nxy"], done=False)
+  assert pieces(j, loop) == [("cEN", None)]  # ("xy" held)
+  worker._hand_on(1, j, [ord(c) for c in "ENDzz"], done=False)
+  assert pieces(j, loop) == [("xy", None), ("", "stop")] and worker.slots.released == [1] and not worker.running
+
+
+def test_a_finished_job_gives_its_reason():
+  worker = Worker(Slots(), Letters(), eos_ids=(0,), max_queue=4)
+  for ids, reason in (([104, 105, 0], "stop"), ([104, 105], "length")):
+    j, loop = job()
+    worker.running[0] = j
+    worker._hand_on(0, j, ids, done=True)
+    assert pieces(j, loop) == [("hi", None), ("", reason)]
+
+
+def test_a_job_given_up_frees_its_slot_silently():
+  worker = Worker(Slots(), Letters(), eos_ids=(0,), max_queue=4)
+  j, loop = job()
+  worker.running[0], j.cancelled = j, True
+  worker._hand_on(0, j, [104], done=False)
+  assert pieces(j, loop) == [] and worker.slots.released == [0]
+
+
+def test_a_full_queue_refuses_and_a_given_up_job_is_skipped():
+  worker = Worker(Slots(), Letters(), eos_ids=(0,), max_queue=2)
+  first, _ = job()
+  second, _ = job()
+  assert worker.submit(first) and worker.submit(second) and not worker.submit(job()[0])
+  first.cancelled = True
+  assert worker._next() is second and worker._next() is None
