@@ -40,6 +40,8 @@ from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
 CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
+# Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
+PREFILL_CHUNK = 2048
 
 
 @dataclasses.dataclass
@@ -96,25 +98,39 @@ class Worker(threading.Thread):
         except queue.Empty:
           pass
         continue
-      started = time.perf_counter()
-      try:
-        tokens, done = self.slots.run(self.rounds)
-      except Exception as e:  # (the model failed: every running job is told, the server goes on)
-        for slot, job in list(self.running.items()):
-          self._finish(slot, job, f"error: {e}")
-        continue
-      per_round = (time.perf_counter() - started) / self.rounds
-      self.rounds = int(min(max(CHUNK_SECONDS / max(per_round, 1e-6), 1), 128))
+      self._step()
+
+  def _step(self) -> None:
+    """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS`."""
+    started = time.perf_counter()
+    try:
+      tokens, done = self.slots.run(self.rounds)
+    except Exception as e:  # (the model failed: every running job is told, the server goes on)
       for slot, job in list(self.running.items()):
-        new = [int(t) for t in tokens[slot] if t >= 0]
-        self._hand_on(slot, job, new, bool(done[slot]))
+        self._finish(slot, job, f"error: {e}")
+      return
+    per_round = (time.perf_counter() - started) / self.rounds
+    self.rounds = int(min(max(CHUNK_SECONDS / max(per_round, 1e-6), 1), 128))
+    for slot, job in list(self.running.items()):
+      new = [int(t) for t in tokens[slot] if t >= 0]
+      self._hand_on(slot, job, new, bool(done[slot]))
 
   def _admit(self) -> None:
+    """Queued jobs into the free slots, each prefilled in passes between which the running
+    jobs go on (`Slots.admit`)."""
+    from longspec_jax.engine import prefill_chunk_tokens
+
     for slot in self.slots.free:
       job = self._next()
       if job is None:
         return
-      first, done = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed)
+      between = self._step if self.running else None
+      chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between else None
+      try:
+        first, done = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed, prefill_chunk=chunk, between=between)
+      except Exception as e:  # (its prefill failed: it is told, the others go on)
+        job.put("", f"error: {e}")
+        continue
       self.running[slot] = job
       self._hand_on(slot, job, [first], done)
 

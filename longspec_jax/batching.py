@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -125,9 +125,20 @@ class Slots:
   def free(self) -> list[int]:
     return [int(i) for i in np.flatnonzero(~self.busy)]
 
-  def admit(self, slot: int, prompt: Sequence[int], max_new_tokens: int, seed: int = 0) -> tuple[int, bool]:
-    """Prefills `prompt` alone into the free `slot`: (its first token, whether that already
-    ends it: an EOS, or a limit of one token)."""
+  def admit(
+    self,
+    slot: int,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    seed: int = 0,
+    *,
+    prefill_chunk: int | None = None,
+    between: Callable[[], None] | None = None,
+  ) -> tuple[int, bool]:
+    """Prefills `prompt` alone into the free `slot` in passes of `prefill_chunk` tokens
+    (default the engine's): (its first token, whether that already ends it: an EOS, or a
+    limit of one token). `between` runs after each pass but the last: there the other
+    slots can `run`, so that they go on streaming while a long prompt is prefilled."""
     if self.busy[slot]:
       raise ValueError(f"slot {slot} holds a request; release it first.")
     started = engine.start(
@@ -137,6 +148,8 @@ class Slots:
       self.decoding,
       self.proposer_params,
       seed=[seed],
+      prefill_chunk=prefill_chunk,
+      on_prefill=None if between is None else lambda done, total: between() if done < total else None,
       carried=self.carried,
       positions=self.positions,
     )

@@ -100,3 +100,26 @@ def test_autos_prices_are_measured_at_the_slots_shape_when_they_open(tiny):
   assert table.complete and slots.free == [0, 1]
   costs = np.asarray(slots.state.proposal.costs)
   np.testing.assert_allclose(costs, np.float32(table.seconds[:-1]))  # (the batch chooses by them)
+
+
+def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
+  """A 40-token prompt prefilled in passes of 16 while another request decodes: the other
+  runs a chunk after each pass but the last, and both write what they write alone."""
+  decoding = Decoding()
+  slots = Slots.open(tiny, decoding, None, slots=2, positions=128)
+  first = list(range(3, 14))
+  written = {0: [slots.admit(0, first, 20)[0]]}
+  second = np.random.default_rng(5).integers(3, 200, size=40).tolist()
+
+  def between():
+    tokens, _ = slots.run(1)
+    written[0] += [int(t) for t in tokens[0] if t != PAD_ID]
+
+  written[1] = [slots.admit(1, second, 6, prefill_chunk=16, between=between)[0]]
+  assert len(written[0]) == 3  # (its first token, then one round after each of two passes)
+  while not all(np.asarray(slots.state.done)):
+    tokens, _ = slots.run(4)
+    for slot in (0, 1):
+      written[slot] += [int(t) for t in tokens[slot] if t != PAD_ID]
+  assert written[0] == generate(tiny, [first], 20).token_ids[0]
+  assert written[1] == generate(tiny, [second], 6).token_ids[0]

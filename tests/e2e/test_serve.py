@@ -105,13 +105,13 @@ def test_completions_chat_and_streams_write_what_generate_writes(server, client,
 
 
 def test_concurrent_requests_each_write_their_own_text(server, client, tiny_with_tokenizer):
-  asks = [(PROMPTS[i % len(PROMPTS)], 5 + 3 * i) for i in range(8)]  # (8 requests, 4 slots: some wait)
+  asks = [(PROMPTS[i % len(PROMPTS)], 5 + 2 * i) for i in range(16)]  # (16 clients, 4 slots: most wait)
 
   def ask(prompt_tokens):
     prompt, tokens = prompt_tokens
     return client.completions.create(model="tiny", prompt=prompt, max_tokens=tokens).choices[0].text
 
-  with ThreadPoolExecutor(8) as pool:
+  with ThreadPoolExecutor(16) as pool:
     answers = list(pool.map(ask, asks))
   assert answers == [alone(tiny_with_tokenizer, prompt, tokens) for prompt, tokens in asks]
 
