@@ -57,6 +57,7 @@ class Job:
   loop: asyncio.AbstractEventLoop
   events: asyncio.Queue
   cancelled: bool = False
+  reused: int = 0  # prompt tokens a slot's cache held already
   ids: list[int] = dataclasses.field(default_factory=list)
   sent: int = 0  # characters of the text handed on
 
@@ -116,23 +117,26 @@ class Worker(threading.Thread):
       self._hand_on(slot, job, new, bool(done[slot]))
 
   def _admit(self) -> None:
-    """Queued jobs into the free slots, each prefilled in passes between which the running
-    jobs go on (`Slots.admit`)."""
+    """Queued jobs into free slots, each into the one whose cache holds the most of its
+    prompt (the conversation a chat's next turn extends: only the new turn is prefilled),
+    prefilled in passes between which the running jobs go on (`Slots.choose`, `admit`)."""
     from longspec_jax.engine import prefill_chunk_tokens
 
-    for slot in self.slots.free:
+    while self.slots.free:
       job = self._next()
       if job is None:
         return
+      slot = self.slots.choose(job.prompt)
       between = self._step if self.running else None
       chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between else None
       try:
-        first, done = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed, prefill_chunk=chunk, between=between)
+        admitted = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed, prefill_chunk=chunk, between=between)
       except Exception as e:  # (its prefill failed: it is told, the others go on)
         job.put("", f"error: {e}")
         continue
+      job.reused = admitted.reused
       self.running[slot] = job
-      self._hand_on(slot, job, [first], done)
+      self._hand_on(slot, job, [admitted.first], admitted.done)
 
   def _next(self) -> Job | None:
     while True:
@@ -311,6 +315,7 @@ def create_app(
       "prompt_tokens": len(prompt),
       "completion_tokens": len(job.ids),
       "total_tokens": len(prompt) + len(job.ids),
+      "prompt_tokens_details": {"cached_tokens": job.reused},  # (the OpenAI API's name for them)
     }
     return {
       "id": ident,

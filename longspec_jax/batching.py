@@ -10,6 +10,10 @@ without code of its own, and what the batch shares (`auto`'s prices and counts) 
 batch's. The rows of other slots are untouched, and a round's tokens for one row do not
 depend on the others (the engine's batch invariance), so under greedy decoding or draws
 keyed by position (the default) a request's tokens are those it gets alone.
+
+A slot's cache outlives its request: a prompt that begins with the tokens a free slot holds
+(the next turn of a chat: the conversation so far, the last answer included) is admitted
+there and prefills only what is new (`choose`, `admit`).
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from longspec_jax import engine
 from longspec_jax.engine import DecodeState, Decoding
 from longspec_jax.methods import prices
+from longspec_jax.models.cache import KVCache
 from longspec_jax.models.target import Transformer
 
 
@@ -51,6 +57,27 @@ def _splice(state: Any, one: Any, row: jax.Array, axes: tuple[int | None, ...]) 
   return jax.tree.unflatten(tree, written)
 
 
+class Admitted(NamedTuple):
+  first: int  # the request's first token
+  done: bool  # it ends there: an EOS, or a limit of one token
+  reused: int  # prompt tokens whose K/V the slot held already (not prefilled again)
+
+
+def _row(cache: KVCache, slot: int, count: int) -> KVCache:
+  """A cache of one sequence: `slot`'s row of `cache`, its first `count` positions kept."""
+  return KVCache(k=cache.k[:, slot : slot + 1], v=cache.v[:, slot : slot + 1], lengths=jnp.full((1,), count, jnp.int32))
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+  """The length of the longest common prefix of `a` and `b`."""
+  n = 0
+  for x, y in zip(a, b):
+    if x != y:
+      break
+    n += 1
+  return n
+
+
 @dataclasses.dataclass
 class Slots:
   """`slots` sequences decoding together in a cache of `positions`: `admit` a prompt into a
@@ -66,6 +93,7 @@ class Slots:
   limits: np.ndarray  # [slots] int32
   busy: np.ndarray  # [slots] bool
   carried: dict | None
+  tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
 
   @classmethod
   def open(
@@ -96,6 +124,7 @@ class Slots:
       limits=np.ones(slots, np.int32),
       busy=np.zeros(slots, bool),
       carried=carried,
+      tokens=[[] for _ in range(slots)],
     )
     if decoding.multi_kind and not table.complete:
       memory.prices.remember(key, opened.measure_prices(table))
@@ -125,6 +154,18 @@ class Slots:
   def free(self) -> list[int]:
     return [int(i) for i in np.flatnonzero(~self.busy)]
 
+  def held(self, slot: int, prompt: Sequence[int]) -> int:
+    """How many of `prompt`'s first tokens `slot`'s cache holds the K/V of (at most all but
+    its last, whose hidden state gives the first new token)."""
+    cached = int(np.asarray(self.state.cache.lengths)[slot])
+    return min(_common(self.tokens[slot][:cached], prompt), len(prompt) - 1)
+
+  def choose(self, prompt: Sequence[int]) -> int | None:
+    """The free slot to admit `prompt` into: the one holding the most of it (the first
+    free one where none does); None when every slot is busy."""
+    free = self.free
+    return max(free, key=lambda slot: (self.held(slot, prompt), -slot)) if free else None
+
   def admit(
     self,
     slot: int,
@@ -134,13 +175,14 @@ class Slots:
     *,
     prefill_chunk: int | None = None,
     between: Callable[[], None] | None = None,
-  ) -> tuple[int, bool]:
+  ) -> Admitted:
     """Prefills `prompt` alone into the free `slot` in passes of `prefill_chunk` tokens
-    (default the engine's): (its first token, whether that already ends it: an EOS, or a
-    limit of one token). `between` runs after each pass but the last: there the other
-    slots can `run`, so that they go on streaming while a long prompt is prefilled."""
+    (default the engine's), from the first token the slot's cache does not hold already.
+    `between` runs after each pass but the last: there the other slots can `run`, so that
+    they go on streaming while a long prompt is prefilled."""
     if self.busy[slot]:
       raise ValueError(f"slot {slot} holds a request; release it first.")
+    reused = self.held(slot, prompt)
     started = engine.start(
       self.model,
       [prompt],
@@ -152,11 +194,14 @@ class Slots:
       on_prefill=None if between is None else lambda done, total: between() if done < total else None,
       carried=self.carried,
       positions=self.positions,
+      prefix=_row(self.state.cache, slot, reused) if reused else None,
     )
     self.state = _splice(self.state, started.state, np.int32(slot), self.axes)
     self.limits[slot] = max_new_tokens
     self.busy[slot] = True
-    return int(started.first[0]), bool(np.asarray(started.state.done)[0])
+    first = int(started.first[0])
+    self.tokens[slot] = [*prompt, first]
+    return Admitted(first, bool(np.asarray(started.state.done)[0]), reused)
 
   def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
     """Up to `rounds` rounds over every slot: (the new tokens [slots, n], PAD_ID where a slot
@@ -169,7 +214,10 @@ class Slots:
       max_new_tokens=self.limits.tolist(),
       rounds=rounds,
     )
-    return np.asarray(tokens), np.asarray(self.state.done)
+    tokens = np.asarray(tokens)
+    for slot in np.flatnonzero(self.busy):
+      self.tokens[slot] += [int(t) for t in tokens[slot] if t != engine.PAD_ID]
+    return tokens, np.asarray(self.state.done)
 
   def release(self, slot: int) -> None:
     """Frees `slot`, done or not (a request given up): its row emits nothing until a request

@@ -285,20 +285,31 @@ def prefill(
   max_len: int,
   chunk: int | None = None,
   on_progress: Callable[[int, int], None] | None = None,
+  prefix: KVCache | None = None,
 ):
   """Fills a new cache with the prompts in passes of `chunk` tokens a sequence (default
   `prefill_chunk_tokens`); returns (cache, hidden [B, E] at each last prompt token). The
   last pass is only as wide as `prefill_width` of what is left (a 640-token prompt in
   512-token passes computes 512 + 128 tokens, not 1,024). `on_progress(done, total)` is
   called after each pass has run (which then waits for the device pass by pass, instead of
-  queueing them all)."""
+  queueing them all). `prefix`: a cache of `max_len` that already holds the K/V of each
+  prompt's first `prefix.lengths` tokens (the same count for all, fewer than any prompt
+  has), which the passes continue from."""
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
   chunk = chunk or prefill_chunk_tokens(len(prompts))
-  passes = [(start, min(chunk, prefill_width(longest - start))) for start in range(0, longest, chunk)]
-  padded = _left_aligned(prompts, sum(width for _, width in passes))
-  cache = KVCache.create(model.config, len(prompts), max_len, model.dtype)
+  held = 0 if prefix is None else np.asarray(prefix.lengths)
+  if prefix is not None:
+    if prefix.max_len != max_len or np.any(held != held[0]) or held[0] >= lengths.min():
+      raise ValueError(
+        f"a prefix must hold as many positions as the cache ({max_len}) and the same count of each prompt's"
+        f" first tokens, fewer than any prompt has; got {prefix.max_len} positions holding {held.tolist()}."
+      )
+    held = int(held[0])
+  passes = [(start, min(chunk, prefill_width(longest - start))) for start in range(held, longest, chunk)]
+  padded = _left_aligned(prompts, held + sum(width for _, width in passes))
+  cache = KVCache.create(model.config, len(prompts), max_len, model.dtype) if prefix is None else prefix
   last_hidden = jnp.zeros((len(prompts), model.config.hidden_size), model.dtype)
   for start, width in passes:
     cache, last_hidden = _prefill_chunk[model.compilation()](
@@ -564,12 +575,14 @@ def start(
   on_prefill: Callable[[int, int], None] | None = None,
   carried: dict | None = None,
   positions: int | None = None,
+  prefix: KVCache | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
   `decode_chunk` continues. The cache holds `positions` (default `cache_length`). `max_new_tokens`:
   one limit for all, or one a prompt. `seed`: one a prompt,
   or one int, row b then drawing with seed + b (`generate`). `carried`: what a multi-kind
-  proposer starts from (`MultiKind.start`'s `learnt` and `seconds`)."""
+  proposer starts from (`MultiKind.start`'s `learnt` and `seconds`). `prefix`: a cache
+  already holding the prompts' first tokens (`prefill`), which prefill continues from."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
@@ -582,7 +595,7 @@ def start(
     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one a prompt, or one int.")
   key, first_key = generation_keys(seeds, decoding.sampling)
   t0 = time.perf_counter()
-  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill)
+  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill, prefix)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
   root, nonfinite = _first_token[model.compilation()](

@@ -58,7 +58,7 @@ def test_requests_joining_and_leaving_slots_write_what_they_write_alone(tiny, me
       if not waiting:
         break
       request = waiting.pop(0)
-      first, done = slots.admit(slot, *requests[request])
+      first, done, _ = slots.admit(slot, *requests[request])
       written[request] = [first]
       if done:
         slots.release(slot)
@@ -123,3 +123,32 @@ def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
       written[slot] += [int(t) for t in tokens[slot] if t != PAD_ID]
   assert written[0] == generate(tiny, [first], 20).token_ids[0]
   assert written[1] == generate(tiny, [second], 6).token_ids[0]
+
+
+@pytest.mark.parametrize("method", [Method.AR, Method.LONGSPEC, Method.AUTO])
+def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method):
+  """A prompt that extends a finished request's prompt and answer goes to that request's
+  slot, prefills only its new tokens, and writes what it writes alone."""
+  proposer_, params = proposer(tiny, method)
+  decoding = Decoding(proposer=proposer_)
+  slots = Slots.open(tiny, decoding, params, slots=3, positions=256)
+  rng = np.random.default_rng(9)
+  turn = rng.integers(3, 200, size=30).tolist()
+  slots.admit(0, rng.integers(3, 200, size=12).tolist(), 3)  # (another conversation, in slot 0)
+  assert slots.choose(turn) == 1  # (nothing held anywhere: the first free slot)
+  admitted = slots.admit(1, turn, 10)
+  answer = [admitted.first]
+  while not np.asarray(slots.state.done)[1]:
+    tokens, _ = slots.run(3)
+    answer += [int(t) for t in tokens[1] if t != PAD_ID]
+  slots.release(1)
+  assert answer == generate(tiny, [turn], 10, decoding, params).token_ids[0]
+  following = turn + answer + rng.integers(3, 200, size=7).tolist()
+  assert slots.choose(following) == 1
+  again = slots.admit(1, following, 8)
+  assert again.reused == len(turn) + len(answer) - 1  # (all but the answer's last token, never fed back)
+  written = [again.first]
+  while not np.asarray(slots.state.done)[1]:
+    tokens, _ = slots.run(3)
+    written += [int(t) for t in tokens[1] if t != PAD_ID]
+  assert written == generate(tiny, [following], 8, decoding, params).token_ids[0]

@@ -123,6 +123,16 @@ def test_a_stop_string_ends_the_text_before_it(server, client, tiny_with_tokeniz
   assert cut.text == whole[: whole.index(stop)] and cut.finish_reason == "stop"
 
 
+def test_a_chats_next_turn_prefills_only_what_is_new(server, client):
+  hello = [{"role": "user", "content": "Hello"}]
+  first = client.chat.completions.create(model="tiny", messages=hello, max_tokens=6)
+  answer = {"role": "assistant", "content": first.choices[0].message.content}
+  turn = [*hello, answer, {"role": "user", "content": "Go on"}]
+  second = client.chat.completions.create(model="tiny", messages=turn, max_tokens=4)
+  assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens  # (the first turn's, held)
+  assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens
+
+
 @pytest.mark.parametrize(
   "path, body, message",
   [
