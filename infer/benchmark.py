@@ -86,15 +86,28 @@ class Variant(NamedTuple):
   drafted: bool = True  # False: `auto` without the named draft (its row beside auto with it)
 
 
-def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int) -> dict:
-  """One method on every prompt (after warm-up runs): tau, tokens/s, and the split of
-  decode time into drafting, verification and the rest (the phases are timed apart from
-  the run, on its final state, `infer.timing.phase_seconds`). `auto` warms up until its
-  round prices are measured (once per machine and shape: they are kept on disk)."""
-  warmed_up(lambda: generate(target.model, prompts[:1], new_tokens, decoding, draft_params, seed=seed))
+def batches(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+  """The prompts in consecutive batches of `batch`, the last filled up by repeating the
+  prompts from the first (so that every batch is full: a sweep's rows compare batch sizes,
+  not leftovers)."""
+  count = -(-len(prompts) // batch) * batch
+  cycled = [prompts[i % len(prompts)] for i in range(count)]
+  return [cycled[i : i + batch] for i in range(0, count, batch)]
+
+
+def run_config(
+  target, decoding: Decoding, draft_params, prompts: list[list[int]], new_tokens: int, seed: int, batch: int = 1
+) -> dict:
+  """One method on every prompt, `batch` prompts a generation (after warm-up runs): tau,
+  tokens/s (over the batch), and the split of decode time into drafting, verification and
+  the rest (the phases are timed apart from the run, on its final state,
+  `infer.timing.phase_seconds`). `auto` warms up until its round prices are measured (once
+  per machine and shape: they are kept on disk)."""
+  groups = batches(prompts, batch)
+  warmed_up(lambda: generate(target.model, groups[0], new_tokens, decoding, draft_params, seed=seed))
   stats, token_ids, phases, rounds, compiles = [], [], dict.fromkeys(PHASES[:2], 0.0), 0, []
   adaptive = decoding.multi_kind  # (its rounds differ: no one draft and verify phase)
-  for prompt in prompts:
+  for group in groups:
     # Nothing runs between the generations, and none runs while another's caches are
     # held: other programs (the phases' timing, once after every prompt) move the
     # buffers, and the next generation paid a rewrite of its loop's CUDA graphs (PLD
@@ -106,13 +119,13 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
     for _ in range(2):
       result = None
       with Compiles() as compiled:
-        result = generate(target.model, [prompt], new_tokens, decoding, draft_params, seed=seed)
+        result = generate(target.model, group, new_tokens, decoding, draft_params, seed=seed)
       if not compiled.seconds:
         break
       first_compile = first_compile or compiled.seconds
     stats.append(result.stats)
     compiles.append((first_compile, compiled.seconds))
-    token_ids.append(result.token_ids[0])
+    token_ids += result.token_ids
     rounds += int(result.state.rounds)
   if not adaptive:  # (the prompts are of about one length: the last one's round stands for all)
     per_round = phase_seconds(target.model, decoding, draft_params, result.state)
@@ -138,15 +151,16 @@ def run_config(target, decoding: Decoding, draft_params, prompts: list[list[int]
       if kinds
       else {}
     ),
-    "tau": sum(s.num_new_tokens - 1 for s in stats) / sum(s.rounds for s in stats),
+    "tau": sum(s.num_new_tokens - batch for s in stats) / sum(s.rounds for s in stats),
     "acceptance_by_depth": acceptance_by_depth(np.sum([s.rounds_by_length for s in stats], axis=0)),
     # (the share of the cached K/V the verifier read, over every round: 1.0 when dense)
     "kv_fraction_read": sum(s.kv_fraction_read * s.rounds for s in stats) / sum(s.rounds for s in stats),
     "tokens_per_second": statistics.median(s.tokens_per_second for s in stats),
     "end_to_end_tokens_per_second": statistics.median(s.end_to_end_tokens_per_second for s in stats),
     "time_to_first_token_seconds": statistics.median(s.time_to_first_token_seconds for s in stats),
-    # (compile_seconds: XLA compiled during the timed generation, its speed includes it;
-    # rerun_after_compile_seconds: what a first try compiled, which was then run again)
+    # (one entry a generation: a prompt, or with a batch its prompts; compile_seconds: XLA
+    # compiled during the timed generation, its speed includes it; rerun_after_compile_seconds:
+    # what a first try compiled, which was then run again)
     "per_prompt": [
       {
         "tokens_per_second": s.tokens_per_second,
@@ -227,6 +241,14 @@ def main(argv=None):
   )
   p.add_argument("--lengths", type=cli.positive_int, nargs="+", default=[1024, 4096, 7680], help="prefill tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=3, help="prompts per set and length")
+  p.add_argument(
+    "--batch",
+    type=cli.positive_int,
+    nargs="+",
+    default=[1],
+    help="prompts decoded together (the last batch filled up by repeating prompts); several: one run of every"
+    " method each, against AR at the same batch (tokens/s over the batch and per sequence)",
+  )
   p.add_argument("--new-tokens", type=cli.positive_int, default=256, help="tokens each run decodes")
   p.add_argument(
     "--target",
@@ -383,7 +405,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     f"{f', over {args.devices} devices' if args.devices > 1 else ''}"
   )
   print(
-    "set  | prefill | method         | tau  | tokens/s | speedup vs AR | end to end | draft/verify/other"
+    "set  | prefill | batch | method         | tau  | tokens/s | speedup vs AR | end to end | draft/verify/other"
     " | cache MiB target+draft | stream gap s | same tokens as AR",
     flush=True,
   )
@@ -420,83 +442,92 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
   for set_name in set_names(args.sets):
     for length in args.lengths:
       prompts = PROMPT_SETS[set_name](target.tokenizer, length, args.num_prompts)
-      baseline = None
-      for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast, drafted in variants:
-        draft = drafts[method.draft_kind, vocab] if specs[method] is not None and drafted else None
-        proposer, draft_params = make_proposer(
-          method,
-          draft,
-          ProposerOptions(
-            tree_widths=widths, copy_tokens=copies, cape=cape, copy_matches=matches, sampling=sampling, sparse=sparse
-          ),
-        )
-        decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
-        result = run_config(fast if on_fast else target, decoding, draft_params, prompts, args.new_tokens, args.seed)
-        baseline = baseline or result
-        row = {
-          "set": set_name,
-          "prefill_tokens": length,
-          "method": label,
-          **proposer.describe(),
-          "draft_vocab": draft.vocab_rows if isinstance(draft, Draft) else None,
-          **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
-          **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
-          "tau": result["tau"],
-          "acceptance_by_depth": result["acceptance_by_depth"],
-          "kv_fraction_read": result["kv_fraction_read"],
-          "tokens_per_second": result["tokens_per_second"],
-          "end_to_end_tokens_per_second": result["end_to_end_tokens_per_second"],
-          "time_to_first_token_seconds": result["time_to_first_token_seconds"],
-          "per_prompt": result["per_prompt"]
-          if method is not Method.AR or on_fast or not args.keep_texts
-          else [
-            {**one, "prompt_ids": prompt, "token_ids": ids}
-            for one, prompt, ids in zip(result["per_prompt"], prompts, result["token_ids"])
-          ],
-          "prefill_seconds": result["prefill_seconds"],
-          "max_stream_gap_seconds": result["max_stream_gap_seconds"],
-          **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
-          "kv_cache_mib": result["kv_cache_mib"],
-          "draft_state_mib": result["draft_state_mib"],
-          "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
-          "end_to_end_speedup_vs_ar": result["end_to_end_tokens_per_second"] / baseline["end_to_end_tokens_per_second"],
-          "batch_invariant": args.batch_invariant and not on_fast,
-          # (greedy, or sampled with draws keyed by position: every lossless method writes
-          # AR's text; other draws consume the random stream as each method's rounds do)
-          "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if one_text else None,
-        }
-        if row["same_tokens_as_ar"] is False and sampling.greedy:  # (where AR's logits decide)
-          row["divergences"] = [
-            divergence(target, prompt, ref, got)
-            for prompt, ref, got in zip(prompts, baseline["token_ids"], result["token_ids"])
-            if ref != got
-          ]
-        rows.append(row)
-        save()
-        split = "/".join(
-          "-" if row[f"{phase}_share"] is None else f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES
-        )
-        print(
-          f"{set_name:4} | {length:7} | {label:14} | {row['tau']:4.2f} | {row['tokens_per_second']:8.1f} |"
-          f" {row['speedup_vs_ar']:12.2f}x | {row['end_to_end_speedup_vs_ar']:9.2f}x | {split:>17}% |"
-          f" {row['kv_cache_mib']:12.1f} +"
-          f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
-          flush=True,
-        )
-        compiled = [p["compile_seconds"] for p in row["per_prompt"] if p["compile_seconds"]]
-        if compiled:
+      for batch in args.batch:
+        baseline = None
+        for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast, drafted in variants:
+          draft = drafts[method.draft_kind, vocab] if specs[method] is not None and drafted else None
+          proposer, draft_params = make_proposer(
+            method,
+            draft,
+            ProposerOptions(
+              tree_widths=widths, copy_tokens=copies, cape=cape, copy_matches=matches, sampling=sampling, sparse=sparse
+            ),
+          )
+          decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)
+          result = run_config(
+            fast if on_fast else target, decoding, draft_params, prompts, args.new_tokens, args.seed, batch
+          )
+          baseline = baseline or result
+          row = {
+            "set": set_name,
+            "prefill_tokens": length,
+            "batch": batch,
+            "method": label,
+            **proposer.describe(),
+            "draft_vocab": draft.vocab_rows if isinstance(draft, Draft) else None,
+            **({"sparse_verify": dataclasses.asdict(sparse)} if sparse else {}),
+            **{key: result[key] for key in ("rounds_by_kind", "round_ms_by_kind") if key in result},
+            "tau": result["tau"],
+            "acceptance_by_depth": result["acceptance_by_depth"],
+            "kv_fraction_read": result["kv_fraction_read"],
+            "tokens_per_second": result["tokens_per_second"],
+            "tokens_per_second_per_sequence": result["tokens_per_second"] / batch,
+            "end_to_end_tokens_per_second": result["end_to_end_tokens_per_second"],
+            "time_to_first_token_seconds": result["time_to_first_token_seconds"],
+            "per_prompt": result["per_prompt"]
+            if method is not Method.AR or on_fast or not args.keep_texts or batch > 1
+            else [
+              {**one, "prompt_ids": prompt, "token_ids": ids}
+              for one, prompt, ids in zip(result["per_prompt"], prompts, result["token_ids"])
+            ],
+            "prefill_seconds": result["prefill_seconds"],
+            "max_stream_gap_seconds": result["max_stream_gap_seconds"],
+            **{f"{phase}_share": result[f"{phase}_share"] for phase in PHASES},
+            "kv_cache_mib": result["kv_cache_mib"],
+            "draft_state_mib": result["draft_state_mib"],
+            "speedup_vs_ar": result["tokens_per_second"] / baseline["tokens_per_second"],
+            "end_to_end_speedup_vs_ar": result["end_to_end_tokens_per_second"]
+            / baseline["end_to_end_tokens_per_second"],
+            "batch_invariant": args.batch_invariant and not on_fast,
+            # (greedy, or sampled with draws keyed by position: every lossless method writes
+            # AR's text; other draws consume the random stream as each method's rounds do)
+            "same_tokens_as_ar": result["token_ids"] == baseline["token_ids"] if one_text else None,
+          }
+          if row["same_tokens_as_ar"] is False and sampling.greedy:  # (where AR's logits decide)
+            row["divergences"] = [
+              divergence(target, prompt, ref, got)
+              for prompt, ref, got in zip(
+                [p for group in batches(prompts, batch) for p in group], baseline["token_ids"], result["token_ids"]
+              )
+              if ref != got
+            ]
+          rows.append(row)
+          save()
+          split = "/".join(
+            "-" if row[f"{phase}_share"] is None else f"{100 * row[f'{phase}_share']:.0f}" for phase in PHASES
+          )
           print(
-            f"  note: {len(compiled)} of its timed generations compiled ({sum(compiled):.1f} s):"
-            " its speed includes the compiler",
+            f"{set_name:4} | {length:7} | {batch:5} | {label:14} | {row['tau']:4.2f} |"
+            f" {row['tokens_per_second']:8.1f} |"
+            f" {row['speedup_vs_ar']:12.2f}x | {row['end_to_end_speedup_vs_ar']:9.2f}x | {split:>17}% |"
+            f" {row['kv_cache_mib']:12.1f} +"
+            f" {row['draft_state_mib']:5.2f} | {row['max_stream_gap_seconds']:12.2f} | {same_tokens(row)}",
             flush=True,
           )
-        rerun = [p["rerun_after_compile_seconds"] for p in row["per_prompt"] if p["rerun_after_compile_seconds"]]
-        if rerun:
-          print(
-            f"  note: {len(rerun)} of its generations compiled ({sum(rerun):.1f} s) and were run again:"
-            " a user's first such prompt stalls that long",
-            flush=True,
-          )
+          compiled = [p["compile_seconds"] for p in row["per_prompt"] if p["compile_seconds"]]
+          if compiled:
+            print(
+              f"  note: {len(compiled)} of its timed generations compiled ({sum(compiled):.1f} s):"
+              " its speed includes the compiler",
+              flush=True,
+            )
+          rerun = [p["rerun_after_compile_seconds"] for p in row["per_prompt"] if p["rerun_after_compile_seconds"]]
+          if rerun:
+            print(
+              f"  note: {len(rerun)} of its generations compiled ({sum(rerun):.1f} s) and were run again:"
+              " a user's first such prompt stalls that long",
+              flush=True,
+            )
   if written:
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

@@ -42,40 +42,45 @@ def _log_x(ax, xs) -> None:
 
 
 def _methods(result: dict, plt):
-  """Speedup over AR and tau against prefill length, one column per prompt set; with
-  several lengths also the drafts' state (GLIDE's grows with the context, LongSpec's does
-  not)."""
+  """Speedup over AR and tau, one column per prompt set, against prefill length, or with
+  several batch sizes against the batch (beside tokens/s over the batch); with several
+  lengths also the drafts' state (GLIDE's grows with the context, LongSpec's does not)."""
   rows = result["rows"]
   sets = sorted({r["set"] for r in rows})
-  keys = ["speedup_vs_ar", "tau"]
-  if len({r["prefill_tokens"] for r in rows}) > 1 and any(r.get("draft_state_mib") for r in rows):
+  sweep = "batch" if len({r.get("batch", 1) for r in rows}) > 1 else "prefill_tokens"
+  several_lengths = len({r["prefill_tokens"] for r in rows}) > 1
+  titles = {"speedup_vs_ar": "decode speedup vs AR", "tau": "tau", "tokens_per_second": "tokens/s over the batch"}
+  titles["draft_state_mib"] = "draft state"
+  units = {"speedup_vs_ar": "x AR tokens/s", "tau": "tokens per target forward", "tokens_per_second": "tokens/s"}
+  units["draft_state_mib"] = "MiB"
+  keys = ["speedup_vs_ar", "tau"] + (["tokens_per_second"] if sweep == "batch" else [])
+  if sweep == "prefill_tokens" and several_lengths and any(r.get("draft_state_mib") for r in rows):
     keys.append("draft_state_mib")
   fig, axes = plt.subplots(len(keys), len(sets), figsize=(5 * len(sets), 3.25 * len(keys)), squeeze=False)
   for column, set_name in enumerate(sets):
-    by_method = defaultdict(list)
+    by_line = defaultdict(list)
     for r in rows:
       if r["set"] == set_name:
-        by_method[r["method"]].append(r)
-    lengths = sorted({r["prefill_tokens"] for r in rows if r["set"] == set_name})
-    for index, (method, points) in enumerate(by_method.items()):
-      points.sort(key=lambda r: r["prefill_tokens"])
+        apart = sweep == "batch" and several_lengths  # (a line per method and length)
+        by_line[f"{r['method']} @ {r['prefill_tokens']:,}" if apart else r["method"]].append(r)
+    xs = sorted({r.get(sweep, 1) for r in rows if r["set"] == set_name})
+    for index, (label, points) in enumerate(by_line.items()):
+      points.sort(key=lambda r: r.get(sweep, 1))
       for ax, key in zip(axes[:, column], keys):
-        if len(lengths) > 1:
-          ax.plot([r["prefill_tokens"] for r in points], [r[key] for r in points], marker="o", label=method)
-        else:  # one prefill length: a bar per method
-          ax.bar(index, points[0][key], label=method, color=f"C{index}")
+        if len(xs) > 1:
+          ax.plot([r.get(sweep, 1) for r in points], [r[key] for r in points], marker="o", label=label)
+        else:  # one prefill length and batch: a bar per method
+          ax.bar(index, points[0][key], label=label, color=f"C{index}")
     axes[0, column].axhline(1.0, color="grey", lw=0.8, ls="--")
-    axes[0, column].set(title=f"{set_name}: decode speedup vs AR", ylabel="x AR tokens/s")
-    axes[1, column].set(title=f"{set_name}: tau", ylabel="tokens per target forward")
-    if len(keys) > 2:
-      axes[2, column].set(title=f"{set_name}: draft state", ylabel="MiB")
-    axes[-1, column].set(xlabel="prefill tokens" if len(lengths) > 1 else f"method, {lengths[0]:,} prefill tokens")
-    for ax in axes[:, column]:
-      if len(lengths) > 1:
-        _log_x(ax, lengths)
+    for ax, key in zip(axes[:, column], keys):
+      ax.set(title=f"{set_name}: {titles[key]}", ylabel=units[key])
+      if len(xs) > 1:
+        _log_x(ax, xs)
       else:
-        ax.set_xticks(range(len(by_method)), list(by_method), fontsize=7)
+        ax.set_xticks(range(len(by_line)), list(by_line), fontsize=7)
       ax.grid(alpha=0.3)
+    what = "batch" if sweep == "batch" else "prefill tokens"
+    axes[-1, column].set(xlabel=what if len(xs) > 1 else f"method, {xs[0]:,} {what}")
     axes[0, column].legend(fontsize=8)
   temperature = (result.get("sampling") or {}).get("temperature", 0.0)
   fig.suptitle(_title(result, f"{result.get('target', '')} methods, T = {temperature}"), fontsize=9)
@@ -511,14 +516,18 @@ def plot(result: dict | Path, out: Path) -> Path | None:
 
 def joined(results: list[dict], sets=None) -> dict:
   """Method comparisons from several runs as one: their rows (of `sets` only, if given), a
-  later run's row replacing an earlier one's for the same set, method and prompt length;
-  the first run's header."""
+  later run's row replacing an earlier one's for the same set, method, prompt length and
+  batch; the first run's header."""
   rows = {}
   for result in results:
     if kind(result) != "methods":
       raise ValueError("--join draws method comparisons (infer.benchmark's JSON) only.")
     rows.update(
-      {(r["set"], r["method"], r["prefill_tokens"]): r for r in result["rows"] if sets is None or r["set"] in sets}
+      {
+        (r["set"], r["method"], r["prefill_tokens"], r.get("batch", 1)): r
+        for r in result["rows"]
+        if sets is None or r["set"] in sets
+      }
     )
   return {**results[0], "rows": list(rows.values())}
 

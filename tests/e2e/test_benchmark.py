@@ -89,6 +89,20 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   assert all(p["compile_seconds"] == 0 for r in result["rows"] for p in r["per_prompt"])
 
 
+def test_a_batch_sweep_compares_each_method_with_ar_at_the_same_batch(tiny_with_tokenizer, tmp_path, capsys):
+  """Three prompts at batch 1 and 2 (the second batch filled up with the first prompt
+  again): every row writes AR's text, tokens/s over the batch and per sequence."""
+  argv = ["--target", str(tiny_with_tokenizer), "--methods", "ar", "pld", "--sets", "code", "--lengths", "64"]
+  argv += ["--num-prompts", "3", "--new-tokens", "4", "--dtype", "float32", "--batch", "1", "2"]
+  assert run_cli(main, [*argv, "--out", str(tmp_path / "sweep.json")], PROG) == 0, capsys.readouterr().err
+  rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+  assert [(r["batch"], r["method"]) for r in rows] == [(1, "ar"), (1, "pld"), (2, "ar"), (2, "pld")]
+  assert all(r["same_tokens_as_ar"] for r in rows)
+  assert [len(r["per_prompt"]) for r in rows] == [3, 3, 2, 2]  # (generations: 3 prompts, then 2 batches of 2)
+  assert all(r["tokens_per_second_per_sequence"] == r["tokens_per_second"] / r["batch"] for r in rows)
+  assert rows[2]["speedup_vs_ar"] == 1.0 and (tmp_path / "sweep.png").stat().st_size > 0
+
+
 def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, capsys):
   """longspec takes the shipped draft by default (none here: an error), auto none."""
   common = [
