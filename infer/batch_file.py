@@ -5,7 +5,7 @@ An input record is an object with a `prompt` (text) and optionally `chat` (bool:
 model's chat template), `max_new_tokens` (int >= 1), `seed` (int) and `id` (any JSON value,
 unique in the file); other fields are carried to the output untouched. An output record is
 its input's fields, its `line` in the input, and what was generated. Records are appended
-and flushed as their batch finishes, so an interrupted run keeps every finished one; a run
+and flushed as each finishes, so an interrupted run keeps every finished one; a run
 with the same output skips the records already there (by `id`, or by line without one).
 """
 

@@ -42,6 +42,7 @@ from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
 BATCH = 8  # --input's prompts decoded together by default
+CHUNK_SECONDS = 0.2  # --input: rounds between two looks at which records finished
 
 
 def parse_args(argv=None):
@@ -58,10 +59,14 @@ def parse_args(argv=None):
   p.add_argument(
     "--output",
     type=Path,
-    help="with --input: the JSON Lines file each record's result is appended to as its batch finishes (its"
+    help="with --input: the JSON Lines file each record's result is appended to as it finishes (its"
     " fields, line, text, token_ids and stats); records already in it are skipped, so a rerun resumes",
   )
-  p.add_argument("--batch", type=positive_int, help=f"with --input: prompts decoded together (default {BATCH})")
+  p.add_argument(
+    "--batch",
+    type=positive_int,
+    help=f"with --input: records decoded together, each joining as another finishes (default {BATCH})",
+  )
   p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
   p.add_argument("--target", default=default.NAME, help=f"'{default.NAME}' (default), a HF model dir, or a .gguf file")
   p.add_argument(
@@ -289,42 +294,60 @@ if __name__ == "__main__":
 
 
 def decode_file(args, target, decoding, draft_params, records, prompts, output) -> None:
-  """Decodes `records` (their token ids: `prompts`) in batches of `args.batch`, appending
-  each batch's results to `output` as it finishes."""
+  """Decodes `records` (their token ids: `prompts`) in `args.batch` slots (continuous
+  batching: a record joins as another finishes, in the slot whose cache holds the most of
+  its prompt, so records over one document prefill it once), appending each record's
+  result to `output` as it finishes."""
   from tqdm import tqdm
 
-  from longspec_jax.engine import generate
+  from longspec_jax.batching import Slots
+  from longspec_jax.engine import cache_length
 
-  started, tokens, size = time.perf_counter(), 0, args.batch or BATCH
+  limits = [r.max_new_tokens(args.max_new_tokens) for r in records]
+  positions = cache_length(prompts, limits, decoding.proposer)
+  slots = Slots.open(target.model, decoding, draft_params, min(args.batch or BATCH, len(records)), positions)
+  waiting, running, tokens, started = list(range(len(records))), {}, 0, time.perf_counter()
+
+  def finish(slot: int) -> None:
+    nonlocal tokens
+    index, admitted_at, ids = running.pop(slot)
+    record, seconds = records[index], time.perf_counter() - admitted_at
+    own = slots.sequence_stats(slot)
+    slots.release(slot)
+    output.append(
+      [
+        {
+          **record.fields,
+          "line": record.line,
+          "method": args.method.value,
+          "prompt_tokens": len(prompts[index]),
+          "text": target.tokenizer.decode(ids, skip_special_tokens=True),
+          "token_ids": ids,
+          **{("steps" if k == "rounds" else k): v for k, v in own.items()},
+          "seconds": seconds,  # (from its admission, its prefill included, beside the others in the batch)
+          "tokens_per_second": len(ids) / seconds,
+        }
+      ]
+    )
+    tokens += len(ids)
+    bar.update(1)
+
   with tqdm(total=len(records), desc="records", unit="record", file=sys.stderr) as bar:
-    for at in range(0, len(records), size):
-      batch, ids = records[at : at + size], prompts[at : at + size]
-      result = generate(
-        target.model,
-        ids,
-        [r.max_new_tokens(args.max_new_tokens) for r in batch],
-        decoding,
-        draft_params,
-        seed=[r.seed(args.seed) for r in batch],
-      )
-      batch_stats = {"size": len(batch), **json_stats(result.stats)}
-      output.append(
-        [
-          {
-            **record.fields,
-            "line": record.line,
-            "method": args.method.value,
-            "prompt_tokens": len(prompt),
-            "text": target.tokenizer.decode(token_ids, skip_special_tokens=True),
-            "token_ids": token_ids,
-            **{("steps" if k == "rounds" else k): v for k, v in own.items()},
-            "batch": batch_stats,
-          }
-          for record, prompt, token_ids, own in zip(batch, ids, result.token_ids, result.sequence_stats())
-        ]
-      )
-      tokens += result.stats.num_new_tokens
-      bar.update(len(batch))
+    while waiting or running:
+      while waiting and slots.free:
+        index = waiting.pop(0)
+        slot = slots.choose(prompts[index])
+        admitted = slots.admit(slot, prompts[index], limits[index], records[index].seed(args.seed))
+        running[slot] = (index, time.perf_counter(), [admitted.first])
+        if admitted.done:
+          finish(slot)
+      if not running:
+        continue
+      new, done = slots.step(CHUNK_SECONDS)
+      for slot in list(running):
+        running[slot][2].extend(int(t) for t in new[slot] if t >= 0)
+        if done[slot]:
+          finish(slot)
   output.close()
   seconds = time.perf_counter() - started
   print(
@@ -332,3 +355,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
     f" ({tokens / seconds:.1f} tokens/s end to end); appended to {args.output}",
     file=sys.stderr,
   )
+
+
+if __name__ == "__main__":
+  run_main(main, "python -m infer.generate")

@@ -76,7 +76,6 @@ class Worker(threading.Thread):
     self.waiting: deque[Job] = deque()
     self.running: dict[int, Job] = {}
     self.stopping = threading.Event()
-    self.rounds = 1
 
   def submit(self, job: Job) -> bool:
     """Queues `job`; False when the queue is full."""
@@ -103,15 +102,12 @@ class Worker(threading.Thread):
 
   def _step(self) -> None:
     """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS`."""
-    started = time.perf_counter()
     try:
-      tokens, done = self.slots.run(self.rounds)
+      tokens, done = self.slots.step(CHUNK_SECONDS)
     except Exception as e:  # (the model failed: every running job is told, the server goes on)
       for slot, job in list(self.running.items()):
         self._finish(slot, job, f"error: {e}")
       return
-    per_round = (time.perf_counter() - started) / self.rounds
-    self.rounds = int(min(max(CHUNK_SECONDS / max(per_round, 1e-6), 1), 128))
     for slot, job in list(self.running.items()):
       new = [int(t) for t in tokens[slot] if t >= 0]
       self._hand_on(slot, job, new, bool(done[slot]))

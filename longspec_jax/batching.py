@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -94,6 +95,7 @@ class Slots:
   busy: np.ndarray  # [slots] bool
   carried: dict | None
   tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
+  rounds: int = 1  # the next `step`'s chunk of rounds
 
   @classmethod
   def open(
@@ -218,6 +220,20 @@ class Slots:
     for slot in np.flatnonzero(self.busy):
       self.tokens[slot] += [int(t) for t in tokens[slot] if t != engine.PAD_ID]
     return tokens, np.asarray(self.state.done)
+
+  def step(self, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """`run` for a chunk of about `seconds`, sized by the time a round took in the chunk
+    before."""
+    started = time.perf_counter()
+    out = self.run(self.rounds)
+    per_round = (time.perf_counter() - started) / self.rounds
+    self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
+    return out
+
+  def sequence_stats(self, slot: int) -> dict:
+    """The request in `slot`'s own stats so far (`engine.sequence_stats`)."""
+    emitted = int(np.asarray(self.state.emitted)[slot])
+    return engine.sequence_stats(emitted, np.asarray(self.state.rounds_by_length)[slot])
 
   def release(self, slot: int) -> None:
     """Frees `slot`, done or not (a request given up): its row emits nothing until a request

@@ -209,20 +209,22 @@ class GenerationResult:
   state: DecodeState  # the final state (its caches stay allocated while it is held)
 
   def sequence_stats(self) -> list[dict]:
-    """Each sequence's own share of the stats (theirs are the batch's): its new tokens, the
-    rounds it ran in (before it was done), its tau and its acceptance by depth."""
-    stats = []
-    for ids, by_length in zip(self.token_ids, np.asarray(self.state.rounds_by_length)):
-      rounds = int(by_length.sum())
-      stats.append(
-        {
-          "num_new_tokens": len(ids),
-          "rounds": rounds,
-          "mean_accepted_length": (len(ids) - 1) / rounds if rounds else 1.0,
-          "acceptance_by_depth": acceptance_by_depth(by_length),
-        }
-      )
-    return stats
+    """Each sequence's own share of the stats (theirs are the batch's): `sequence_stats`."""
+    by_length = np.asarray(self.state.rounds_by_length)
+    return [sequence_stats(len(ids), rows) for ids, rows in zip(self.token_ids, by_length)]
+
+
+def sequence_stats(new_tokens: int, rounds_by_length) -> dict:
+  """One sequence's stats from its new tokens and its rounds by the tokens each emitted
+  (`DecodeState.rounds_by_length`'s row): the rounds it ran in (before it was done), its
+  tau and its acceptance by depth."""
+  rounds = int(np.sum(rounds_by_length))
+  return {
+    "num_new_tokens": new_tokens,
+    "rounds": rounds,
+    "mean_accepted_length": (new_tokens - 1) / rounds if rounds else 1.0,
+    "acceptance_by_depth": acceptance_by_depth(rounds_by_length),
+  }
 
 
 @dataclasses.dataclass(frozen=True)

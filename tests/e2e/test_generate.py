@@ -198,9 +198,10 @@ def test_checked_before_the_model_loads(tiny_with_tokenizer, argv, message, caps
 
 
 def test_a_batch_file_writes_what_each_prompt_writes_alone_and_resumes(tiny_with_tokenizer, tmp_path, capsys):
-  """Prompts of different lengths and token limits, one through the chat template, in
-  batches of two: each record's tokens are those of its prompt run alone. A rerun skips the
-  records already written, and one whose line was cut off runs again."""
+  """Prompts of different lengths and token limits, one through the chat template, in two
+  slots (a record joins as another finishes): each record's tokens are those of its prompt
+  run alone. A rerun skips the records already written, and one whose line was cut off
+  runs again."""
   records = [
     {"prompt": "def main():\n    return", "id": "a"},
     {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_new_tokens": 3},
@@ -212,25 +213,26 @@ def test_a_batch_file_writes_what_each_prompt_writes_alone_and_resumes(tiny_with
   out = tmp_path / "out.jsonl"
   code, _, err = run([*target, "--input", str(source), "--output", str(out), "--batch", "2"], capsys)
   assert code == 0, err
-  written = [json.loads(line) for line in out.read_text().splitlines()]
-  assert [w["line"] for w in written] == [1, 2, 3] and written[0]["id"] == "a" and written[2]["extra"] == {"kept": True}
-  for record, result in zip(records, written):
+  lines = out.read_text().splitlines()
+  written = {w["line"]: w for w in map(json.loads, lines)}  # (in the order they finished)
+  assert sorted(written) == [1, 2, 3] and written[1]["id"] == "a" and written[3]["extra"] == {"kept": True}
+  for line, record in enumerate(records, start=1):
     alone = ["--prompt", record["prompt"], "--json", "--max-new-tokens", str(record.get("max_new_tokens", 6))]
     code, stdout, err = run([*target, *alone, *(["--chat"] if record.get("chat") else [])], capsys)
     assert code == 0, err
-    expected = json.loads(stdout.strip().splitlines()[-1])
+    expected, result = json.loads(stdout.strip().splitlines()[-1]), written[line]
     assert result["token_ids"] == expected["token_ids"] and result["text"] == expected["text"]
     assert result["prompt_tokens"] == expected["prompt_tokens"] and result["method"] == "auto"
-    assert result["num_new_tokens"] == len(result["token_ids"])
+    assert result["num_new_tokens"] == len(result["token_ids"]) and result["seconds"] > 0
     assert result["mean_accepted_length"] == pytest.approx((result["num_new_tokens"] - 1) / result["steps"])
-  assert [w["batch"]["size"] for w in written] == [2, 2, 1] and len(written[1]["token_ids"]) == 3
-  # A run cut off after its first batch, the write of its last record cut short.
-  out.write_text("".join(line + "\n" for line in out.read_text().splitlines()[:2]) + '{"line": 3, "te')
+  assert len(written[2]["token_ids"]) == 3
+  # A run cut off after two records, the write of the third cut short.
+  out.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[2][:15])
   code, _, err = run([*target, "--input", str(source), "--output", str(out), "--batch", "2"], capsys)
   assert code == 0 and "skipping 2 records of 3 already in" in err, err
-  assert [json.loads(line) for line in out.read_text().splitlines()] == written[:2] + [
-    {**written[2], "batch": json.loads(out.read_text().splitlines()[2])["batch"]}  # (its batch is now of one)
-  ]
+  again = [json.loads(line) for line in out.read_text().splitlines()]
+  assert again[:2] == [json.loads(lines[0]), json.loads(lines[1])]
+  assert again[2]["line"] == json.loads(lines[2])["line"] and again[2]["token_ids"] == json.loads(lines[2])["token_ids"]
   code, _, err = run([*target, "--input", str(source), "--output", str(out)], capsys)
   assert code == 0 and "skipping 3 records of 3" in err and "loading target" not in err
 
