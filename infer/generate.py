@@ -289,10 +289,6 @@ def main(argv=None) -> None:
     print(json.dumps(record))
 
 
-if __name__ == "__main__":
-  run_main(main, "python -m infer.generate")
-
-
 def decode_file(args, target, decoding, draft_params, records, prompts, output) -> None:
   """Decodes `records` (their token ids: `prompts`) in `args.batch` slots (continuous
   batching: a record joins as another finishes, in the slot whose cache holds the most of

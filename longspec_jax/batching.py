@@ -65,8 +65,10 @@ class Admitted(NamedTuple):
 
 
 def _row(cache: KVCache, slot: int, count: int) -> KVCache:
-  """A cache of one sequence: `slot`'s row of `cache`, its first `count` positions kept."""
-  return KVCache(k=cache.k[:, slot : slot + 1], v=cache.v[:, slot : slot + 1], lengths=jnp.full((1,), count, jnp.int32))
+  """A cache of one sequence, a copy of `slot`'s row of `cache` (prefill donates it, and a
+  slice of a batch of one is the batch's own array), its first `count` positions kept."""
+  row = lambda layers: jax.lax.dynamic_slice_in_dim(layers, slot, 1, axis=1)  # (an op: a buffer of its own)
+  return KVCache(k=row(cache.k), v=row(cache.v), lengths=jnp.full((1,), count, jnp.int32))
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

@@ -125,30 +125,32 @@ def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
   assert written[1] == generate(tiny, [second], 6).token_ids[0]
 
 
-@pytest.mark.parametrize("method", [Method.AR, Method.LONGSPEC, Method.AUTO])
-def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method):
+@pytest.mark.parametrize("method, count", [(Method.AR, 3), (Method.LONGSPEC, 3), (Method.AUTO, 3), (Method.PLD, 1)])
+def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, count):
   """A prompt that extends a finished request's prompt and answer goes to that request's
-  slot, prefills only its new tokens, and writes what it writes alone."""
+  slot, prefills only its new tokens, and writes what it writes alone (also where the slots
+  are one: the row is the whole batch)."""
   proposer_, params = proposer(tiny, method)
   decoding = Decoding(proposer=proposer_)
-  slots = Slots.open(tiny, decoding, params, slots=3, positions=256)
+  slots = Slots.open(tiny, decoding, params, slots=count, positions=256)
   rng = np.random.default_rng(9)
   turn = rng.integers(3, 200, size=30).tolist()
-  slots.admit(0, rng.integers(3, 200, size=12).tolist(), 3)  # (another conversation, in slot 0)
-  assert slots.choose(turn) == 1  # (nothing held anywhere: the first free slot)
-  admitted = slots.admit(1, turn, 10)
-  answer = [admitted.first]
-  while not np.asarray(slots.state.done)[1]:
+  if count > 1:
+    slots.admit(0, rng.integers(3, 200, size=12).tolist(), 3)  # (another conversation, in slot 0)
+  slot = slots.choose(turn)
+  assert slot == (1 if count > 1 else 0)  # (nothing held anywhere: the first free slot)
+  answer = [slots.admit(slot, turn, 10).first]
+  while not np.asarray(slots.state.done)[slot]:
     tokens, _ = slots.run(3)
-    answer += [int(t) for t in tokens[1] if t != PAD_ID]
-  slots.release(1)
+    answer += [int(t) for t in tokens[slot] if t != PAD_ID]
+  slots.release(slot)
   assert answer == generate(tiny, [turn], 10, decoding, params).token_ids[0]
   following = turn + answer + rng.integers(3, 200, size=7).tolist()
-  assert slots.choose(following) == 1
-  again = slots.admit(1, following, 8)
+  assert slots.choose(following) == slot
+  again = slots.admit(slot, following, 8)
   assert again.reused == len(turn) + len(answer) - 1  # (all but the answer's last token, never fed back)
   written = [again.first]
-  while not np.asarray(slots.state.done)[1]:
+  while not np.asarray(slots.state.done)[slot]:
     tokens, _ = slots.run(3)
-    written += [int(t) for t in tokens[1] if t != PAD_ID]
+    written += [int(t) for t in tokens[slot] if t != PAD_ID]
   assert written == generate(tiny, [following], 8, decoding, params).token_ids[0]

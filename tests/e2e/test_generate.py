@@ -237,6 +237,21 @@ def test_a_batch_file_writes_what_each_prompt_writes_alone_and_resumes(tiny_with
   assert code == 0 and "skipping 3 records of 3" in err and "loading target" not in err
 
 
+def test_a_batch_file_through_the_real_entry_point(tiny_with_tokenizer, tmp_path):
+  """`python -m infer.generate --input` in a process of its own, one slot: two records over
+  one document, the second prefilling only its question."""
+  document = "The quick brown fox jumps over the lazy dog. " * 8
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"prompt": document + q, "id": q}) + "\n" for q in ("Who?", "Why?")))
+  out = tmp_path / "out.jsonl"
+  argv = ["--target", str(tiny_with_tokenizer), "--input", str(source), "--output", str(out), "--batch", "1"]
+  proc = subprocess.run(
+    [sys.executable, "-m", "infer.generate", *argv, "--max-new-tokens", "4"], capture_output=True, text=True
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["Who?", "Why?"]
+
+
 def test_a_batch_files_record_too_long_is_named_before_the_model_loads(tiny_with_tokenizer, tmp_path, capsys):
   source = tmp_path / "in.jsonl"
   source.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps({"prompt": "hello " * 300}) + "\n")
