@@ -306,8 +306,9 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
 
   def finish(slot: int) -> None:
     nonlocal tokens
-    index, admitted_at, ids = running.pop(slot)
+    index, admitted_at = running.pop(slot)
     record, seconds = records[index], time.perf_counter() - admitted_at
+    ids = slots.tokens[slot][len(prompts[index]) :]  # (what it emitted)
     own = slots.sequence_stats(slot)
     slots.release(slot)
     output.append(
@@ -334,16 +335,14 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
         index = waiting.pop(0)
         slot = slots.choose(prompts[index])
         admitted = slots.admit(slot, prompts[index], limits[index], records[index].seed(args.seed))
-        running[slot] = (index, time.perf_counter(), [admitted.first])
+        running[slot] = (index, time.perf_counter())
         if admitted.done:
           finish(slot)
       if not running:
         continue
-      new, done = slots.step(CHUNK_SECONDS)
-      for slot in list(running):
-        running[slot][2].extend(int(t) for t in new[slot] if t >= 0)
-        if done[slot]:
-          finish(slot)
+      _, done = slots.step(CHUNK_SECONDS)
+      for slot in [slot for slot in running if done[slot]]:
+        finish(slot)
   output.close()
   seconds = time.perf_counter() - started
   print(

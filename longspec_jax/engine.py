@@ -208,11 +208,6 @@ class GenerationResult:
   stats: GenerationStats
   state: DecodeState  # the final state (its caches stay allocated while it is held)
 
-  def sequence_stats(self) -> list[dict]:
-    """Each sequence's own share of the stats (theirs are the batch's): `sequence_stats`."""
-    by_length = np.asarray(self.state.rounds_by_length)
-    return [sequence_stats(len(ids), rows) for ids, rows in zip(self.token_ids, by_length)]
-
 
 def sequence_stats(new_tokens: int, rounds_by_length) -> dict:
   """One sequence's stats from its new tokens and its rounds by the tokens each emitted
@@ -301,14 +296,15 @@ def prefill(
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
   chunk = chunk or prefill_chunk_tokens(len(prompts))
-  held = 0 if prefix is None else np.asarray(prefix.lengths)
+  held = 0  # prompt tokens the cache holds already, the same for every prompt
   if prefix is not None:
-    if prefix.max_len != max_len or np.any(held != held[0]) or held[0] >= lengths.min():
+    counts = np.asarray(prefix.lengths)
+    if prefix.max_len != max_len or np.any(counts != counts[0]) or counts[0] >= lengths.min():
       raise ValueError(
         f"a prefix must hold as many positions as the cache ({max_len}) and the same count of each prompt's"
-        f" first tokens, fewer than any prompt has; got {prefix.max_len} positions holding {held.tolist()}."
+        f" first tokens, fewer than any prompt has; got {prefix.max_len} positions holding {counts.tolist()}."
       )
-    held = int(held[0])
+    held = int(counts[0])
   passes = [(start, min(chunk, prefill_width(longest - start))) for start in range(held, longest, chunk)]
   padded = _left_aligned(prompts, held + sum(width for _, width in passes))
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype) if prefix is None else prefix

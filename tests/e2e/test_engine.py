@@ -12,7 +12,16 @@ from flax import nnx
 from longspec_jax.decoding.sampling import Draw, SamplingConfig
 from longspec_jax.decoding.tree import Tree, static_topology
 from longspec_jax.decoding.verify import accept_greedy, verify
-from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, propose, start, verified_size
+from longspec_jax.engine import (
+  Decoding,
+  acceptance_by_depth,
+  check_capacity,
+  generate,
+  propose,
+  sequence_stats,
+  start,
+  verified_size,
+)
 from longspec_jax.errors import UserError
 from longspec_jax.methods.base import RootOnly
 from longspec_jax.methods.factory import make_proposer
@@ -64,7 +73,7 @@ def test_batch_equals_each_prompt_alone(tiny):
   limited = generate(tiny, prompts, [1, 9, 4], prefill_chunk=8, rounds_per_chunk=4)
   assert limited.token_ids == [batched[0][:1], batched[1], batched[2][:4]]
   assert limited.stats.num_new_tokens == 14
-  each = limited.sequence_stats()
+  each = [sequence_stats(len(ids), rows) for ids, rows in zip(limited.token_ids, limited.state.rounds_by_length)]
   assert [s["num_new_tokens"] for s in each] == [1, 9, 4] and each[0]["rounds"] == 0  # (done at its first token)
   assert sum(s["rounds"] for s in each) == limited.stats.rounds and each[1]["mean_accepted_length"] == 1.0  # (AR)
   with pytest.raises(ValueError, match="2 token limits for 3 prompts"):
