@@ -23,7 +23,8 @@ random-weight model of a real model's shape (e.g. Llama-3.1-8B) on random prompt
 with a random draft: what a round costs at that size (its tau means nothing).
 
   python -m lab.profile --method longspec --draft default --set code --length 4096 --out prof/
-  python -m lab.profile --method longspec --shape llama-3.1-8b --draft random --length 32768 --out prof8b/
+  python -m lab.profile --method longspec --shape llama-3.1-8b --draft random --draft-vocab 32768 \
+    --length 32768 --out prof8b/
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from longspec_jax.cli import (
   add_gemm_flag,
   attention_impl,
   method_type,
+  nonnegative_int,
   number_type,
   numerics,
   output_path,
@@ -236,6 +238,11 @@ def main(argv=None):
     help="draft for longspec, glide, tokenswift (its heads) and auto: 'default' (theirs),"
     " 'random', a checkpoint dir; auto uses one only when named",
   )
+  p.add_argument(
+    "--draft-vocab",
+    type=nonnegative_int,
+    help="the tokens a block draft scores, the most frequent first (0: all; default: the draft's own setting)",
+  )
   add_tree_flags(p)
   add_copy_flags(p)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
@@ -301,7 +308,9 @@ def main(argv=None):
     model, config = target.model, target.config
     prompts = PROMPT_SETS[args.set](target.tokenizer, args.length, args.generations * args.batch)
   draft = (
-    load_draft(spec, config, dtype, target_name, attention=impl, kind=args.method.draft_kind)
+    load_draft(
+      spec, config, dtype, target_name, attention=impl, kind=args.method.draft_kind, vocab_subset=args.draft_vocab
+    )
     if spec is not None
     else None
   )

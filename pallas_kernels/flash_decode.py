@@ -29,10 +29,10 @@ from pallas_kernels import blocks
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
-def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, out_ref, lse_ref, *, block_keys, split_len, seq_len, scale):
-  layer = layer_ref[0]  # k_ref, v_ref [L, S, D]
-  lo, hi = lo_ref[...], hi_ref[...]  # [block_rows]
-  start = pl.program_id(2) * split_len
+def attend_prefix(layer, q, k_ref, v_ref, lo, hi, split, *, block_keys, split_len, seq_len, scale):
+  """Rows q [R, D] over split `split`'s cached keys of layer `layer` of k_ref, v_ref [L, S, D],
+  row r seeing slots lo[r] <= slot < hi[r]. Returns its partial (out f32 [R, D], lse [R])."""
+  start = split * split_len
   split_end = jnp.minimum(start + split_len, seq_len)
   # Blocks start at whole multiples of block_keys from the split's start whatever the rows'
   # windows are, so a row's keys fall in the same blocks and lanes in every call.
@@ -44,8 +44,8 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, out_ref, lse_ref, *,
   visible = lambda slots, i: (
     (slots[None, :] >= lo[:, None]) & (slots[None, :] < hi[:, None]) & (slots[None, :] < split_end)
   )
-  out, lse = blocks.attend_blocks(
-    q_ref[...],
+  return blocks.attend_blocks(
+    q,
     k_ref,
     v_ref,
     begin,
@@ -57,6 +57,10 @@ def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, out_ref, lse_ref, *,
     full=(full_begin, full_end),
     lead=(layer,),
   )
+
+
+def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, out_ref, lse_ref, **static):
+  out, lse = attend_prefix(layer_ref[0], q_ref[...], k_ref, v_ref, lo_ref[...], hi_ref[...], pl.program_id(2), **static)
   out_ref[...] = out
   lse_ref[...] = lse
 
@@ -74,7 +78,7 @@ class SplitK:
   num_layers: int
   seq_len: int
   block_rows: int
-  splits: int
+  splits: int  # the partials: programs along the key axis
 
   @property
   def grid(self) -> tuple[int, int, int]:
@@ -121,18 +125,10 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, l
   """rows [B, K, R, D] (R a multiple of block_rows); k, v [B, S, K, D], or [L, B, S, K, D]
   with `layer` (an int or int32 scalar) naming the one to read; lo, hi [B, R] int32.
   Returns per-split partials out [P, B, K, R, D] f32 and lse [P, B, K, R]."""
-  if layer is None:
-    k, v, layer = k[None], v[None], 0
-  b, kv_heads, r, d = rows.shape
-  num_layers, _, seq_len = k.shape[:3]
-  if isinstance(layer, int):
-    layer %= num_layers  # (-1: the last layer)
-  split_len = split_length(seq_len, params)
-  splits = pl.cdiv(seq_len, split_len)
-  kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, seq_len=seq_len, scale=d**-0.5)
-  grid = SplitK(b, kv_heads, r, d, num_layers, seq_len, params.block_rows, splits)
+  k, v, layer = stacked(k, v, layer)
+  grid, static = split_k(rows, k, params)
   return pl.pallas_call(
-    kernel,
+    functools.partial(_kernel, **static),
     grid=grid.grid,
     in_specs=[*grid.inputs, grid.per_row, grid.per_row],
     out_specs=grid.outputs,
@@ -140,7 +136,28 @@ def prefix_partials(rows, k, v, lo, hi, params: KernelParams, interpret: bool, l
     compiler_params=plgpu.CompilerParams(num_warps=params.num_warps, num_stages=params.num_stages),
     interpret=interpret,
     name="flash_decode",
-  )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, lo, hi)
+  )(layer, rows, k, v, lo, hi)
+
+
+def stacked(k, v, layer):
+  """k, v as a stacked cache [L, B, S, K, D] and the layer to read as an int32 [1]: a
+  single cache [B, S, K, D] becomes layer 0 of one; an int layer may count from the end."""
+  if layer is None:
+    k, v, layer = k[None], v[None], 0
+  if isinstance(layer, int):
+    layer %= k.shape[0]  # (-1: the last layer)
+  return k, v, jnp.asarray(layer, jnp.int32).reshape(1)
+
+
+def split_k(rows, k, params: KernelParams, extra_parts: int = 0) -> tuple[SplitK, dict]:
+  """The split-K launch of rows [B, K, R, D] over the stacked cache k [L, B, S, K, D], with
+  `extra_parts` more partials after the splits, and `attend_prefix`'s static arguments."""
+  b, kv_heads, r, d = rows.shape
+  num_layers, _, seq_len = k.shape[:3]
+  split_len = split_length(seq_len, params)
+  splits = pl.cdiv(seq_len, split_len)
+  grid = SplitK(b, kv_heads, r, d, num_layers, seq_len, params.block_rows, splits + extra_parts)
+  return grid, dict(block_keys=params.block_keys, split_len=split_len, seq_len=seq_len, scale=d**-0.5)
 
 
 def split_length(seq_len: int, params: KernelParams) -> int:

@@ -15,6 +15,9 @@ import jax
 from jax.experimental import pallas as pl
 
 MIN_KEYS_PER_SPLIT = 256
+# The masked pass splits its keys too where they are many (the draft's 512-slot ring), in
+# ranges of at least this many; a verification tree's few keys stay one range.
+MIN_TREE_KEYS_PER_SPLIT = 128
 # Batch-invariant decoding's split-K range (a fixed length, never derived from the cache's
 # allocated size): 8 programs per KV head at 4k keys, 64 at 32k.
 INVARIANT_SPLIT_KEYS = 512
@@ -70,17 +73,20 @@ TABLE: dict[Pass, list[tuple[int, int, tuple[int, int, int, int]]]] = {
 }
 
 
-def params_for(kind: Pass, rows: int, head_dim: int, seq_len: int, batch_heads: int) -> KernelParams:
+def params_for(
+  kind: Pass, rows: int, head_dim: int, seq_len: int, batch_heads: int, extra_parts: int = 0
+) -> KernelParams:
   """Launch parameters of pass `kind` for `rows` query rows per KV head over `seq_len`
-  keys, with batch * kv_heads independent heads."""
+  keys, with batch * kv_heads independent heads; a prefix pass that shares its launch
+  with `extra_parts` more programs per row block (the tree's) takes that many fewer
+  splits, so the launch stays one wave."""
   block_rows, block_keys, warps, stages = next(
     (launch for max_rows, dim, launch in TABLE[kind] if rows <= max_rows and head_dim == dim), (32, 32, 4, 2)
   )
   block_rows = max(16, min(block_rows, pl.next_power_of_2(rows)))
-  splits = 1
-  if kind is Pass.PREFIX:
-    programs = batch_heads * pl.cdiv(rows, block_rows)
-    splits = max(1, min(wave_programs() // programs, seq_len // MIN_KEYS_PER_SPLIT))
+  programs = batch_heads * pl.cdiv(rows, block_rows)
+  min_keys = MIN_KEYS_PER_SPLIT if kind is Pass.PREFIX else MIN_TREE_KEYS_PER_SPLIT
+  splits = max(1, min(wave_programs() // programs - extra_parts, seq_len // min_keys))
   return KernelParams(block_rows, block_keys, warps, stages, splits)
 
 

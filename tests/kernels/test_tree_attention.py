@@ -33,12 +33,14 @@ from helpers import (
   group=GROUPS,
   head_dim=HEAD_DIMS,
   dtype=DTYPES,
+  splits=st.integers(1, 3),
 )
-def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype):
+def test_random_trees_match_reference(seed, nodes, group, head_dim, dtype, splits):
+  """Odd node counts, GQA 1/4/8, the keys in one range or split over several programs."""
   rng = np.random.default_rng(seed)
   q, k, v = random_attention_inputs(rng, 2, nodes, nodes, 2, group, head_dim, dtype)
   mask = random_ancestor_mask(rng, 2, nodes)
-  params = KernelParams(block_rows=16, block_keys=16, num_warps=4, num_stages=2)
+  params = KernelParams(block_rows=16, block_keys=16, num_warps=4, num_stages=2, splits=splits)
   # (jitted: one program each instead of every op compiled eagerly for this example's shapes)
   out, lse = jax.jit(functools.partial(tree_attention, params=params, interpret=True))(q, k, v, mask)
   ref_out, ref_lse = jax.jit(masked_attention_reference)(q, k, v, mask)
@@ -57,3 +59,21 @@ def test_every_output_element_is_written():
   out, lse = tree_partial(rows, k, v, blocks.per_row(mask, 4, rows.shape[2]), params, True)
   assert not np.any(np.isnan(np.asarray(out))) and not np.any(np.isnan(np.asarray(lse)))
   assert np.all(np.isneginf(np.asarray(lse)[0, 0, :, 80:84]))  # the empty row (node 20, 4 heads)
+
+
+@examples(4)
+@given(seed=SEEDS, keys=st.integers(100, 300), splits=st.integers(2, 5), group=GROUPS)
+def test_many_keys_under_any_mask_split_over_programs(seed, keys, splits, group):
+  """A ring-like pass: a few queries over hundreds of keys under an arbitrary mask (rows
+  that see nothing included), its keys split over programs."""
+  rng = np.random.default_rng(seed)
+  q, _, _ = random_attention_inputs(rng, 2, 5, 1, 2, group, 64, jnp.float32)
+  _, k, v = random_attention_inputs(rng, 2, 1, keys, 2, 1, 64, jnp.float32)
+  mask = jnp.asarray(rng.random((2, 5, keys)) < 0.3).at[1, 2].set(False)
+  params = KernelParams(block_rows=32, block_keys=32, num_warps=4, num_stages=2, splits=splits)
+  out, lse = jax.jit(functools.partial(tree_attention, params=params, interpret=True))(q, k, v, mask)
+  ref_out, ref_lse = masked_attention_reference(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), atol=2e-5, rtol=2e-5)
+  np.testing.assert_array_equal(np.isneginf(np.asarray(lse)), np.isneginf(np.asarray(ref_lse)))
+  seen = np.isfinite(np.asarray(ref_lse))
+  np.testing.assert_allclose(np.asarray(lse)[seen], np.asarray(ref_lse)[seen], atol=2e-5, rtol=2e-5)
