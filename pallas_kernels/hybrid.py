@@ -3,10 +3,10 @@ pass over the tree, merged by log-sum-exp.
 
 One launch computes both: the prefix pass's split-K programs and, beside them on the same
 grid axis, one program per row block for the tree, whose (out, lse) is one more partial.
-The tree's program runs alongside the splits instead of in a launch after them (at
+The tree's program runs alongside the splits instead of in a launch after them: at
 Llama-3.1-8B's shape a separate launch cost 2.5 us a layer for an AR step and 7.5 us for a
-32-node tree), and the merge of the two passes costs nothing beyond the merge of splits
-the prefix pass needs anyway.
+32-node tree (docs/results.md, "Hybrid attention in one launch"). The merge of the two
+passes costs nothing beyond the merge of splits the prefix pass needs anyway.
 
 `invariant_hybrid_attention` computes the same function so that a query's bits do not
 depend on the call: the same token at the same position gets the same output whether it
