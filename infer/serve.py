@@ -8,9 +8,10 @@ chunks of rounds, streams its text as each chunk ends, and leaves when it is don
 of its `stop` strings appears, or when its client goes away. One thread runs the model; the
 HTTP side only queues requests and reads their text. A bad request gets HTTP 400 and one
 sentence. On SIGTERM the server takes no new connections, finishes the requests it holds
-(for up to `--shutdown-seconds`) and exits 0. `max_tokens`, `seed` and `stop` are per
-request; the sampling (temperature, top-p) is the flags', and a request asking for other
-values is refused rather than served otherwise.
+(for up to `--shutdown-seconds`) and exits 0. `max_tokens`, `temperature`, `top_p`, `seed`
+and `stop` are per request (the sampling flags give the defaults; draws are keyed by
+position, so a request's text is a function of its prompt, settings and seed whatever else
+the batch holds).
 """
 
 import asyncio
@@ -53,6 +54,8 @@ class Job:
   prompt: list[int]
   max_tokens: int
   seed: int
+  temperature: float | None  # None: the server's
+  top_p: float | None
   stop: tuple[str, ...]
   loop: asyncio.AbstractEventLoop
   events: asyncio.Queue
@@ -126,7 +129,16 @@ class Worker(threading.Thread):
       between = self._step if self.running else None
       chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between else None
       try:
-        admitted = self.slots.admit(slot, job.prompt, job.max_tokens, job.seed, prefill_chunk=chunk, between=between)
+        admitted = self.slots.admit(
+          slot,
+          job.prompt,
+          job.max_tokens,
+          job.seed,
+          temperature=job.temperature,
+          top_p=job.top_p,
+          prefill_chunk=chunk,
+          between=between,
+        )
       except Exception as e:  # (its prefill failed: it is told, the others go on)
         job.put("", f"error: {e}")
         continue
@@ -246,11 +258,11 @@ def create_app(
       return "n must be 1: this server writes one choice a request."
     if limit < 1:
       return f"max_tokens must be at least 1, got {limit}."
-    served = {"temperature": sampling.temperature, "top_p": sampling.top_p}
-    for name, asked in (("temperature", body.temperature), ("top_p", body.top_p)):
-      if asked is not None and abs(asked - served[name]) > 1e-6:
-        flag = "--" + name.replace("_", "-")
-        return f"this server samples with {name} {served[name]:g} (its {flag}); the request asks {asked:g}."
+    try:
+      temperature = sampling.temperature if body.temperature is None else body.temperature
+      sampling.per_sequence([temperature], [sampling.top_p if body.top_p is None else body.top_p])
+    except UserError as e:
+      return str(e)
     if not prompt:
       return "the prompt is empty."
     if len(prompt) + limit > context:
@@ -266,7 +278,8 @@ def create_app(
       return error(400, problem)
     stops = () if body.stop is None else ((body.stop,) if isinstance(body.stop, str) else tuple(body.stop))
     loop = asyncio.get_running_loop()
-    job = Job(prompt, limit, body.seed or 0, tuple(s for s in stops if s), loop, asyncio.Queue())
+    stops = tuple(s for s in stops if s)
+    job = Job(prompt, limit, body.seed or 0, body.temperature, body.top_p, stops, loop, asyncio.Queue())
     if not worker.submit(job):
       return error(429, f"the server's queue is full ({worker.queue.maxsize} requests waiting); retry later.")
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -380,6 +393,8 @@ def parse_args(argv=None):
   if args.draft == "none" and args.method.needs_draft:
     p.error(f"--method {args.method} needs a draft, but --draft none was given")
   check_batch_invariant(p, args)
+  if args.draw != "position":
+    p.error("the server draws by position (--draw position): a request's temperature, top-p and seed decide its text")
   return args
 
 
@@ -405,7 +420,9 @@ def main(argv=None) -> None:
   reserved = verified_size(loaded.proposer)
   positions = -(-(context + reserved) // 128) * 128
   print(f"compiling for {args.max_batch} slots of {context} positions ...", file=sys.stderr, flush=True)
-  slots = Slots.open(loaded.target.model, loaded.decoding, loaded.draft_params, args.max_batch, positions)
+  slots = Slots.open(
+    loaded.target.model, loaded.decoding, loaded.draft_params, args.max_batch, positions, per_sequence_sampling=True
+  )
   slots.run(1)  # (the decode loop compiled before the first request)
   worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue)
   worker.start()

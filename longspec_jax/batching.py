@@ -108,14 +108,28 @@ class Slots:
     slots: int,
     positions: int,
     memory: engine.Memory | None = None,
+    per_sequence_sampling: bool = False,
   ) -> Slots:
     """Every slot free. `auto` starts from the prices and gains `memory` holds (default the
     process's) for `slots` sequences in `positions`; prices not measured yet are measured
-    now (`measure_prices`)."""
+    now (`measure_prices`). With `per_sequence_sampling`, each request may bring its own
+    temperature and top-p (`admit`)."""
     memory = engine.MEMORY if memory is None else memory
     key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
+    config = decoding.sampling
+    own = lambda batch, value: [value] * batch if per_sequence_sampling else None
     empty = lambda batch: (
-      engine.start(model, [[0]] * batch, 1, decoding, proposer_params, carried=carried, positions=positions).state
+      engine.start(
+        model,
+        [[0]] * batch,
+        1,
+        decoding,
+        proposer_params,
+        carried=carried,
+        positions=positions,
+        temperatures=own(batch, config.temperature),
+        top_ps=own(batch, config.top_p),
+      ).state
     )
     axes = batch_axes(empty(1), empty(2))
     opened = cls(
@@ -177,15 +191,21 @@ class Slots:
     max_new_tokens: int,
     seed: int = 0,
     *,
+    temperature: float | None = None,
+    top_p: float | None = None,
     prefill_chunk: int | None = None,
     between: Callable[[], None] | None = None,
   ) -> Admitted:
     """Prefills `prompt` alone into the free `slot` in passes of `prefill_chunk` tokens
     (default the engine's), from the first token the slot's cache does not hold already.
     `between` runs after each pass but the last: there the other slots can `run`, so that
-    they go on streaming while a long prompt is prefilled."""
+    they go on streaming while a long prompt is prefilled. `temperature`, `top_p`: the
+    request's own (slots opened with `per_sequence_sampling`; default the config's)."""
     if self.busy[slot]:
       raise ValueError(f"slot {slot} holds a request; release it first.")
+    config, own = self.decoding.sampling, self.state.rows is not None
+    if not own and (temperature is not None or top_p is not None):
+      raise ValueError("these slots sample by their config alone; open them with per_sequence_sampling.")
     reused = self.held(slot, prompt)
     started = engine.start(
       self.model,
@@ -199,6 +219,8 @@ class Slots:
       carried=self.carried,
       positions=self.positions,
       prefix=_row(self.state.cache, slot, reused) if reused else None,
+      temperatures=[config.temperature if temperature is None else temperature] if own else None,
+      top_ps=[config.top_p if top_p is None else top_p] if own else None,
     )
     self.state = _splice(self.state, started.state, np.int32(slot), self.axes)
     self.limits[slot] = max_new_tokens

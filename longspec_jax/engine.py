@@ -37,6 +37,7 @@ from longspec_jax import backend
 from longspec_jax.decoding.compiles import Compiles
 from longspec_jax.decoding.sampling import (
   Draw,
+  RowSampling,
   SamplingConfig,
   generation_keys,
   probs,
@@ -98,6 +99,8 @@ class DecodeState:
   key: jax.Array  # PRNG key
   nonfinite: jax.Array  # [B] bool: some logits were NaN or inf
   proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
+  # each sequence's own temperature and top-p (`SamplingConfig.per_sequence`); None: the config's
+  rows: RowSampling | None = None
 
   @classmethod
   def start(
@@ -110,6 +113,7 @@ class DecodeState:
     nonfinite: jax.Array | None = None,
     proposal: Any = None,
     depth: int = 0,
+    rows: RowSampling | None = None,
   ) -> DecodeState:
     """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]];
     rounds emit at most `depth` + 1 tokens."""
@@ -126,6 +130,7 @@ class DecodeState:
       key=key,
       nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite,
       proposal=proposal,
+      rows=rows,
     )
 
 
@@ -402,7 +407,8 @@ def _decode_chunk(
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None
       if sampling.greedy or sampling.draw is Draw.POSITION:  # the target's own token after each node
         after = state.cache.lengths[:, None] + tree.depths + 1  # [B, N]: its position
-        acceptance = accept_greedy(tree, sample(logits, step_key, sampling, seen, after), ancestors)
+        drawn = sample(logits, step_key, sampling, seen, after, state.rows)
+        acceptance = accept_greedy(tree, drawn, ancestors)
       else:
         acceptance = accept_sampled(tree, probs(logits, seen, sampling), ancestors, step_key)
       new = emitted_tokens(tree, acceptance)  # [B, N]
@@ -440,6 +446,7 @@ def _decode_chunk(
         key=key,
         nonfinite=state.nonfinite | (~state.done & ~finite),
         proposal=proposal,
+        rows=state.rows,
       )
     return new_state, out, written + count
 
@@ -524,13 +531,13 @@ def _recent_at_nodes(tree, ancestors, state: DecodeState, sampling: SamplingConf
 
 
 @gemm.jit(static_argnames=("graphdef", "sampling"))
-def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths):
+def _first_token(graphdef, params, last_hidden, key, sampling, history, lengths, rows):
   logits = nnx.merge(graphdef, params).logits(last_hidden)
   seen = None
   if sampling.penalized:  # the prompt's last tokens
     tail = jnp.full((history.shape[0], 1, 1), -1, jnp.int32)
     seen = recent_tokens(history, lengths - 1, tail, sampling, logits.shape[-1])[:, 0]
-  return sample(logits, key, sampling, seen, lengths), ~jnp.all(jnp.isfinite(logits), axis=-1)
+  return sample(logits, key, sampling, seen, lengths, rows), ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
 def check_capacity(config, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> None:
@@ -574,13 +581,17 @@ def start(
   carried: dict | None = None,
   positions: int | None = None,
   prefix: KVCache | None = None,
+  temperatures: Sequence[float] | None = None,
+  top_ps: Sequence[float] | None = None,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
   `decode_chunk` continues. The cache holds `positions` (default `cache_length`). `max_new_tokens`:
   one limit for all, or one a prompt. `seed`: one a prompt,
   or one int, row b then drawing with seed + b (`generate`). `carried`: what a multi-kind
   proposer starts from (`MultiKind.start`'s `learnt` and `seconds`). `prefix`: a cache
-  already holding the prompts' first tokens (`prefill`), which prefill continues from."""
+  already holding the prompts' first tokens (`prefill`), which prefill continues from.
+  `temperatures`, `top_ps`: one a prompt, each sequence's own in place of the config's
+  (either alone: the config's for the other; `SamplingConfig.per_sequence`)."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
@@ -592,12 +603,20 @@ def start(
   if len(seeds) != len(prompts):
     raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one a prompt, or one int.")
   key, first_key = generation_keys(seeds, decoding.sampling)
+  rows = per_sequence_sampling(decoding.sampling, len(prompts), temperatures, top_ps)
   t0 = time.perf_counter()
   cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill, prefix)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
   root, nonfinite = _first_token[model.compilation()](
-    graphdef, params, last_hidden, first_key, decoding.sampling, jnp.asarray(history), jnp.asarray(lengths, jnp.int32)
+    graphdef,
+    params,
+    last_hidden,
+    first_key,
+    decoding.sampling,
+    jnp.asarray(history),
+    jnp.asarray(lengths, jnp.int32),
+    rows,
   )
   first = np.asarray(root)
   history[np.arange(len(prompts)), lengths] = first  # the root follows its prompt
@@ -607,8 +626,22 @@ def start(
   )
   jax.block_until_ready(proposal)
   done = jnp.isin(root, decoding.eos_array()) | (jnp.asarray(token_limits(prompts, max_new_tokens)) == 1)
-  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth)
+  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth, rows)
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
+
+
+def per_sequence_sampling(
+  sampling: SamplingConfig, batch: int, temperatures: Sequence[float] | None, top_ps: Sequence[float] | None
+) -> RowSampling | None:
+  """Each of `batch` sequences' own temperature and top-p (the config's where one list is
+  not given); None when neither is."""
+  if temperatures is None and top_ps is None:
+    return None
+  temperatures = [sampling.temperature] * batch if temperatures is None else list(temperatures)
+  top_ps = [sampling.top_p] * batch if top_ps is None else list(top_ps)
+  if len(temperatures) != batch or len(top_ps) != batch:
+    raise ValueError(f"{len(temperatures)} temperatures, {len(top_ps)} top-p values for {batch} prompts: one a prompt.")
+  return sampling.per_sequence(temperatures, top_ps)
 
 
 def decode_chunk(
@@ -737,6 +770,8 @@ def generate(
   on_tokens: Callable[[np.ndarray], None] | None = None,
   on_prefill: Callable[[int, int], None] | None = None,
   memory: Memory | None = None,
+  temperatures: Sequence[float] | None = None,
+  top_ps: Sequence[float] | None = None,
 ) -> GenerationResult:
   """Decodes a batch of prompts with `decoding.proposer`'s trees (its arrays:
   `proposer_params`) verified by the target; the AR baseline is the one-node tree.
@@ -748,7 +783,7 @@ def generate(
   Sampled, each row draws with its seed, one a prompt or for one int `seed + row`: under
   the default `Draw.POSITION` a row's text is a function of its prompt, its seed and the
   target, whatever the method (row b of a batch writes what that prompt writes alone with
-  the same seed)."""
+  the same seed). `temperatures`, `top_ps`: one a prompt, each sequence's own (`start`)."""
   called = time.perf_counter()
   memory = MEMORY if memory is None else memory
   if rounds_per_chunk is not None and not 1 <= rounds_per_chunk <= MAX_ROUNDS_PER_CHUNK:
@@ -771,6 +806,8 @@ def generate(
     prefill_chunk=prefill_chunk,
     on_prefill=on_prefill,
     carried=carried,
+    temperatures=temperatures,
+    top_ps=top_ps,
   )
   state, first = started.state, started.first
   first_at = time.perf_counter()

@@ -1,8 +1,9 @@
 """Turning logits into the next token: the logit processors and sampling.
 
-`SamplingConfig` is static under jit (new settings compile a new step). The processors
-define the target distribution every method must reproduce, and are applied the same
-way wherever a distribution is formed (AR, drafting, verification):
+`SamplingConfig` is static under jit (new settings compile a new step); a batch whose
+sequences ask for their own temperature and top-p carries them as arrays (`RowSampling`).
+The processors define the target distribution every method must reproduce, and are
+applied the same way wherever a distribution is formed (AR, drafting, verification):
 
 1. TokenSwift's contextual penalty (paper Eq. 3): the logits of tokens among the last
    `penalty_window` tokens of the sequence (prompt included) are divided by `penalty`;
@@ -80,6 +81,35 @@ class SamplingConfig:
   def penalized(self) -> bool:
     return self.penalty != 1.0
 
+  def per_sequence(self, temperatures: Sequence[float], top_ps: Sequence[float]) -> RowSampling:
+    """Each sequence's own temperature and top-p in place of this config's (a server's
+    requests ask for their own), checked as this config's are; the other processors and the
+    draw stay this config's, which must draw by position (the only draw whose text a row's
+    own settings and seed decide)."""
+    if self.draw is not Draw.POSITION:
+      raise UserError("each sequence's own temperature and top-p need draws keyed by position (--draw position).")
+    if len(temperatures) != len(top_ps):
+      raise ValueError(f"{len(temperatures)} temperatures for {len(top_ps)} top-p values: give one a sequence.")
+    for temperature, top_p in zip(temperatures, top_ps):
+      dataclasses.replace(self, temperature=float(temperature), top_p=float(top_p))  # (raises UserError)
+    return RowSampling(jnp.asarray(temperatures, jnp.float32), jnp.asarray(top_ps, jnp.float32))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+  """Per-sequence temperature and top-p, [B] float32 each, that replace a `SamplingConfig`'s
+  own (`SamplingConfig.per_sequence`): traced, so that sequences asking for different ones
+  share a batch and a compilation. A row at temperature 0 is greedy."""
+
+  temperature: jax.Array
+  top_p: jax.Array
+
+  def at(self, ndim: int) -> tuple[jax.Array, jax.Array]:
+    """(temperature, top_p) shaped [B, 1, ...] to broadcast against arrays of `ndim` axes."""
+    shape = (-1,) + (1,) * (ndim - 1)
+    return self.temperature.reshape(shape), self.top_p.reshape(shape)
+
 
 def penalize(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
   """logits [..., V] with those of `seen` [..., V] tokens (recent ones) divided by theta."""
@@ -88,22 +118,40 @@ def penalize(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) 
   return jnp.where(seen, logits / config.penalty, logits)
 
 
-def log_probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
-  """The processed distribution as log-probabilities [..., V] (-inf where removed), for
-  temperature > 0."""
-  scores = jax.nn.log_softmax(penalize(logits.astype(jnp.float32), seen, config) / config.temperature, axis=-1)
+def log_probs(
+  logits: jax.Array, seen: jax.Array | None, config: SamplingConfig, rows: RowSampling | None = None
+) -> jax.Array:
+  """The processed distribution as log-probabilities [B, ..., V] (-inf where removed), for
+  temperature > 0; with `rows`, each row's temperature (a row at 0 divides by 1: its
+  draw is the argmax, `sample`) and top-p in place of the config's."""
+  if rows is None:
+    temperature, top_p = config.temperature, config.top_p
+  else:
+    temperature, top_p = rows.at(logits.ndim)
+    temperature = jnp.where(temperature > 0, temperature, 1.0)
+  scores = jax.nn.log_softmax(penalize(logits.astype(jnp.float32), seen, config) / temperature, axis=-1)
   if config.top_k:
     kth = top_k(scores, min(config.top_k, scores.shape[-1]))[0][..., -1:]
     scores = jax.nn.log_softmax(jnp.where(scores >= kth, scores, -jnp.inf), axis=-1)
-  if config.top_p < 1.0:
-    ordered = jnp.sort(scores, axis=-1)[..., ::-1]
-    mass_before = jnp.cumsum(jnp.exp(ordered), axis=-1) - jnp.exp(ordered)  # mass of strictly likelier tokens
-    cutoff = jnp.min(jnp.where(mass_before < config.top_p, ordered, jnp.inf), axis=-1, keepdims=True)
-    scores = jax.nn.log_softmax(jnp.where(scores >= cutoff, scores, -jnp.inf), axis=-1)
+  if rows is None and top_p < 1.0:
+    scores = _nucleus(scores, top_p)
+  elif rows is not None:  # (the vocabulary's sort only where some row asks for it)
+    scores = jax.lax.cond(
+      jnp.any(top_p < 1.0), lambda s: jnp.where(top_p < 1.0, _nucleus(s, top_p), s), lambda s: s, scores
+    )
   if config.min_p > 0.0:
     floor = jnp.max(scores, axis=-1, keepdims=True) + jnp.log(config.min_p)
     scores = jax.nn.log_softmax(jnp.where(scores >= floor, scores, -jnp.inf), axis=-1)
   return scores
+
+
+def _nucleus(scores: jax.Array, top_p) -> jax.Array:
+  """Top-p of log-probabilities [..., V]: the smallest set of most likely tokens whose mass
+  reaches top_p (a float, or an array broadcasting against [..., 1]), renormalized."""
+  ordered = jnp.sort(scores, axis=-1)[..., ::-1]
+  mass_before = jnp.cumsum(jnp.exp(ordered), axis=-1) - jnp.exp(ordered)  # mass of strictly likelier tokens
+  cutoff = jnp.min(jnp.where(mass_before < top_p, ordered, jnp.inf), axis=-1, keepdims=True)
+  return jax.nn.log_softmax(jnp.where(scores >= cutoff, scores, -jnp.inf), axis=-1)
 
 
 def probs(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
@@ -116,11 +164,24 @@ def sample(
   config: SamplingConfig,
   seen: jax.Array | None = None,
   positions: jax.Array | None = None,
+  rows: RowSampling | None = None,
 ) -> jax.Array:
   """logits [B, ..., V] float32 -> token ids [B, ...] int32: the argmax when greedy, else
   a draw from the processed distribution, by `config.draw` the Gumbel-max draw for the
   token at `positions` [B, ...] (`key`: the rows' keys [B], the same for every position)
-  or a categorical one from `key`."""
+  or a categorical one from `key`. With `rows` (`SamplingConfig.per_sequence`, drawn by
+  position), each row is greedy or draws by its own temperature and top-p; a batch of
+  greedy rows draws no noise."""
+  if rows is not None:
+    greedy = jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
+
+    def drawn(logits):
+      scores = log_probs(logits, seen, config, rows) + position_noise(key, positions, logits.shape[-1])
+      return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+
+    sampled = rows.temperature > 0
+    tokens = jax.lax.cond(jnp.any(sampled), drawn, lambda _: greedy, logits)
+    return jnp.where(rows.at(greedy.ndim)[0] > 0, tokens, greedy)
   if config.greedy:
     return jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
   scores = log_probs(logits, seen, config)

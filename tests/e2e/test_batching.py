@@ -154,3 +154,35 @@ def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, co
     tokens, _ = slots.run(3)
     written += [int(t) for t in tokens[slot] if t != PAD_ID]
   assert written == generate(tiny, [following], 8, decoding, params).token_ids[0]
+
+
+@pytest.mark.parametrize("method", [Method.AR, Method.PLD, Method.LONGSPEC])
+def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, method):
+  """Requests of one batch ask for their own temperature, top-p and seed (greedy among
+  them): each writes what a generation alone with those settings writes."""
+  from longspec_jax.decoding.sampling import SamplingConfig
+
+  rng = np.random.default_rng(5)
+  requests = [
+    (rng.integers(3, 60, size=n).tolist(), 8, seed, temperature, top_p)
+    for n, seed, temperature, top_p in [(13, 1, 0.8, 0.9), (20, 2, 0.0, 1.0), (9, 3, 1.2, 1.0), (16, 4, 0.6, 0.5)]
+  ]
+  proposer_, params = proposer(tiny, method)
+  slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=2, positions=128, per_sequence_sampling=True)
+  written, waiting, running = {}, list(range(len(requests))), {}
+  while waiting or running:
+    for slot in slots.free:
+      if waiting:
+        request = waiting.pop(0)
+        prompt, limit, seed, temperature, top_p = requests[request]
+        written[request] = [slots.admit(slot, prompt, limit, seed, temperature=temperature, top_p=top_p).first]
+        running[slot] = request
+    tokens, done = slots.run(3)
+    for slot, request in list(running.items()):
+      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      if done[slot]:
+        slots.release(slot)
+        del running[slot]
+  for request, (prompt, limit, seed, temperature, top_p) in enumerate(requests):
+    alone = Decoding(proposer=proposer_, sampling=SamplingConfig(temperature=temperature, top_p=top_p))
+    assert written[request] == generate(tiny, [prompt], limit, alone, params, seed=seed).token_ids[0], request

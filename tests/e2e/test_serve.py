@@ -72,15 +72,16 @@ def client(server):
   return OpenAI(base_url=f"{server[1]}/v1", api_key="none")
 
 
-def alone(target, prompt: str, tokens: int, chat: bool = False) -> str:
-  """What `infer.generate` writes for `prompt`."""
+def alone(target, prompt: str, tokens: int, chat: bool = False, flags: tuple[str, ...] = ()) -> str:
+  """What `infer.generate` writes for `prompt` (with more of its `flags`)."""
   import io
   from contextlib import redirect_stdout
 
   out = io.StringIO()
   with redirect_stdout(out):
     argv = ["--target", str(target), "--prompt", prompt, "--max-new-tokens", str(tokens), "--json"]
-    assert run_cli(generate_main, argv + (["--chat"] if chat else []), "python -m infer.generate") == 0
+    argv += ["--chat"] if chat else []
+    assert run_cli(generate_main, argv + list(flags), "python -m infer.generate") == 0
   return json.loads(out.getvalue().strip().splitlines()[-1])["text"]
 
 
@@ -116,6 +117,26 @@ def test_concurrent_requests_each_write_their_own_text(server, client, tiny_with
   assert answers == [alone(tiny_with_tokenizer, prompt, tokens) for prompt, tokens in asks]
 
 
+def test_requests_sample_with_their_own_temperature_top_p_and_seed(server, client, tiny_with_tokenizer):
+  """Sampled and greedy requests at once, each with its own settings: each writes what
+  `generate` writes with them (draws keyed by position: the batch does not matter)."""
+  asks = [
+    (PROMPTS[i % len(PROMPTS)], 0.0 if i % 3 == 0 else 0.6 + 0.2 * i, 0.8 if i % 2 else 1.0, 10 + i) for i in range(6)
+  ]
+
+  def ask(settings):
+    prompt, temperature, top_p, seed = settings
+    answer = client.completions.create(
+      model="tiny", prompt=prompt, max_tokens=8, temperature=temperature, top_p=top_p, seed=seed
+    )
+    return answer.choices[0].text
+
+  with ThreadPoolExecutor(6) as pool:
+    answers = list(pool.map(ask, asks))
+  flags = lambda t, p, seed: ("--temperature", str(t), "--top-p", str(p), "--seed", str(seed))
+  assert answers == [alone(tiny_with_tokenizer, prompt, 8, flags=flags(*rest)) for prompt, *rest in asks]
+
+
 def test_a_stop_string_ends_the_text_before_it(server, client, tiny_with_tokenizer):
   whole = alone(tiny_with_tokenizer, PROMPTS[2], 20)
   stop = whole[len(whole) // 2 : len(whole) // 2 + 3]
@@ -141,7 +162,8 @@ def test_a_chats_next_turn_prefills_only_what_is_new(server, client):
     ("completions", b'{"model": "tiny", "prompt": "a", "max_tokens": "many"}', "max_tokens"),
     ("completions", b'{"model": "tiny", "prompt": "a", "max_tokens": 0}', "max_tokens must be at least 1"),
     ("completions", b'{"model": "gpt-4", "prompt": "a"}', "unknown model 'gpt-4'; this server serves 'tiny'"),
-    ("completions", b'{"model": "tiny", "prompt": "a", "temperature": 0.7}', "samples with temperature 0"),
+    ("completions", b'{"model": "tiny", "prompt": "a", "top_p": 1.5}', "top_p must be in (0, 1]"),
+    ("completions", b'{"model": "tiny", "prompt": "a", "temperature": -1}', "temperature must be finite and >= 0"),
     ("completions", b'{"model": "tiny", "prompt": ["a", "b"]}', "prompt must be one string"),
     ("completions", json.dumps({"model": "tiny", "prompt": "hi " * 600}).encode(), "exceed this server's 512"),
     ("chat/completions", b'{"model": "tiny", "messages": []}', "messages"),

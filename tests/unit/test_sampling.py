@@ -134,3 +134,35 @@ def test_recent_tokens_window_spans_history_and_path():
 def test_bad_settings_are_refused(field, value, message):
   with pytest.raises(UserError, match=message):
     SamplingConfig(**{field: value})
+
+
+def test_each_sequence_draws_as_its_own_config_would():
+  """Per-sequence temperature and top-p in one batch: each row draws, token for token, what
+  a config of its own settings draws for it (greedy rows included), under the shared
+  top-k, min-p and penalty; an all-greedy batch is the argmax."""
+  rng = np.random.default_rng(4)
+  logits = jnp.asarray(rng.standard_normal((4, 3, 50)) * 3, jnp.float32)
+  seen = jnp.asarray(rng.random((4, 3, 50)) < 0.1)
+  positions = jnp.asarray(rng.integers(0, 1000, (4, 3)), jnp.int32)
+  keys, _ = generation_keys([5, 6, 7, 8], SamplingConfig(temperature=1.0))
+  shared = SamplingConfig(top_k=30, min_p=0.02, penalty=1.3)
+  settings = [(0.0, 1.0), (0.7, 0.9), (1.3, 1.0), (0.5, 0.3)]
+  rows = shared.per_sequence(*zip(*settings))
+  got = np.asarray(sample(logits, keys, shared, seen, positions, rows))
+  for b, (temperature, top_p) in enumerate(settings):
+    alone = SamplingConfig(temperature=temperature, top_p=top_p, top_k=30, min_p=0.02, penalty=1.3)
+    expected = sample(logits[b : b + 1], keys[b : b + 1], alone, seen[b : b + 1], positions[b : b + 1])
+    np.testing.assert_array_equal(got[b], np.asarray(expected)[0])
+  greedy = shared.per_sequence([0.0] * 4, [0.5] * 4)
+  np.testing.assert_array_equal(
+    np.asarray(sample(logits, keys, shared, seen, positions, greedy)), np.asarray(sample(logits, keys, shared, seen))
+  )
+
+
+def test_per_sequence_settings_are_checked():
+  with pytest.raises(UserError, match="top_p must be in"):
+    SamplingConfig().per_sequence([0.5], [1.5])
+  with pytest.raises(UserError, match="temperature must be"):
+    SamplingConfig().per_sequence([-1.0], [1.0])
+  with pytest.raises(UserError, match="keyed by position"):
+    SamplingConfig(draw=Draw.STREAM).per_sequence([0.5], [1.0])

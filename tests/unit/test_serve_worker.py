@@ -25,7 +25,7 @@ class Letters:
 
 def job(stop=(), max_tokens=50):
   loop = asyncio.new_event_loop()
-  return Job([1], max_tokens, 0, stop, loop, asyncio.Queue()), loop
+  return Job([1], max_tokens, 0, None, None, stop, loop, asyncio.Queue()), loop
 
 
 def pieces(job, loop):
