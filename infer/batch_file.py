@@ -2,8 +2,9 @@
 Lines out, one record a prompt.
 
 An input record is an object with a `prompt` (text) and optionally `chat` (bool: through the
-model's chat template), `max_new_tokens` (int >= 1), `seed` (int) and `id` (any JSON value,
-unique in the file); other fields are carried to the output untouched. An output record is
+model's chat template), `max_new_tokens` (int >= 1), `seed` (int), `temperature` (>= 0),
+`top_p` (in (0, 1]) and `id` (any JSON value, unique in the file); other fields are carried
+to the output untouched. An output record is
 its input's fields, its `line` in the input, and what was generated. Records are appended
 and flushed as each finishes, so an interrupted run keeps every finished one; a run
 with the same output skips the records already there (by `id`, or by line without one).
@@ -45,9 +46,25 @@ class Record:
   def seed(self, default: int) -> int:
     return self.fields.get("seed", default)
 
+  def temperature(self) -> float | None:
+    """Its own temperature; None: the flags'."""
+    return self.fields.get("temperature")
+
+  def top_p(self) -> float | None:
+    """Its own top-p; None: the flags'."""
+    return self.fields.get("top_p")
+
+  @property
+  def samples_its_own_way(self) -> bool:
+    return "temperature" in self.fields or "top_p" in self.fields
+
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # The fields a record may set and what each must be.
@@ -56,6 +73,8 @@ CHECKS = {
   "chat": (lambda v: isinstance(v, bool), "true or false"),
   "max_new_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
   "seed": (_is_int, "an integer"),
+  "temperature": (lambda v: _is_number(v) and 0 <= v < float("inf"), "a number >= 0"),
+  "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
 }
 
 

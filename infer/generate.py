@@ -54,7 +54,8 @@ def parse_args(argv=None):
     "--input",
     type=Path,
     help='a JSON Lines file of prompts, one object a line: {"prompt": ..., "chat": bool, "max_new_tokens":'
-    ' int, "seed": int, "id": ...} (all but prompt optional; the flags give the rest), decoded in batches',
+    ' int, "seed": int, "temperature": float, "top_p": float, "id": ...} (all but prompt optional; the flags'
+    " give the rest), decoded in batches",
   )
   p.add_argument(
     "--output",
@@ -301,7 +302,11 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
 
   limits = [r.max_new_tokens(args.max_new_tokens) for r in records]
   positions = cache_length(prompts, limits, decoding.proposer)
-  slots = Slots.open(target.model, decoding, draft_params, min(args.batch or BATCH, len(records)), positions)
+  own = any(r.samples_its_own_way for r in records)  # (each record then carries its own temperature and top-p)
+  if own:
+    decoding.sampling.per_sequence([0.0], [1.0])  # (refuses a draw that cannot: one sentence, before any work)
+  batch = min(args.batch or BATCH, len(records))
+  slots = Slots.open(target.model, decoding, draft_params, batch, positions, per_sequence_sampling=own)
   waiting, running, tokens, started = list(range(len(records))), {}, 0, time.perf_counter()
 
   def finish(slot: int) -> None:
@@ -334,7 +339,9 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
       while waiting and slots.free:
         index = waiting.pop(0)
         slot = slots.choose(prompts[index])
-        admitted = slots.admit(slot, prompts[index], limits[index], records[index].seed(args.seed))
+        record = records[index]
+        sampling = dict(temperature=record.temperature(), top_p=record.top_p()) if own else {}
+        admitted = slots.admit(slot, prompts[index], limits[index], record.seed(args.seed), **sampling)
         running[slot] = (index, time.perf_counter())
         if admitted.done:
           finish(slot)

@@ -237,6 +237,28 @@ def test_a_batch_file_writes_what_each_prompt_writes_alone_and_resumes(tiny_with
   assert code == 0 and "skipping 3 records of 3" in err and "loading target" not in err
 
 
+def test_batch_file_records_sample_with_their_own_settings(tiny_with_tokenizer, tmp_path, capsys):
+  """Records with their own temperature, top-p and seed (one greedy) share two slots: each
+  writes what its prompt writes alone with those flags."""
+  records = [
+    {"prompt": "def main():", "temperature": 0.9, "seed": 3},
+    {"prompt": "The quick brown fox", "temperature": 0.7, "top_p": 0.8, "seed": 4},
+    {"prompt": "Once upon a time"},
+  ]
+  source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+  source.write_text("".join(json.dumps(r) + "\n" for r in records))
+  target = ["--target", str(tiny_with_tokenizer), "--max-new-tokens", "7"]
+  code, _, err = run([*target, "--input", str(source), "--output", str(out), "--batch", "2"], capsys)
+  assert code == 0, err
+  written = {w["line"]: w for w in map(json.loads, out.read_text().splitlines())}
+  for line, record in enumerate(records, start=1):
+    flags = ["--temperature", str(record.get("temperature", 0.0)), "--top-p", str(record.get("top_p", 1.0))]
+    alone = ["--prompt", record["prompt"], "--json", "--seed", str(record.get("seed", 0)), *flags]
+    code, stdout, err = run([*target, *alone], capsys)
+    assert code == 0, err
+    assert written[line]["token_ids"] == json.loads(stdout.strip().splitlines()[-1])["token_ids"], line
+
+
 def test_a_batch_file_through_the_real_entry_point(tiny_with_tokenizer, tmp_path):
   """`python -m infer.generate --input` in a process of its own, one slot: two records over
   one document, the second prefilling only its question."""

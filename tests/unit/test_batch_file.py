@@ -41,6 +41,9 @@ def test_records_keep_their_fields_and_lines(tmp_path):
     (['{"prompt": "a", "max_new_tokens": 0}'], '"max_new_tokens" must be an integer >= 1, got 0'),
     (['{"prompt": "a", "max_new_tokens": true}'], '"max_new_tokens" must be an integer >= 1'),
     (['{"prompt": "a", "seed": 1.5}'], '"seed" must be an integer'),
+    (['{"prompt": "a", "temperature": -0.5}'], '"temperature" must be a number >= 0'),
+    (['{"prompt": "a", "top_p": 0}'], '"top_p" must be a number in (0, 1]'),
+    (['{"prompt": "a", "top_p": "high"}'], '"top_p" must be a number in (0, 1]'),
     (['{"prompt": "a", "id": "x"}', '{"prompt": "b", "id": "x"}'], 'line 2: its "id" repeats line 1\'s'),
   ],
 )
