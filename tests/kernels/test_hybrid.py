@@ -38,48 +38,30 @@ def test_pallas_hybrid_matches_reference(seed, nodes, cache_len, group, dtype):
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-def test_layer_of_a_stacked_cache():
-  """The target's layer scan hands the kernel the whole stacked cache and a traced layer index."""
-  rng = np.random.default_rng(5)
-  q, _, _ = random_attention_inputs(rng, 2, 7, 1, 2, 4, 64, jnp.float32)
-  _, k_new, v_new = random_attention_inputs(rng, 2, 1, 7, 2, 1, 64, jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((4, 2, 70, 2, 64)), jnp.float32) for _ in "kv")
-  lengths = jnp.asarray([63, 20], jnp.int32)
-  mask = random_ancestor_mask(rng, 2, 7)
-  positions = lengths[:, None] + jnp.arange(7)[None]
-  run = jax.jit(
-    lambda layer, impl: hybrid_attention(q, k, v, lengths, k_new, v_new, mask, positions, layer=layer, impl=impl),
-    static_argnums=1,
-  )
-  for layer in (0, 3):
-    ref = hybrid_attention(q, k[layer], v[layer], lengths, k_new, v_new, mask, positions, impl=Impl.REFERENCE)
-    for impl in Impl:
-      np.testing.assert_allclose(np.asarray(run(jnp.int32(layer), impl)), np.asarray(ref), atol=2e-5)
-
-
-@pytest.mark.parametrize("window", [None, 300])
-def test_split_prefix_and_tree_in_one_launch(window):
-  """A cache long enough for several split-K programs beside the tree's (the launch the
-  GPU runs at long context), a stacked cache read at a traced layer, a sliding window;
-  every partial is written (interpreted outputs start as NaN)."""
+@pytest.mark.parametrize(
+  "slots, lengths, window", [(70, (63, 20), None), (1100, (1031, 0), None), (1100, (1031, 0), 300)]
+)
+def test_layer_of_a_stacked_cache(slots, lengths, window):
+  """The target's layer scan hands the kernel the whole stacked cache and a traced layer
+  index; a cache long enough for several split-K programs beside the tree's (the launch a
+  GPU runs at long context), with and without a sliding window. Every partial is written
+  (interpreted outputs start as NaN)."""
   assert interpret_outputs_start_as_nan()
-  rng = np.random.default_rng(8)
+  rng = np.random.default_rng(5)
   q, _, _ = random_attention_inputs(rng, 2, 9, 1, 2, 4, 64, jnp.float32)
   _, k_new, v_new = random_attention_inputs(rng, 2, 1, 9, 2, 1, 64, jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((3, 2, 1100, 2, 64)), jnp.float32) for _ in "kv")
-  lengths = jnp.asarray([1031, 0], jnp.int32)
+  k, v = (jnp.asarray(rng.standard_normal((4, 2, slots, 2, 64)), jnp.float32) for _ in "kv")
+  lengths = jnp.asarray(lengths, jnp.int32)
   mask = random_ancestor_mask(rng, 2, 9)
   positions = lengths[:, None] + _depths(mask)
-  run = jax.jit(
-    lambda layer, impl: hybrid_attention(
-      q, k, v, lengths, k_new, v_new, mask, positions, window, layer=layer, impl=impl
-    ),
-    static_argnums=1,
-  )
-  out = np.asarray(run(jnp.int32(2), Impl.PALLAS))
-  ref = hybrid_attention(q, k[2], v[2], lengths, k_new, v_new, mask, positions, window, impl=Impl.REFERENCE)
-  assert not np.any(np.isnan(out))
-  np.testing.assert_allclose(out, np.asarray(ref), atol=2e-5)
+  args = (lengths, k_new, v_new, mask, positions, window)
+  run = jax.jit(lambda layer, impl: hybrid_attention(q, k, v, *args, layer=layer, impl=impl), static_argnums=1)
+  for layer in (0, 3):
+    ref = hybrid_attention(q, k[layer], v[layer], *args, impl=Impl.REFERENCE)
+    for impl in Impl:
+      out = np.asarray(run(jnp.int32(layer), impl))
+      assert not np.any(np.isnan(out))
+      np.testing.assert_allclose(out, np.asarray(ref), atol=2e-5)
 
 
 def _depths(mask):
