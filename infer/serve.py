@@ -209,6 +209,9 @@ def create_app(
   from pydantic import BaseModel, ConfigDict, Field
   from sse_starlette.sse import EventSourceResponse
 
+  class StreamOptions(BaseModel):
+    include_usage: bool = False
+
   class Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # (fields this server does not use are ignored)
     model: str
@@ -218,6 +221,7 @@ def create_app(
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = 1
 
   class Completion(Common):
@@ -285,6 +289,14 @@ def create_app(
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     kind = "chat.completion" if chat else "text_completion"
 
+    def usage() -> dict:
+      return {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(job.ids),
+        "total_tokens": len(prompt) + len(job.ids),
+        "prompt_tokens_details": {"cached_tokens": job.reused},  # (the OpenAI API's name for them)
+      }
+
     def choice(text: str, finish: str | None, streamed: bool) -> dict:
       if not chat:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -303,6 +315,8 @@ def create_app(
             piece = {"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created, "model": model_name}
             yield {"data": json.dumps({**piece, "choices": [choice(text, finish, True)]})}
             if finish is not None:
+              if body.stream_options and body.stream_options.include_usage:  # (a last chunk, as the OpenAI API)
+                yield {"data": json.dumps({**piece, "choices": [], "usage": usage()})}
               break
           yield {"data": "[DONE]"}
         finally:
@@ -320,19 +334,13 @@ def create_app(
           return error(499, "the client went away.")
     if finish.startswith("error"):
       return error(500, finish)
-    usage = {
-      "prompt_tokens": len(prompt),
-      "completion_tokens": len(job.ids),
-      "total_tokens": len(prompt) + len(job.ids),
-      "prompt_tokens_details": {"cached_tokens": job.reused},  # (the OpenAI API's name for them)
-    }
     return {
       "id": ident,
       "object": kind,
       "created": created,
       "model": model_name,
       "choices": [choice("".join(parts), finish, False)],
-      "usage": usage,
+      "usage": usage(),
     }
 
   @app.post("/v1/completions")

@@ -84,8 +84,24 @@ def hybrid_attention(
   return merge([parts], t, g)[0]
 
 
-def _kernel(layer_ref, q_ref, k_ref, v_ref, lo_ref, hi_ref, k_new_ref, v_new_ref, mask_ref, out_ref, lse_ref, **static):
-  prefix, tree, splits = static["prefix"], static["tree"], static["splits"]
+def _kernel(
+  layer_ref,
+  q_ref,
+  k_ref,
+  v_ref,
+  lo_ref,
+  hi_ref,
+  k_new_ref,
+  v_new_ref,
+  mask_ref,
+  out_ref,
+  lse_ref,
+  *,
+  prefix,
+  tree,
+  splits,
+):
+  # Programs 0 .. splits - 1 along the last grid axis: the prefix pass's splits; the last: the tree's.
   split = pl.program_id(2)
 
   def write(out, lse):

@@ -101,8 +101,13 @@ def test_completions_chat_and_streams_write_what_generate_writes(server, client,
   pieces = [c.choices[0] for c in stream]
   assert "".join(p.delta.content or "" for p in pieces) == chat.choices[0].message.content
   assert pieces[-1].finish_reason == "length"
-  streamed = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=12, stream=True)
-  assert "".join(c.choices[0].text for c in streamed) == alone(tiny_with_tokenizer, PROMPTS[1], 12)
+  streamed = list(
+    client.completions.create(
+      model="tiny", prompt=PROMPTS[1], max_tokens=12, stream=True, stream_options={"include_usage": True}
+    )
+  )
+  assert "".join(c.choices[0].text for c in streamed if c.choices) == alone(tiny_with_tokenizer, PROMPTS[1], 12)
+  assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens == 12  # (usage last, when asked)
 
 
 def test_concurrent_requests_each_write_their_own_text(server, client, tiny_with_tokenizer):
