@@ -5,7 +5,8 @@
 `lab.profile`, kernel suites from `lab.bench_kernels`, a tree search from
 `infer.tree_search`, auto's rounds from `lab.bench_auto`, long outputs from
 `lab.bench_long`, sparse verification's quality from `lab.sparse_quality`, the draft's
-training step from `lab.bench_step`) and draws it;
+training step from `lab.bench_step`, the server against generate from `lab.bench_serve`)
+and draws it;
 `python -m infer.plots FILE.json ... [--out-dir DIR]` redraws saved results (those in
 docs/results included); `--join OUT.png` draws several method comparisons
 (e.g. runs at different prompt lengths) as one.
@@ -461,6 +462,40 @@ def _train_step(result: dict, plt):
   return fig
 
 
+def _serve(result: dict, plt):
+  """`lab.bench_serve`: per prompt, the server's decode rate over `generate`'s and its first
+  token's time beyond `generate`'s prefill; with several clients, both total rates against
+  the number of clients."""
+  rows, together = result["rows"], result.get("concurrent", [])
+  fig, axes = plt.subplots(1, 3 if together else 2, figsize=(15 if together else 10, 4), squeeze=False)
+  labels = [f"{r['set']} {r['prompt']}" for r in rows]
+  panels = (
+    ("decode_ratio", "server decode tokens/s / generate's", 1.0),
+    ("first_token_beyond_prefill_ms", "first token beyond generate's prefill, ms", None),
+  )
+  for ax, (key, title, line) in zip(axes[0], panels):
+    bars = ax.bar(range(len(rows)), [r[key] or 0 for r in rows], color="C0")
+    ax.bar_label(bars, fmt="%.2f" if line else "%.0f", fontsize=7)
+    if line:
+      ax.axhline(line, color="grey", lw=0.8)
+    ax.set_xticks(range(len(rows)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set(title=title)
+    ax.grid(alpha=0.3, axis="y")
+  if together:
+    ax = axes[0][2]
+    for index, key in enumerate(("server_tokens_per_second", "generate_tokens_per_second")):
+      for set_name in sorted({t["set"] for t in together}):
+        points = sorted((t for t in together if t["set"] == set_name), key=lambda t: t["concurrency"])
+        label = f"{'server' if index == 0 else 'generate, one batch'} ({set_name})"
+        xs, ys = [t["concurrency"] for t in points], [t[key] for t in points]
+        ax.plot(xs, ys, marker="o", color=f"C{index}", label=label)
+    ax.set(title="tokens/s over all clients", xlabel="clients at once", ylabel="tokens/s")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  fig.suptitle(_title(result, f"the server against generate, {result['method']}, {result['length']:,}-token prompts"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
@@ -469,7 +504,7 @@ def kind(result: dict) -> str | None:
     return result["kind"] if any(r["chunk"] for r in result["rows"]) else None
   if result.get("kind") == "tree_prices":  # (nothing to draw before the projection)
     return result["kind"] if result["rows"] else None
-  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation", "train_step"):
+  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation", "train_step", "serve"):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
   if (timed or any("kept" in r for r in result.get("sparse", ()))) and "suite" not in result:
@@ -495,6 +530,7 @@ PLOTS = {
   "long_generation": _long_generation,
   "sparse_quality": _sparse_quality,
   "train_step": _train_step,
+  "serve": _serve,
 }
 
 

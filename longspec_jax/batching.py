@@ -34,6 +34,12 @@ from longspec_jax.methods import prices
 from longspec_jax.models.cache import KVCache
 from longspec_jax.models.target import Transformer
 
+# Fewest prompt tokens a slot's cache is reused for: a pass continuing a cache is another
+# compiled program than a prompt's first pass, and a few shared tokens (a chat template's
+# system prompt, a coincidental first token) save less prefill than its compilation costs
+# the request that meets it first (0.4-0.6 s for SmolLM2 on a CPU).
+MIN_REUSED = 32
+
 
 def batch_axes(one: Any, two: Any) -> tuple[int | None, ...]:
   """Per leaf of two states of one pytree structure, at batch sizes one and two: the axis
@@ -173,10 +179,12 @@ class Slots:
     return [int(i) for i in np.flatnonzero(~self.busy)]
 
   def held(self, slot: int, prompt: Sequence[int]) -> int:
-    """How many of `prompt`'s first tokens `slot`'s cache holds the K/V of (at most all but
-    its last, whose hidden state gives the first new token)."""
+    """How many of `prompt`'s first tokens `slot`'s cache holds the K/V of and would be
+    reused for (at most all but its last, whose hidden state gives the first new token;
+    0 below `MIN_REUSED`)."""
     cached = int(np.asarray(self.state.cache.lengths)[slot])
-    return min(_common(self.tokens[slot][:cached], prompt), len(prompt) - 1)
+    held = min(_common(self.tokens[slot][:cached], prompt), len(prompt) - 1)
+    return held if held >= MIN_REUSED else 0
 
   def choose(self, prompt: Sequence[int]) -> int | None:
     """The free slot to admit `prompt` into: the one holding the most of it (the first

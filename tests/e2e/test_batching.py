@@ -145,6 +145,7 @@ def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, co
     answer += [int(t) for t in tokens[slot] if t != PAD_ID]
   slots.release(slot)
   assert answer == generate(tiny, [turn], 10, decoding, params).token_ids[0]
+  assert slots.held(slot, turn[:20] + [1, 2, 3]) == 0  # (too little in common to be worth a pass of its own)
   following = turn + answer + rng.integers(3, 200, size=7).tolist()
   assert slots.choose(following) == slot
   again = slots.admit(slot, following, 8)

@@ -1,0 +1,266 @@
+"""`python -m lab.bench_serve`: the server against `infer.generate` on the same prompts.
+
+Starts `python -m infer.serve` in a process of its own with the flags after `--`, and
+streams each prompt's completion from it (`/v1/completions`, greedy unless the flags say
+otherwise, its usage in the last chunk): the time from the request to the first streamed
+text (the first token's time, prefill included) and the decode rate after it. One client
+at a time first, each prompt after a warm-up request; then, for each `--concurrency` C
+above one, C clients at once (prompts cycled), their tokens over the wall time. The server
+is then stopped and the same prompts run through the library in this process, as
+`infer.generate` runs them with those flags (`engine.generate`, a warm-up first): one
+prompt at a time, and the C prompts as one batch. Reports per prompt the server's decode
+rate over `generate`'s, its first-token time beyond `generate`'s prefill, and whether it
+wrote the same text; per C the two total rates. Writes JSON and a plot with `--out`.
+
+  python -m lab.bench_serve --sets code --length 4096 --new-tokens 256 --concurrency 1 4 --out serve.json \\
+    -- --method auto --max-batch 4
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from infer import serve
+from infer.prompts import PROMPT_SETS
+from longspec_jax import cli
+from longspec_jax.errors import UserError
+
+NAME = "bench"  # the served model's name
+STARTUP_SECONDS = 900  # loading and compiling a large target's programs
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+  with urllib.request.urlopen(url, timeout=10) as response:
+    return json.loads(response.read())
+
+
+def stream(base: str, prompt: str, max_tokens: int) -> dict:
+  """One streamed completion: its text, completion tokens (the usage the server reports
+  last), seconds to the first text and to the end."""
+  body = {"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+  request = urllib.request.Request(
+    f"{base}/v1/completions",
+    json.dumps({**body, "stream_options": {"include_usage": True}}).encode(),
+    {"content-type": "application/json"},
+  )
+  started, first, parts, usage = time.perf_counter(), None, [], None
+  with urllib.request.urlopen(request, timeout=3600) as response:
+    for line in response:
+      line = line.strip()
+      if not line.startswith(b"data: {"):
+        continue
+      event = json.loads(line[6:])
+      if "error" in event:
+        raise UserError(f"the server failed a request: {event['error']['message']}")
+      for choice in event.get("choices", []):
+        if choice["text"] and first is None:
+          first = time.perf_counter()
+        parts.append(choice["text"])
+      usage = event.get("usage") or usage
+  end = time.perf_counter()
+  return {
+    "text": "".join(parts),
+    "tokens": usage["completion_tokens"],
+    "first_seconds": (first or end) - started,
+    "seconds": end - started,
+  }
+
+
+class Server:
+  """`python -m infer.serve` with `flags` in a process of its own, until `stop`."""
+
+  def __init__(self, flags: list[str], context: int):
+    self.port = _free_port()
+    command = [sys.executable, "-m", "infer.serve", *flags, "--port", str(self.port)]
+    command += ["--served-model-name", NAME, "--context", str(context)]
+    self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    self.base = f"http://127.0.0.1:{self.port}"
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while True:
+      try:
+        if _get(f"{self.base}/health")["status"] == "ok":
+          return
+      except (urllib.error.URLError, ConnectionError):
+        pass
+      if self.process.poll() is not None:
+        raise UserError(f"the server did not start: {self.process.stderr.read().strip().splitlines()[-1:]}")
+      if time.monotonic() > deadline:
+        self.stop()
+        raise UserError(f"the server did not answer within {STARTUP_SECONDS} s.")
+      time.sleep(0.5)
+
+  def stop(self) -> None:
+    if self.process.poll() is None:
+      self.process.send_signal(signal.SIGTERM)
+      try:
+        self.process.wait(timeout=120)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+
+
+def measure_server(flags, context: int, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int]):
+  """Per prompt one client's `stream`; per C > 1, C clients at once: (tokens, wall seconds).
+  `warm_up` runs first, a prompt of its own (a slot holding a measured prompt would serve
+  it again from its cache)."""
+  server = Server(flags, context)
+  try:
+    stream(server.base, warm_up, new_tokens)  # (the first request's compilations)
+    alone = [stream(server.base, text, new_tokens) for text in texts]
+    together = {}
+    for clients in (c for c in concurrency if c > 1):
+      asks = [texts[i % len(texts)] for i in range(clients)]
+      started = time.perf_counter()
+      with ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(lambda text: stream(server.base, text, new_tokens), asks))
+      together[clients] = (sum(a["tokens"] for a in answers), time.perf_counter() - started)
+  finally:
+    server.stop()
+  return alone, together
+
+
+def measure_generate(args, path, tokenizer, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int]):
+  """The library as `infer.generate` runs these flags: per prompt its stats, and per C > 1
+  the C prompts as one batch: (tokens, seconds end to end)."""
+  from infer import decoder
+  from infer.timing import warmed_up
+  from longspec_jax.engine import generate
+  from longspec_jax.weights import read_target_config
+
+  plan = decoder.check_flags(args, read_target_config(path))
+  loaded = decoder.load(args, plan, path, tokenizer)
+  model, decoding, params = loaded.target.model, loaded.decoding, loaded.draft_params
+  ids = [tokenizer(text).input_ids for text in texts]
+  run = lambda batch: generate(model, batch, new_tokens, decoding, params, seed=args.seed)
+  warmed_up(lambda: run([tokenizer(warm_up).input_ids]))
+  alone = [run([prompt]) for prompt in ids]
+  together = {}
+  for clients in (c for c in concurrency if c > 1):
+    batch = [ids[i % len(ids)] for i in range(clients)]
+    warmed_up(lambda: run(batch))
+    stats = run(batch).stats
+    together[clients] = (stats.num_new_tokens, stats.prefill_seconds + stats.decode_seconds)
+  return alone, together
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+  p = cli.ArgumentParser(prog="python -m lab.bench_serve", description=__doc__.splitlines()[0])
+  p.add_argument("--sets", nargs="+", choices=sorted(PROMPT_SETS), default=["code"], help="prompt sets")
+  p.add_argument("--length", type=cli.positive_int, default=4096, help="prefill tokens")
+  p.add_argument("--num-prompts", type=cli.positive_int, default=3, help="prompts a set")
+  p.add_argument("--new-tokens", type=cli.positive_int, default=256)
+  p.add_argument(
+    "--concurrency", type=cli.positive_int, nargs="+", default=[1], help="clients at once (1: one after another)"
+  )
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
+  args = p.parse_args(ours)
+  if args.out:
+    cli.output_path(args.out)
+  if "--max-batch" not in flags:
+    flags = [*flags, "--max-batch", str(max(args.concurrency))]
+  server_args = serve.parse_args(flags)  # (the server's own checks, before anything runs)
+
+  import jax
+
+  from infer.plots import plot
+  from longspec_jax.weights import load_tokenizer, resolve_target
+
+  path = resolve_target(server_args.target)
+  tokenizer = load_tokenizer(path)
+  rows, totals = [], []
+  for set_name in args.sets:
+    # Text both sides tokenize alike: the set's prompts decoded, then read back as the server reads them.
+    prompts = PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts + 1)  # (the last: the warm-up)
+    *texts, warm_up = [tokenizer.decode(ids) for ids in prompts]
+    context = max(len(tokenizer(text).input_ids) for text in [*texts, warm_up]) + args.new_tokens
+    measured = (warm_up, texts, args.new_tokens, args.concurrency)
+    print(f"[{set_name}] the server ...", file=sys.stderr, flush=True)
+    served, served_together = measure_server(flags, context, *measured)
+    print(f"[{set_name}] the library ...", file=sys.stderr, flush=True)
+    alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
+    for index, (server, result) in enumerate(zip(served, alone)):
+      stats = result.stats
+      decode_rate = (server["tokens"] - 1) / max(server["seconds"] - server["first_seconds"], 1e-9)
+      rows.append(
+        {
+          "set": set_name,
+          "prompt": index,
+          "prompt_tokens": len(tokenizer(texts[index]).input_ids),
+          "new_tokens": server["tokens"],
+          "server_first_token_s": server["first_seconds"],
+          "server_decode_tokens_per_second": decode_rate,
+          "generate_first_token_s": stats.time_to_first_token_seconds,
+          "generate_prefill_s": stats.prefill_seconds,
+          "generate_decode_tokens_per_second": stats.tokens_per_second,
+          "decode_ratio": decode_rate / stats.tokens_per_second if stats.tokens_per_second else None,
+          "first_token_beyond_prefill_ms": 1e3 * (server["first_seconds"] - stats.prefill_seconds),
+          "same_text": server["text"] == tokenizer.decode(result.token_ids[0], skip_special_tokens=True),
+        }
+      )
+    for clients, (tokens, seconds) in served_together.items():
+      generated, generate_seconds = alone_together[clients]
+      totals.append(
+        {
+          "set": set_name,
+          "concurrency": clients,
+          "server_tokens_per_second": tokens / seconds,
+          "generate_tokens_per_second": generated / generate_seconds,
+          "ratio": (tokens / seconds) / (generated / generate_seconds),
+        }
+      )
+  ratios = [r["decode_ratio"] for r in rows if r["decode_ratio"] is not None]
+  result = {
+    "kind": "serve",
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "argv": argv,
+    "target": server_args.target,
+    "method": server_args.method.value,
+    "length": args.length,
+    "new_tokens": args.new_tokens,
+    "rows": rows,
+    "concurrent": totals,
+    "median_decode_ratio": statistics.median(ratios) if ratios else None,
+    "median_first_token_beyond_prefill_ms": statistics.median(r["first_token_beyond_prefill_ms"] for r in rows),
+  }
+  print("set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x")
+  for r in rows:
+    print(
+      f"{r['set']} | {r['prompt']} | {r['new_tokens']} | {r['server_first_token_s']:.3f}"
+      f" | {r['generate_prefill_s']:.3f} | {r['first_token_beyond_prefill_ms']:.1f}"
+      f" | {r['server_decode_tokens_per_second']:.1f} | {r['generate_decode_tokens_per_second']:.1f}"
+      f" | {r['decode_ratio']:.2f}" + ("" if r["same_text"] else " | other text")
+    )
+  for t in totals:
+    print(
+      f"{t['set']} | {t['concurrency']} clients | server {t['server_tokens_per_second']:.1f} tok/s | generate"
+      f" {t['generate_tokens_per_second']:.1f} tok/s (one batch) | {t['ratio']:.2f}"
+    )
+  if args.out:
+    args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  cli.run_main(main, "python -m lab.bench_serve")
