@@ -129,6 +129,14 @@ def parse_args(argv=None):
     " position); default: uniform over 1 .. the draft's tree depth, as inference meets them",
   )
   p.add_argument(
+    "--rollout-depth",
+    type=nonnegative_int,
+    default=0,
+    help="training-time test (a LongSpec draft): one pass per tree depth 1 .. N, each position the query of"
+    " that depth's pass as inference runs it (the ring up to its round's root, its ancestors' own K/V, the"
+    " target delayed by the depth), the loss at every depth; N passes a step. 0: one pass with --delays",
+  )
+  p.add_argument(
     "--labels",
     choices=[k.value for k in Labels],
     default=Labels.TARGET.value,
@@ -198,6 +206,10 @@ def parse_args(argv=None):
     p.error("--eval-every evaluates the --eval data; give --eval too")
   if args.warmup_steps >= args.steps and args.warmup_steps:
     p.error(f"--warmup-steps ({args.warmup_steps}) must be fewer than --steps ({args.steps})")
+  if args.rollout_depth and args.delays:
+    p.error("--rollout-depth delays each pass's cross-attention by its depth; give it or --delays, not both")
+  if args.rollout_depth and args.draft_kind != DraftKind.LONGSPEC.value:
+    p.error("--rollout-depth trains a LongSpec draft (--draft-kind longspec)")
   return args
 
 
@@ -361,6 +373,7 @@ def prepare(args, sources, eval_sources) -> Run:
     compute_dtype=compute.name,
     max_position=context,
     delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)),
+    rollout_depth=args.rollout_depth,
   )
   print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]

@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from longspec_jax.models.config import DraftKind
-from longspec_jax.models.draft import CrossAttend, SelfAttend
+from longspec_jax.models.draft import CrossAttend, Rollout, SelfAttend
 from longspec_jax.models.heads import Heads
 from longspec_jax.models.rope import anchor_offset_positions
 from longspec_jax.ops.attention import Impl
@@ -54,6 +54,10 @@ class TrainConfig:
   positions: Positions = Positions.ANCHOR_OFFSET
   max_position: int = 8192  # anchor-offset positions reach up to this
   labels: Labels = Labels.TARGET
+  # Training-time test (a LongSpec draft): one pass per tree depth 1 .. this, each position the
+  # query of that depth's pass as inference runs it (`rollout_passes`), the loss at every
+  # depth; 0: one pass, its cross-attention delayed by `delay_weights`.
+  rollout_depth: int = 0
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -109,7 +113,9 @@ def draft_token_losses(
   """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
   and hits [B, T - 1]: the draft's argmax is the label (the target's argmax). The
   cross-attention is delayed by `delays` [B], or in `training` a GLIDE draft's sees the
-  blocks before each token's (`TrainConfig.cross_block`)."""
+  blocks before each token's (`TrainConfig.cross_block`). In `training` with
+  `config.rollout_depth`, a block draft's [B, D, T - 1] of each depth's pass instead
+  (`rollout_passes`)."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
   if draft.attention is Impl.PALLAS:
@@ -128,9 +134,44 @@ def draft_token_losses(
     delay=None if blockwise else delays,
     block=config.cross_block if blockwise else None,
   )
-  hidden, _ = draft(target, tokens, positions, own, cross)
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
+  if config.rollout_depth and training and not blockwise:
+    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, config.rollout_depth)
+    runs = [chunked_token_losses(h[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher) for h in passes]
+    return tuple(jnp.stack(x, axis=1) for x in zip(*runs))
+  hidden, _ = draft(target, tokens, positions, own, cross)
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
+
+
+def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: int) -> list:
+  """The draft's passes at tree depths 1 .. `depth` over tokens [B, T], every position i the
+  query of each: the query of depth d's pass (a node at depth d - 1 of a round whose root
+  sits at i - d + 1, predicting depth d) sees the target's K/V before the root (its
+  cross-attention delayed by d), the first pass's K/V up to the root (the ring: committed
+  tokens as the draft's first pass wrote them), and its ancestors' K/V as their own
+  depths' passes wrote them (`attention.rollout_attention`), as at inference. Returns each
+  pass's hidden states [B, T, E], depth 1 first; positions i < d - 1 have no such root."""
+  batch, length = tokens.shape
+  window = draft.config.self_window
+
+  def run(d: int, rollout: Rollout | None):
+    cross = CrossAttend(k=target_k, v=target_v, limits=None, delay=jnp.full((batch,), d, jnp.int32))
+    return draft(target, tokens, positions, SelfAttend(mask=None, window=window, rollout=rollout), cross)
+
+  first, (ring_k, ring_v) = run(1, None)
+  hidden, keys, values = [first], [ring_k], [ring_v]  # each pass's K/V [L, B, T, K, D], depth 1 first
+  behind = lambda x, u: jnp.pad(x, ((0, 0), (0, 0), (u, 0), (0, 0), (0, 0)))[:, :, :length]  # position i: x at i - u
+  for d in range(2, depth + 1):
+    # The ancestor u back of a depth-d query sat at depth d - u: its pass's K/V, u positions behind.
+    if d == 2:  # (no ancestor but the root, which the ring holds)
+      near = [jnp.zeros((*ring_k.shape[:3], 0, *ring_k.shape[3:]), ring_k.dtype)] * 2
+    else:
+      near = [jnp.stack([behind(x[d - u - 1], u) for u in range(1, d - 1)], axis=3) for x in (keys, values)]
+    out, (k, v) = run(d, Rollout(ring_k, ring_v, *near, delay=d - 1))
+    hidden.append(out)
+    keys.append(k)
+    values.append(v)
+  return hidden
 
 
 def heads_states(heads_params, heads_graphdef, target, tokens, positions, config: TrainConfig):
@@ -163,6 +204,9 @@ def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, position
   if not isinstance(model, Heads):
     losses, hits = draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config)
     weights = loss_mask[:, 1:].astype(jnp.float32)
+    if losses.ndim == 3:  # [B, D, T - 1]: each depth's pass (training-time test), from the root on
+      rooted = jnp.arange(losses.shape[2])[None, :] >= jnp.arange(losses.shape[1])[:, None]
+      weights = weights[:, None, :] * rooted[None]
   else:
     gamma = model.config.gamma
     hidden, states = heads_states(draft_params, draft_graphdef, target, tokens, positions, config)

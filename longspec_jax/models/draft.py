@@ -33,6 +33,22 @@ from longspec_jax.ops.attention import Impl
 
 
 @dataclasses.dataclass(frozen=True)
+class Rollout:
+  """Training-time test: what the self-attention of the draft's pass at one tree depth sees,
+  for every position of a sequence as the query of such a pass (`attention.rollout_attention`):
+  the first pass's K/V at every position (the ring, [L, B, T, K, D]), the K/V each query's
+  ancestors got from their own passes (`near`, [L, B, T, U, K, D]: near[:, :, i, u - 1] is
+  the key of position i - u), and how far back the ring's positions end (`delay`: the
+  query's depth, the ring holding its tree's root and what was committed before it)."""
+
+  far_k: jax.Array
+  far_v: jax.Array
+  near_k: jax.Array
+  near_v: jax.Array
+  delay: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SelfAttend:
   """What the draft's self-attention sees: the ring's positions below `ring_limit` within
   the window (no ring: nothing before this call), and the block's keys under `mask`. The
@@ -40,13 +56,15 @@ class SelfAttend:
   slots [B, T])`, a buffer of earlier tree nodes into which this call's K/V are first
   written at `slots`. Training passes no mask: the block is a whole sequence, each token
   seeing itself and the `window` - 1 before it (structured, so `Impl.FLASH` never builds
-  the [T, T] mask)."""
+  the [T, T] mask). With `rollout`, every query sees what a tree node at one depth sees
+  at inference instead (training-time test; `Rollout`)."""
 
   mask: jax.Array | None  # [B, T, N] bool; None: causal within `window`
   window: int | None = None
   ring: RingCache | None = None
   ring_limit: jax.Array | None = None  # [B] int32
   buffer: tuple[jax.Array, jax.Array, jax.Array] | None = None
+  rollout: Rollout | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,13 +198,18 @@ class Draft(nnx.Module):
     scanned_layers = None if len(set(cross_layers)) == 1 else jnp.asarray(cross_layers, jnp.int32)
 
     def step(x, xs):
-      state, ring_k, ring_v, buffer_k, buffer_v, cross_layer = xs
+      state, ring_k, ring_v, buffer_k, buffer_v, cross_layer, rollout = xs
       layer = nnx.merge(layer_def, state)
       q, k, v = layer.project_qkv(x, cos, sin)
       if buffer_k is not None:
         k = buffer_k.at[rows, slots].set(k.astype(buffer_k.dtype))
         v = buffer_v.at[rows, slots].set(v.astype(buffer_v.dtype))
-      if own.mask is None:
+      if rollout is not None:  # (itself first among its near keys: u = 0)
+        far_k, far_v, near_k, near_v = rollout
+        near_k = jnp.concatenate([k[:, :, None], near_k], axis=2)
+        near_v = jnp.concatenate([v[:, :, None], near_v], axis=2)
+        out, lse = attention.rollout_attention(q, far_k, far_v, near_k, near_v, own.rollout.delay, own.window), None
+      elif own.mask is None:
         out, lse = attention.causal_attention(q, k, v, own.window, impl=self.attention), None
       else:
         out, lse = attention.masked_attention(q, k, v, own.mask, impl=self.attention)
@@ -202,7 +225,9 @@ class Draft(nnx.Module):
       return layer.add_mlp(x), (k, v, mass)
 
     ring_kv = (None, None) if ring is None else (ring.k, ring.v)
-    x, (k, v, mass) = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers))
+    r = own.rollout
+    rollout = None if r is None else (r.far_k, r.far_v, r.near_k, r.near_v)
+    x, (k, v, mass) = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers, rollout))
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), (k, v), None if mass is None else mass.sum(axis=0)
 
 

@@ -291,6 +291,49 @@ def blockwise_attention(q, k, v, block: int, *, impl: Impl) -> jnp.ndarray:
   return prefix_attention(q, k, v, limits, impl=impl)[0]
 
 
+def rollout_attention(q, far_k, far_v, near_k, near_v, delay: int, window: int | None, block: int = 512):
+  """A draft's self-attention as inference computes its pass at one tree depth, for every
+  position of a sequence at once (training-time test): query i [B, T, K, G, D] sees the
+  `far` keys/values [B, T, K, D] (the ring: every position as the draft's first pass over
+  committed tokens wrote it) at positions i - window < j <= i - delay, and its own `near`
+  ones [B, T, U, K, D] (its ancestors in the tree and itself, each as its own pass wrote
+  it; near[:, i, u] is the key at position i - u), in one softmax. The far keys a query
+  sees lie within `window` of it, so queries run in blocks of `block`, each over the
+  block's band of keys (memory linear in T; each block recomputed in the backward pass).
+  Returns out [B, T, K, G, D] float32."""
+  batch, length, kv_heads, g, dim = q.shape
+  reach = window if window is not None else length  # far keys a query may see, at most
+  blocks = -(-length // block)
+  pad = blocks * block - length
+  queries = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0)))
+  near = [jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * 3) for x in (near_k, near_v)]
+  # Far keys shifted by `reach`: block b's band is the slice [b * block, b * block + block + reach).
+  far = [jnp.pad(x, ((0, 0), (reach, pad), (0, 0), (0, 0))) for x in (far_k, far_v)]
+  scale = dim**-0.5
+
+  @jax.checkpoint
+  def one_block(start):
+    qb = jax.lax.dynamic_slice_in_dim(queries, start, block, axis=1).astype(jnp.float32) * scale  # [B, C, K, G, D]
+    kf, vf = (jax.lax.dynamic_slice_in_dim(x, start, block + reach, axis=1).astype(jnp.float32) for x in far)
+    kn, vn = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=1).astype(jnp.float32) for x in near)
+    query_pos = start + jnp.arange(block)  # [C]
+    key_pos = start - reach + jnp.arange(block + reach)  # [C + R]
+    ahead = query_pos[:, None] - key_pos[None, :]  # [C, C + R]
+    visible = (key_pos[None, :] >= 0) & (ahead >= delay) & (ahead < reach)
+    far_scores = jnp.einsum("bckgd,bskd->bkgcs", qb, kf)
+    far_scores = jnp.where(visible[None, None, None], far_scores, _NEG_INF)
+    near_scores = jnp.einsum("bckgd,bcukd->bkgcu", qb, kn)
+    near_scores = jnp.where((query_pos[:, None] >= jnp.arange(kn.shape[2]))[None, None, None], near_scores, _NEG_INF)
+    weights = jax.nn.softmax(jnp.concatenate([far_scores, near_scores], axis=-1), axis=-1)  # (itself always seen)
+    split = far_scores.shape[-1]
+    out = jnp.einsum("bkgcs,bskd->bckgd", weights[..., :split], vf)
+    return out + jnp.einsum("bkgcu,bcukd->bckgd", weights[..., split:], vn)
+
+  starts = jnp.arange(blocks) * block
+  out = jax.lax.map(one_block, starts)  # [blocks, B, C, K, G, D]
+  return jnp.moveaxis(out, 0, 1).reshape(batch, blocks * block, kv_heads, g, dim)[:, :length]
+
+
 def _flash(q, k, v, **masks) -> jnp.ndarray:
   """`jax.nn.dot_product_attention`, causal, on our [B, T, K, G, D] queries (query head
   k * G + g reads key head k, its grouping): cuDNN on a GPU in 16-bit floats, XLA

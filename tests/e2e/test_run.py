@@ -296,6 +296,8 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     (base + out + ["--warmup-steps", "10", "--steps", "5"], "--warmup-steps (10) must be fewer than --steps (5)"),
     (base + out + ["--length", "100000"], "--length 100000 exceeds the target's context of 512 tokens"),
     (base + out + ["--resume", "--overwrite"], "give one"),
+    (base + out + ["--rollout-depth", "3", "--delays", "1,1"], "give it or --delays, not both"),
+    (base + out + ["--rollout-depth", "3", "--draft-kind", "glide"], "--rollout-depth trains a LongSpec draft"),
     (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
     (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
     (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),

@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from longspec_jax.models.cache import RingCache
 from longspec_jax.models.config import DraftConfig, DraftKind, HeadsConfig, TargetConfig
-from longspec_jax.models.draft import random_draft
+from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft
 from longspec_jax.models.heads import random_heads
 from longspec_jax.models.target import random_model
 from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference
 from train import Labels, Positions
-from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, tree_delays
+from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, rollout_passes, tree_delays
 
-from helpers import real_texts
+from helpers import real_texts, tiny_target
 
 pytestmark = pytest.mark.training  # (train steps: `MARKED_OPTIONS` in conftest.py)
 
@@ -66,16 +67,18 @@ TARGET = TargetConfig(
 
 
 @pytest.mark.parametrize(
-  "positions,labels,kind",
+  "positions,labels,kind,rollout",
   [
-    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC),
-    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC),
-    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE),
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 0),
+    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC, 0),
+    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE, 0),
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 3),
   ],
 )
-def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
-  """LongSpec's draft with flash noisy training, GLIDE's (two layers: each reads its own
-  target layer) with its block-wise cross mask."""
+def test_a_few_real_steps_reduce_the_loss(positions, labels, kind, rollout):
+  """LongSpec's draft with flash noisy training or with the training-time test (a pass a
+  depth, each depth's tokens from its round's root on), GLIDE's (two layers: each reads
+  its own target layer) with its block-wise cross mask."""
   target = random_model(TARGET, jnp.float32, seed=0)
   layers = 2 if kind is DraftKind.GLIDE else 1
   draft = random_draft(DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers), jnp.float32, seed=1)
@@ -92,6 +95,7 @@ def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
     positions=positions,
     max_position=4096,
     labels=labels,
+    rollout_depth=rollout,
   )
   optimizer = make_optimizer(config)
   opt_state = optimizer.init(draft_params)
@@ -103,7 +107,7 @@ def test_a_few_real_steps_reduce_the_loss(positions, labels, kind):
     )
     losses.append(float(metrics["loss"]))
     hits.append(float(metrics["hit_rate"]))
-  assert int(metrics["tokens"]) == 4 * 47
+  assert int(metrics["tokens"]) == 4 * sum(47 - depth for depth in range(max(rollout, 1)))
   if labels == "data":
     assert losses[-1] < losses[0] - 0.5, losses
   else:  # a random target is nearly uniform: the loss is mostly its entropy, agreement is what moves
@@ -220,3 +224,47 @@ def test_the_drafts_flash_attention_gives_the_same_step(weights):
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("depth", [2, 3, 5])
+def test_each_rollout_pass_computes_what_inference_computes_at_its_depth(depth):
+  """Training-time test: a two-layer draft's pass at depth d, at position i, equals what
+  inference computes for the tree node at depth d - 1 of a round whose root sits at
+  i - d + 1, each node in turn (its cross-attention over the target's cache below the
+  root; its self-attention over the ring, the first pass's K/V up to the root within the
+  window, and over the K/V its ancestors got in their own inference passes)."""
+  target = tiny_target("llama")
+  config = DraftConfig.for_target(target.config, num_layers=2, window=6)
+  draft = random_draft(config, jnp.float32)
+  batch, length = 2, 17
+  tokens = jnp.asarray(np.random.default_rng(depth).integers(3, 200, (batch, length)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  _, target_k, target_v = target.causal_hidden_and_kv(tokens, positions)  # [L, B, T, K, D]
+  passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, depth)
+  own = SelfAttend(mask=None, window=config.self_window)
+  first, (ring_k, ring_v) = draft(
+    target, tokens, positions, own, CrossAttend(target_k, target_v, None, delay=jnp.ones((batch,), jnp.int32))
+  )
+  np.testing.assert_allclose(np.asarray(passes[0]), np.asarray(first), atol=1e-6)
+  for root in (0, 4, 9, length - depth):
+    ring = RingCache.create(config, batch, jnp.float32, config.window)
+    held = jnp.broadcast_to(
+      jnp.arange(max(0, root - config.window + 1), root + 1), (batch, min(root + 1, config.window))
+    )
+    ring = ring.write(ring_k[:, :, held[0]], ring_v[:, :, held[0]], held, jnp.ones(held.shape, bool))
+    buffer = [jnp.zeros((config.num_layers, batch, depth, config.num_kv_heads, config.head_dim))] * 2
+    for node in range(1, depth):  # the node at depth `node`, position root + node
+      at = root + node
+      hidden, buffer = draft(
+        target,
+        tokens[:, at : at + 1],
+        positions[:, at : at + 1],
+        SelfAttend(
+          mask=jnp.broadcast_to((jnp.arange(depth) >= 1) & (jnp.arange(depth) <= node), (batch, 1, depth)),
+          ring=ring,
+          ring_limit=jnp.full((batch,), root + 1),
+          buffer=(*buffer, jnp.full((batch, 1), node)),
+        ),
+        CrossAttend(target_k, target_v, limits=jnp.full((batch, 1), root)),
+      )
+      np.testing.assert_allclose(np.asarray(passes[node][:, at]), np.asarray(hidden[:, 0]), atol=1e-5)

@@ -216,3 +216,36 @@ def test_the_chunk_mass_is_the_prefix_passs_attention_summed_per_chunk():
     )
     expected = np.pad(weights.sum(1), ((0, 0), (0, 14))).reshape(2, 4, 16).sum(-1)
     np.testing.assert_allclose(np.asarray(alone[0]), expected, rtol=1e-5, atol=1e-7)
+
+
+@examples(8)
+@given(
+  seed=SEEDS,
+  length=st.integers(1, 23),
+  near=st.integers(1, 4),
+  delay=st.integers(0, 4),
+  window=st.sampled_from([None, 3, 7]),
+  block=st.sampled_from([4, 8, 32]),
+  group=st.sampled_from([1, 3]),
+)
+def test_rollout_attention_is_one_softmax_over_the_ring_band_and_the_near_keys(
+  seed, length, near, delay, window, block, group
+):
+  """Training-time test's self-attention against one dense softmax over every position's
+  far keys (window and delay) and its own near keys side by side: odd lengths, blocks
+  shorter and longer than the sequence, GQA."""
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((2, length, 2, group, 8)).astype(np.float32)
+  far_k, far_v = (rng.standard_normal((2, length, 2, 8)).astype(np.float32) for _ in "kv")
+  near_k, near_v = (rng.standard_normal((2, length, near, 2, 8)).astype(np.float32) for _ in "kv")
+  out = attention.rollout_attention(*map(jnp.asarray, (q, far_k, far_v, near_k, near_v)), delay, window, block=block)
+  i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+  far_seen = (i - j >= delay) & (window is None or i - j < (window or 0))  # [T, T]
+  near_seen = i >= np.arange(near)[None, :]  # [T, U]: position i - u exists
+  for b in range(2):
+    for t in range(length):
+      keys = np.concatenate([far_k[b], near_k[b, t]])[None]  # [1, T + U, K, D]
+      values = np.concatenate([far_v[b], near_v[b, t]])[None]
+      seen = np.concatenate([far_seen[t], near_seen[t]])[None, None]  # [1, 1, T + U]
+      expected = dense_attention(q[b : b + 1, t : t + 1], keys, values, seen)
+      np.testing.assert_allclose(np.asarray(out[b, t]), expected[0, 0], atol=1e-5)
