@@ -40,13 +40,15 @@ NAME = "bench"  # the served model's name
 STARTUP_SECONDS = 900  # loading and compiling a large target's programs
 
 
-def _free_port() -> int:
+def free_port() -> int:
+  """A TCP port free on this machine now."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
 
 
-def _get(url: str) -> dict:
+def get_json(url: str) -> dict:
+  """The JSON a GET of `url` answers."""
   with urllib.request.urlopen(url, timeout=10) as response:
     return json.loads(response.read())
 
@@ -87,7 +89,7 @@ class Server:
   """`python -m infer.serve` with `flags` in a process of its own, until `stop`."""
 
   def __init__(self, flags: list[str], context: int):
-    self.port = _free_port()
+    self.port = free_port()
     command = [sys.executable, "-m", "infer.serve", *flags, "--port", str(self.port)]
     command += ["--served-model-name", NAME, "--context", str(context)]
     self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
@@ -95,7 +97,7 @@ class Server:
     deadline = time.monotonic() + STARTUP_SECONDS
     while True:
       try:
-        if _get(f"{self.base}/health")["status"] == "ok":
+        if get_json(f"{self.base}/health")["status"] == "ok":
           return
       except (urllib.error.URLError, ConnectionError):
         pass

@@ -6,7 +6,6 @@ mid-stream frees its slot; SIGTERM lets the request in flight finish and exits 0
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from infer.generate import main as generate_main
+from lab.bench_serve import free_port
+from lab.bench_serve import get_json as get
 
 from helpers import run_cli
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def get(url: str) -> dict:
-  with urllib.request.urlopen(url, timeout=10) as response:
-    return json.loads(response.read())
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:
