@@ -401,7 +401,7 @@ def _decode_chunk(
       tree, proposal = make_tree()
       tree = tree.padded(gemm.aligned_rows(tree.size))  # (`propose`'s trees are already)
     with jax.named_scope("verify"):
-      logits, ancestors, cache = verify(model, tree, state.cache, decoding.sparse)  # logits [B, N, V]
+      logits, ancestors, cache = verify(model, tree, state.cache, decoding.sparse, ~state.done)  # logits [B, N, V]
       read = fraction_read(tree.kept, state.cache.lengths, decoding.sparse, model.config.num_layers)  # [B]
     with jax.named_scope("accept"):
       seen = _recent_at_nodes(tree, ancestors, state, sampling, logits.shape[-1]) if sampling.penalized else None

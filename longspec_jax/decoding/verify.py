@@ -30,19 +30,21 @@ from longspec_jax.ops.attention import layer_chunks
 
 
 def verify(
-  model: Transformer, tree: Tree, cache: KVCache, sparse: SparseVerify | None = None
+  model: Transformer, tree: Tree, cache: KVCache, sparse: SparseVerify | None = None, live: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, KVCache]:
   """Runs the target over all tree nodes (node i at slot lengths + i, position lengths +
   depth i). Returns float32 logits [B, N, V], the ancestor mask [B, N, N] and the cache
   with the nodes' K/V written after the prefix (lengths unchanged). With the model's
   `batch_invariant`, each node's logits are the bits an AR step at its position computes.
   A tree that carries kept chunks is verified reading only those (`sparse` says how:
-  lossy, and without batch-invariant numerics)."""
+  lossy, and without batch-invariant numerics). `live` [B]: the sequences still decoding;
+  the others' attention reads none of their cache (their logits are never read: in a
+  server's batch, a free slot would otherwise read its whole cache every round)."""
   ancestors = tree.ancestor_mask()
   invariant = model.batch_invariant and tree.kept is None
   if tree.kept is not None and sparse is None:
     raise ValueError("a tree with kept chunks is verified sparsely: give its SparseVerify.")
-  reads = {} if tree.kept is None else dict(kept=tree.kept, sparse=sparse)
+  sparsely = {} if tree.kept is None else dict(kept=tree.kept, sparse=sparse)
   hidden, cache = model(
     tree.tokens,
     tree.positions(cache.lengths),
@@ -50,7 +52,8 @@ def verify(
     cache,
     invariant=invariant,
     unroll=model.unrolled_rounds,
-    **reads,
+    reads=None if live is None else jnp.where(live, cache.lengths, 0),
+    **sparsely,
   )
   return model.logits(hidden, invariant=invariant), ancestors, cache
 

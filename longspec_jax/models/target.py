@@ -129,18 +129,21 @@ class Transformer(nnx.Module):
     unroll: bool = False,
     kept: jax.Array | None = None,
     sparse: SparseVerify | None = None,
+    reads: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """tokens, positions [B, T]; mask [B, T, T] over this step's tokens, or None for the
     first pass over an empty cache (causal over the tokens alone; with `invariant`,
     batch-invariant numerics: the mask must be a tree's ancestor mask, see the module
     docstring; with `unroll`, the layers unrolled, `unrolled_rounds`; with `kept` and
-    `sparse`, the cache read sparsely, `hidden_and_kv`).
+    `sparse`, the cache read sparsely, `hidden_and_kv`; with `reads` [B], each sequence's
+    attention reads that many cached slots instead of all it holds: 0 for a finished one
+    in a batch, whose outputs nobody reads).
 
     Returns the final hidden states [B, T, E] (normed; see `logits`) and the cache with
     this step's K/V written after each sequence's committed prefix (lengths unchanged).
     """
     x, k_new, v_new = self.hidden_and_kv(
-      tokens, positions, mask, cache, invariant=invariant, unroll=unroll, kept=kept, sparse=sparse
+      tokens, positions, mask, cache, invariant=invariant, unroll=unroll, kept=kept, sparse=sparse, reads=reads
     )
     if cache is not None:
       # The cache is only read inside the layer scan; all layers' new K/V are written
@@ -164,6 +167,7 @@ class Transformer(nnx.Module):
     any_slot: bool = False,
     kept=None,
     sparse: SparseVerify | None = None,
+    reads: jax.Array | None = None,
   ):
     """The forward pass: final hidden states [B, T, E] and every layer's K/V of these
     tokens, k and v [L, B, T, K, D] (what draft training cross-attends to). Without a
@@ -172,9 +176,18 @@ class Transformer(nnx.Module):
     sliding window: a cache whose slots are not positions (`PartialCache.as_cache`).
     With `kept` [B, K, ceil(S / sparse.chunk)] (or one per layer, [L, B, K, C]) the cache
     is read sparsely, those chunks only, in the layers from `sparse.dense_layers` on
-    (`SparseVerify`: lossy)."""
+    (`SparseVerify`: lossy). `reads`: see `__call__`."""
     x, k_new, v_new, _ = self._layers(
-      tokens, positions, mask, cache, invariant=invariant, unroll=unroll, any_slot=any_slot, kept=kept, sparse=sparse
+      tokens,
+      positions,
+      mask,
+      cache,
+      invariant=invariant,
+      unroll=unroll,
+      any_slot=any_slot,
+      kept=kept,
+      sparse=sparse,
+      reads=reads,
     )
     return x, k_new, v_new
 
@@ -206,6 +219,7 @@ class Transformer(nnx.Module):
     kept=None,
     sparse: SparseVerify | None = None,
     mass_chunk: int = 0,
+    reads: jax.Array | None = None,
   ):
     """`hidden_and_kv`, and with `mass_chunk` each layer's prefix mass per chunk
     (`prefix_masses`; else None)."""
@@ -241,7 +255,7 @@ class Transformer(nnx.Module):
           q,
           cache.k,
           cache.v,
-          cache.lengths,
+          cache.lengths if reads is None else reads,
           k,
           v,
           mask,

@@ -433,3 +433,22 @@ def test_a_tree_with_kept_chunks_is_verified_reading_only_those(tmp_path):
   np.testing.assert_array_equal(np.asarray(fraction_read(None, lengths, None, layers)), [1.0, 1.0])
   with pytest.raises(ValueError, match="SparseVerify"):
     verify(model, dataclasses.replace(tree, kept=kept), cache)
+
+
+def test_a_finished_sequence_reads_none_of_its_cache_and_keeps_it():
+  """With `live`, the live rows' logits and cache writes are those of a plain verification
+  (float32); a finished row reads nothing, and its committed prefix (which a slot keeps
+  for its next request) is untouched: only its tree's scratch slots after it differ."""
+  model = tiny_target("llama")
+  rng = np.random.default_rng(12)
+  cache, _ = prefill(model, rng.integers(3, 211, size=(3, 40)).tolist(), 64)
+  tree = random_tree(rng, 3, 5, 211)[0]
+  live = jnp.asarray([True, False, True])
+  logits, _, written = verify(model, tree, cache)
+  logits_live, _, written_live = verify(model, tree, cache, live=live)
+  np.testing.assert_allclose(np.asarray(logits_live)[[0, 2]], np.asarray(logits)[[0, 2]], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(np.asarray(logits_live)[1], np.asarray(logits)[1], atol=1e-3)  # (row 1 read nothing)
+  for a, b, before in ((written.k, written_live.k, cache.k), (written.v, written_live.v, cache.v)):
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_array_equal(a[:, [0, 2]], b[:, [0, 2]])
+    np.testing.assert_array_equal(b[:, 1, :40], np.asarray(before)[:, 1, :40])
