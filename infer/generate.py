@@ -303,8 +303,6 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
   limits = [r.max_new_tokens(args.max_new_tokens) for r in records]
   positions = cache_length(prompts, limits, decoding.proposer)
   own = any(r.samples_its_own_way for r in records)  # (each record then carries its own temperature and top-p)
-  if own:
-    decoding.sampling.per_sequence([0.0], [1.0])  # (refuses a draw that cannot: one sentence, before any work)
   batch = min(args.batch or BATCH, len(records))
   slots = Slots.open(target.model, decoding, draft_params, batch, positions, per_sequence_sampling=own)
   waiting, running, tokens, started = list(range(len(records))), {}, 0, time.perf_counter()
@@ -314,7 +312,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
     index, admitted_at = running.pop(slot)
     record, seconds = records[index], time.perf_counter() - admitted_at
     ids = slots.tokens[slot][len(prompts[index]) :]  # (what it emitted)
-    own = slots.sequence_stats(slot)
+    stats = slots.sequence_stats(slot)
     slots.release(slot)
     output.append(
       [
@@ -325,7 +323,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
           "prompt_tokens": len(prompts[index]),
           "text": target.tokenizer.decode(ids, skip_special_tokens=True),
           "token_ids": ids,
-          **{("steps" if k == "rounds" else k): v for k, v in own.items()},
+          **{("steps" if k == "rounds" else k): v for k, v in stats.items()},
           "seconds": seconds,  # (from its admission, its prefill included, beside the others in the batch)
           "tokens_per_second": len(ids) / seconds,
         }

@@ -122,8 +122,7 @@ class Slots:
     temperature and top-p (`admit`)."""
     memory = engine.MEMORY if memory is None else memory
     key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
-    config = decoding.sampling
-    own = lambda batch, value: [value] * batch if per_sequence_sampling else None
+    temperature = decoding.sampling.temperature
     empty = lambda batch: (
       engine.start(
         model,
@@ -133,8 +132,7 @@ class Slots:
         proposer_params,
         carried=carried,
         positions=positions,
-        temperatures=own(batch, config.temperature),
-        top_ps=own(batch, config.top_p),
+        temperatures=[temperature] * batch if per_sequence_sampling else None,  # (top-p: the config's)
       ).state
     )
     axes = batch_axes(empty(1), empty(2))

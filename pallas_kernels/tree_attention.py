@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
+from pallas_kernels.flash_decode import split_length
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
@@ -40,11 +41,6 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, lse_ref, **static):
   lse_ref[...] = lse
 
 
-def tree_split_length(num_keys: int, params: KernelParams) -> int:
-  """Keys per program: `params.splits` ranges of whole key blocks."""
-  return pl.cdiv(pl.cdiv(num_keys, params.splits), params.block_keys) * params.block_keys
-
-
 def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool):
   """rows [B, K, R, D]; k, v [B, N, K, D]; mask_rows [B, R, N] bool (row r: query r // G).
   The keys are split into `params.splits` ranges, one program each (a ring of hundreds of
@@ -52,7 +48,7 @@ def tree_partial(rows, k, v, mask_rows, params: KernelParams, interpret: bool):
   B, K, R, D] f32 and lse [P, B, K, R], one per range."""
   b, kv_heads, r, d = rows.shape
   n = k.shape[1]
-  split_len = tree_split_length(n, params)
+  split_len = split_length(n, params)
   splits = pl.cdiv(n, split_len)
   kernel = functools.partial(_kernel, block_keys=params.block_keys, split_len=split_len, num_keys=n, scale=d**-0.5)
   head = lambda bh: (bh // kv_heads, bh % kv_heads)

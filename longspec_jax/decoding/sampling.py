@@ -179,9 +179,9 @@ def sample(
       scores = log_probs(logits, seen, config, rows) + position_noise(key, positions, logits.shape[-1])
       return jnp.argmax(scores, axis=-1).astype(jnp.int32)
 
-    sampled = rows.temperature > 0
+    sampled = rows.at(greedy.ndim)[0] > 0  # [B, 1, ...]
     tokens = jax.lax.cond(jnp.any(sampled), drawn, lambda _: greedy, logits)
-    return jnp.where(rows.at(greedy.ndim)[0] > 0, tokens, greedy)
+    return jnp.where(sampled, tokens, greedy)
   if config.greedy:
     return jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
   scores = log_probs(logits, seen, config)
