@@ -290,11 +290,12 @@ def main(argv=None) -> None:
     print(json.dumps(record))
 
 
-def decode_file(args, target, decoding, draft_params, records, prompts, output) -> None:
+def decode_file(args, target, decoding, draft_params, records, prompts, output) -> tuple[int, float]:
   """Decodes `records` (their token ids: `prompts`) in `args.batch` slots (continuous
   batching: a record joins as another finishes, in the slot whose cache holds the most of
   its prompt, so records over one document prefill it once), appending each record's
-  result to `output` as it finishes."""
+  result to `output` as it finishes. Returns the tokens generated and the seconds taken
+  (the slots opened, every prefill included)."""
   from tqdm import tqdm
 
   from longspec_jax.batching import Slots
@@ -355,6 +356,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
     f" ({tokens / seconds:.1f} tokens/s end to end); appended to {args.output}",
     file=sys.stderr,
   )
+  return tokens, seconds
 
 
 if __name__ == "__main__":

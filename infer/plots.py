@@ -496,6 +496,22 @@ def _serve(result: dict, plt):
   return fig
 
 
+def _batch_file(result: dict, plt):
+  """`lab.bench_batch_file`: each method's tokens/s over the whole batch file, end to end."""
+  rows = result["rows"]
+  fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 3, 4))
+  bars = ax.bar(range(len(rows)), [r["tokens_per_second"] for r in rows], color="C0")
+  ax.bar_label(bars, labels=[f"{r['speedup_vs_ar']:.2f}x" for r in rows], fontsize=8)
+  ax.set_xticks(range(len(rows)), [r["method"] for r in rows])
+  ax.set(ylabel="tokens/s, end to end")
+  ax.grid(alpha=0.3, axis="y")
+  records = rows[0]["records"]
+  fig.suptitle(
+    _title(result, f"a batch file of {records} prompts of {result['length']:,} tokens, {result['batch']} slots")
+  )
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
@@ -504,7 +520,14 @@ def kind(result: dict) -> str | None:
     return result["kind"] if any(r["chunk"] for r in result["rows"]) else None
   if result.get("kind") == "tree_prices":  # (nothing to draw before the projection)
     return result["kind"] if result["rows"] else None
-  if result.get("kind") in ("tree_search", "auto_rounds", "long_generation", "train_step", "serve"):
+  if result.get("kind") in (
+    "tree_search",
+    "auto_rounds",
+    "long_generation",
+    "train_step",
+    "serve",
+    "batch_file",
+  ):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
   if (timed or any("kept" in r for r in result.get("sparse", ()))) and "suite" not in result:
@@ -531,6 +554,7 @@ PLOTS = {
   "sparse_quality": _sparse_quality,
   "train_step": _train_step,
   "serve": _serve,
+  "batch_file": _batch_file,
 }
 
 

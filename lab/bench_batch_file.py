@@ -1,0 +1,127 @@
+"""`python -m lab.bench_batch_file`: a batch file decoded by each method, its total rate.
+
+Writes a JSON Lines file of real prompts (`--sets`, `--num-prompts` each, about `--length`
+tokens), then decodes it as `python -m infer.generate --input ... --output ...` does, with
+the flags after `--`, once per method of `--methods`: every record's tokens over the wall
+time from the slots' opening to the last record (every prefill included: end to end). Each
+method runs the whole file twice, the first run compiling, the second timed, and its
+records are checked against AR's (same token ids: the batch file is lossless). Writes JSON
+and a plot with `--out`.
+
+  python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --methods ar pld auto \\
+    --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+from infer import batch_file, decoder, generate
+from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
+from longspec_jax import cli
+from longspec_jax.methods.registry import Method
+
+
+def decode(flags: list[str], method: str, records_path: Path, output: Path, path, tokenizer, loaded=None):
+  """The file through `generate.decode_file` with these flags and method: its output records,
+  the tokens and seconds it reports, and what `decoder.load` loaded (reused when given)."""
+  args = generate.parse_args([*flags, "--method", method, "--input", str(records_path), "--output", str(output)])
+  records = batch_file.read_records(records_path)
+  prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(args.chat)) for r in records]
+  if loaded is None:
+    from longspec_jax.weights import read_target_config
+
+    loaded = decoder.load(args, decoder.check_flags(args, read_target_config(path)), path, tokenizer)
+  out = batch_file.Output(output)
+  tokens, seconds = generate.decode_file(
+    args, loaded.target, loaded.decoding, loaded.draft_params, records, prompts, out
+  )
+  done = {r["line"]: r for r in map(json.loads, output.read_text().splitlines())}
+  return done, tokens, seconds, loaded
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+  p = cli.ArgumentParser(prog="python -m lab.bench_batch_file", description=__doc__.splitlines()[0])
+  p.add_argument(
+    "--sets", nargs="+", choices=[*sorted(PROMPT_SETS), HELD_OUT_NAME], default=[HELD_OUT_NAME], help="prompt sets"
+  )
+  p.add_argument("--length", type=cli.positive_int, default=4096, help="prompt tokens")
+  p.add_argument("--num-prompts", type=cli.positive_int, default=4, help="prompts a set")
+  p.add_argument("--methods", nargs="+", choices=[m.value for m in Method], default=["ar", "auto"])
+  p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
+  args = p.parse_args(ours)
+  if args.out:
+    cli.output_path(args.out)
+  methods = ["ar", *(m for m in args.methods if m != "ar")]  # (AR first: the others' text is checked against it)
+  generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
+
+  import jax
+
+  from infer.plots import plot
+  from longspec_jax.weights import load_tokenizer, resolve_target
+
+  base = generate.parse_args([*flags, "--input", "-", "--output", "-"])
+  path = resolve_target(base.target)
+  tokenizer = load_tokenizer(path)
+  with tempfile.TemporaryDirectory() as tmp:
+    records_path = Path(tmp) / "prompts.jsonl"
+    with records_path.open("w") as f:
+      for set_name in set_names(args.sets):
+        for index, ids in enumerate(PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts)):
+          f.write(json.dumps({"id": f"{set_name}/{index}", "prompt": tokenizer.decode(ids)}) + "\n")
+    rows, reference = [], None
+    for method in methods:
+      print(f"[{method}] compiling ...", file=sys.stderr, flush=True)
+      *_, loaded = decode(flags, method, records_path, Path(tmp) / f"{method}_warm.jsonl", path, tokenizer)
+      print(f"[{method}] timed ...", file=sys.stderr, flush=True)
+      done, tokens, seconds, _ = decode(
+        flags, method, records_path, Path(tmp) / f"{method}.jsonl", path, tokenizer, loaded
+      )
+      if reference is None:
+        reference = done
+      same = all(done[line]["token_ids"] == reference[line]["token_ids"] for line in reference)
+      rows.append(
+        {
+          "method": method,
+          "records": len(done),
+          "tokens": tokens,
+          "seconds": seconds,
+          "tokens_per_second": tokens / seconds,
+          "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
+          "same_tokens_as_ar": same,
+        }
+      )
+  for row in rows:
+    row["speedup_vs_ar"] = row["tokens_per_second"] / rows[0]["tokens_per_second"]
+  result = {
+    "kind": "batch_file",
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "argv": argv,
+    "target": base.target,
+    "sets": set_names(args.sets),
+    "length": args.length,
+    "batch": base.batch or generate.BATCH,
+    "rows": rows,
+  }
+  print("method | records | tokens | seconds | tokens/s | x AR | tau | AR's text")
+  for r in rows:
+    print(
+      f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f}"
+      f" | {r['speedup_vs_ar']:.2f} | {r['tau']:.2f} | {'yes' if r['same_tokens_as_ar'] else 'no'}"
+    )
+  if args.out:
+    args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+  cli.run_main(main, "python -m lab.bench_batch_file")

@@ -1,0 +1,25 @@
+"""`python -m lab.bench_batch_file` end to end on a tiny target with the real tokenizer."""
+
+import json
+
+from lab.bench_batch_file import main
+
+from helpers import run_cli
+
+
+def test_each_method_decodes_the_file_with_ars_tokens_and_is_timed(tiny_with_tokenizer, tmp_path, capsys):
+  out = tmp_path / "batch_file.json"
+  ours = ["--sets", "code", "--length", "48", "--num-prompts", "3", "--methods", "pld", "ar", "--out", str(out)]
+  flags = ["--", "--target", str(tiny_with_tokenizer), "--max-new-tokens", "5", "--batch", "2", "--dtype", "float32"]
+  assert run_cli(main, [*ours, *flags], "python -m lab.bench_batch_file") == 0, capsys.readouterr().err
+  result = json.loads(out.read_text())
+  assert result["kind"] == "batch_file" and result["batch"] == 2
+  assert [r["method"] for r in result["rows"]] == ["ar", "pld"]  # (AR first: the reference)
+  for row in result["rows"]:
+    assert row["records"] == 3 and row["tokens"] == 15 and row["same_tokens_as_ar"] and row["tokens_per_second"] > 0
+  assert out.with_suffix(".png").exists()
+
+
+def test_bad_generate_flags_are_refused_before_anything_runs(capsys):
+  assert run_cli(main, ["--", "--method", "nope"], "python -m lab.bench_batch_file") == 2
+  assert "invalid choice: 'nope'" in capsys.readouterr().err
