@@ -156,18 +156,24 @@ class Slots:
     """`auto`'s prices of a round of each kind (and of a change of kind) at these slots'
     shape, those `table` lacks, measured by rounds of a prompt that repeats itself (so that
     copying rounds run whole) in every slot (`prices.calibrate`); every slot is free after.
-    Returns the table (complete unless the rounds ran out first)."""
+    No token ends a slot's rounds here: a real target may well answer such a prompt with an
+    EOS at once, and its rounds, whatever they emit, are what is timed. Returns the table
+    (complete unless the rounds ran out first)."""
     prompt = [3 + i % 61 for i in range(min(128, self.positions // 4))]
     room = min(
       self.positions - engine.verified_size(self.decoding.proposer), self.model.config.max_position_embeddings
     ) - len(prompt)
     for slot in self.free:
       self.admit(slot, prompt, room)
+    eos = self.state.eos
+    endless = dataclasses.replace(
+      self.state, done=jnp.zeros_like(self.state.done), eos=jnp.full_like(eos, engine.PAD_ID)
+    )
     run = lambda state, rounds: engine.decode_chunk(
       self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits.tolist(), rounds=rounds
     )
-    measured = prices.calibrate(self.decoding.proposer, run, self.state, lambda tokens: None, table)
-    self.state = measured.state
+    measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
+    self.state = dataclasses.replace(measured.state, eos=eos)
     for slot in range(len(self.busy)):
       self.release(slot)
     return measured.prices

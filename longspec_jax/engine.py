@@ -101,6 +101,9 @@ class DecodeState:
   proposal: Any  # the proposer's state (e.g. the draft's ring buffer); None if it has none
   # each sequence's own temperature and top-p (`SamplingConfig.per_sequence`); None: the config's
   rows: RowSampling | None = None
+  # [E] int32: the tokens that end a sequence (`Decoding.eos_ids`; PAD_ID: none). Traced, so
+  # that rounds which must not stop (`batching.Slots.measure_prices`) share the program.
+  eos: jax.Array | None = None
 
   @classmethod
   def start(
@@ -114,9 +117,10 @@ class DecodeState:
     proposal: Any = None,
     depth: int = 0,
     rows: RowSampling | None = None,
+    eos: jax.Array | None = None,
   ) -> DecodeState:
     """The state after prefill: `root` (the first new token) sits at history[b, lengths[b]];
-    rounds emit at most `depth` + 1 tokens."""
+    rounds emit at most `depth` + 1 tokens; `eos`: the tokens that end a sequence (none)."""
     batch = root.shape[0]
     return cls(
       cache=cache,
@@ -131,6 +135,7 @@ class DecodeState:
       nonfinite=jnp.zeros((batch,), bool) if nonfinite is None else nonfinite,
       proposal=proposal,
       rows=rows,
+      eos=jnp.full((1,), PAD_ID, jnp.int32) if eos is None else eos,
     )
 
 
@@ -380,7 +385,7 @@ def _decode_chunk(
   after them) and whether every sequence is now done."""
   model = nnx.merge(graphdef, params)
   proposer, sampling = decoding.proposer, decoding.sampling
-  eos_ids = decoding.eos_array()
+  eos_ids = state.eos
   batch = state.root.shape[0]
   size = verified_size(proposer)  # the nodes of the largest tree a round verifies
   width = max_rounds * size
@@ -447,6 +452,7 @@ def _decode_chunk(
         nonfinite=state.nonfinite | (~state.done & ~finite),
         proposal=proposal,
         rows=state.rows,
+        eos=state.eos,
       )
     return new_state, out, written + count
 
@@ -625,8 +631,9 @@ def start(
     graphdef, params, decoding.proposer, proposer_params, cache, history, carried or {}
   )
   jax.block_until_ready(proposal)
-  done = jnp.isin(root, decoding.eos_array()) | (jnp.asarray(token_limits(prompts, max_new_tokens)) == 1)
-  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth, rows)
+  eos = decoding.eos_array()
+  done = jnp.isin(root, eos) | (jnp.asarray(token_limits(prompts, max_new_tokens)) == 1)
+  state = DecodeState.start(cache, history, root, done, key, nonfinite, proposal, decoding.proposer.depth, rows, eos)
   return Started(state=state, first=first, prefill_seconds=time.perf_counter() - t0)
 
 

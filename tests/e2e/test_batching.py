@@ -90,16 +90,23 @@ def test_a_slot_in_use_and_a_prompt_too_long_are_refused(tiny):
   assert slots.free == [1]
 
 
-def test_autos_prices_are_measured_at_the_slots_shape_when_they_open(tiny):
+@pytest.mark.parametrize("answers_eos", [False, True])
+def test_autos_prices_are_measured_at_the_slots_shape_when_they_open(tiny, answers_eos, tmp_path):
+  """Measured whatever the target writes: one that answers every prompt with an EOS (here:
+  every token is one) still runs the rounds the prices are taken from."""
   from longspec_jax import engine
+  from longspec_jax.methods import prices
+  from longspec_jax.methods.auto import CHOOSE
 
   proposer_, params = proposer(tiny, Method.AUTO)
-  decoding = Decoding(proposer=proposer_)
-  slots = Slots.open(tiny, decoding, params, slots=2, positions=256)
-  (table,) = engine.MEMORY.prices.measured.values()
+  decoding = Decoding(proposer=proposer_, eos_ids=tuple(range(tiny.config.vocab_size)) if answers_eos else ())
+  memory = engine.Memory(prices=prices.PriceBook(directory=tmp_path))  # (none measured before)
+  slots = Slots.open(tiny, decoding, params, slots=2, positions=256, memory=memory)
+  (table,) = memory.prices.measured.values()
   assert table.complete and slots.free == [0, 1]
   costs = np.asarray(slots.state.proposal.costs)
   np.testing.assert_allclose(costs, np.float32(table.seconds[:-1]))  # (the batch chooses by them)
+  assert int(slots.state.proposal.force) == CHOOSE
 
 
 def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
