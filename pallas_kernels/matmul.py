@@ -80,12 +80,20 @@ def default_params(k: int, n: int, programs: int = PROGRAMS, block_n: int | None
   return MatmulParams(block_n=block_n, block_k=block_k, splits=splits)
 
 
+# Row blocks one program holds at most: each has its own accumulator and its x tile in every
+# pipeline stage (128 rows at block_k 128: 32 KiB a stage beside the weight tile's 32 KiB).
+# The verification of a batch of trees (16 x 97 rows for SmolLM2) asked a program with
+# every row for 240 KiB of shared memory, beyond an H100's or H200's 227 KiB.
+MAX_ROW_BLOCKS = 8
+
+
 def row_groups(row_blocks: int, programs_without: int, programs: int = PROGRAMS) -> int:
   """How many groups to spread `row_blocks` row blocks over, where the column blocks times
   the splits make `programs_without` programs: as many as fill about `programs` (whole
-  multiples only), at most one per row block. Each group reads the weight tiles again, so
-  a grid that already fills the GPU keeps its rows in one group."""
-  return max(1, min(row_blocks, programs // programs_without))
+  multiples only), at most one per row block, and at least enough that none holds more
+  than `MAX_ROW_BLOCKS`. Each group reads the weight tiles again, so a grid that already
+  fills the GPU keeps up to that many row blocks in one group."""
+  return max(1, min(row_blocks, programs // programs_without), pl.cdiv(row_blocks, MAX_ROW_BLOCKS))
 
 
 def _kernel(

@@ -4,8 +4,16 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
+from jax.experimental import pallas as pl
 
-from pallas_kernels.matmul import MatmulParams, default_params, matmul, matmul_reference, row_groups
+from pallas_kernels.matmul import (
+  MAX_ROW_BLOCKS,
+  MatmulParams,
+  default_params,
+  matmul,
+  matmul_reference,
+  row_groups,
+)
 
 from helpers import DTYPES, SEEDS, examples
 
@@ -60,6 +68,9 @@ def test_leading_axes_and_default_params():
   assert row_groups(7, programs_without=9) == 7  # SmolLM2's 576 columns: a group per row block
   assert row_groups(8, programs_without=27) == 4 and row_groups(1, programs_without=9) == 1
   assert row_groups(5, programs_without=128) == 1  # Llama-3.1-8B's: the grid is full already
+  # Never more than MAX_ROW_BLOCKS row blocks a program (a batch of trees: shared memory).
+  assert row_groups(97, programs_without=384) == pl.cdiv(97, MAX_ROW_BLOCKS)
+  assert row_groups(97, programs_without=9) == 14
 
 
 def test_a_row_computes_the_same_bits_alone_and_among_others():
@@ -75,3 +86,18 @@ def test_a_row_computes_the_same_bits_alone_and_among_others():
     for i in (0, 17, 68):
       alone = matmul(x[i : i + 1], weights, 1, transposed=transposed, params=params, interpret=True)
       np.testing.assert_array_equal(np.asarray(alone, np.float32)[0], many[i])
+
+
+def test_rows_past_one_programs_share_compute_the_same_bits():
+  """Where the columns fill the GPU already, 150 rows still run in two programs per column
+  block (at most MAX_ROW_BLOCKS row blocks each), and each row equals its 1-row product."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.standard_normal((150, 64)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((64, 32 * 140)) / 8, jnp.bfloat16)
+  params = MatmulParams(block_n=32, block_k=64)
+  assert row_groups(pl.cdiv(150, params.block_rows), programs_without=140) == 2
+  many = np.asarray(matmul(x, w, params=params, interpret=True), np.float32)
+  np.testing.assert_allclose(many, np.asarray(matmul_reference(x, w), np.float32), rtol=2e-2, atol=2e-2)
+  for i in (0, 127, 128, 149):
+    alone = matmul(x[i : i + 1], w, params=params, interpret=True)
+    np.testing.assert_array_equal(np.asarray(alone, np.float32)[0], many[i])
