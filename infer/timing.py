@@ -117,25 +117,39 @@ def loop_seconds(
   return statistics.median(times)
 
 
+def draft_seconds(model, decoding, proposer_params, state, iters: int = 16) -> float:
+  """Seconds per round of drafting alone on a decode state (e.g. `GenerationResult.state`),
+  fed its own proposer state and keeping its output live so that it is computed. Reads the
+  state's cache in place (no copy: at 32k a batch's cache is most of the GPU's memory)."""
+  from flax import nnx
+
+  from longspec_jax.engine import propose
+
+  graphdef, params = nnx.split(model)
+
+  def draft_pass(carry, params, proposer_params, state):
+    proposal, total = carry
+    tree, proposal = propose(
+      nnx.merge(graphdef, params), decoding.proposer, proposer_params, dataclasses.replace(state, proposal=proposal)
+    )
+    return proposal, total + tree.tokens.sum()
+
+  return loop_seconds(
+    draft_pass, (state.proposal, jnp.int32(0)), params, proposer_params, state, iters=iters, unroll=1, repeats=1
+  )
+
+
 def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> tuple[float, float]:
   """Seconds per round of drafting and of verification, each timed alone on a decode
   state (e.g. `GenerationResult.state`): the rounds run fused on device, so the split of
-  a run's time into phases is measured apart from it. Drafting is fed its own proposer
-  state, verification its own cache; each keeps its output live so that it is computed."""
+  a run's time into phases is measured apart from it. Drafting is `draft_seconds`;
+  verification is fed its own cache (a copy of the state's) and keeps its output live."""
   from flax import nnx
 
   from longspec_jax.decoding.verify import verify
   from longspec_jax.engine import propose
 
   graphdef, params = nnx.split(model)
-  proposer = decoding.proposer
-
-  def draft_pass(carry, params, proposer_params, state):
-    proposal, total = carry
-    tree, proposal = propose(
-      nnx.merge(graphdef, params), proposer, proposer_params, dataclasses.replace(state, proposal=proposal)
-    )
-    return proposal, total + tree.tokens.sum()
 
   def verify_pass(carry, params, tree):
     cache, total = carry
@@ -143,10 +157,10 @@ def phase_seconds(model, decoding, proposer_params, state, iters: int = 16) -> t
     return cache, total + logits[:, :, 0].sum()
 
   tree = jax.jit(
-    lambda params, proposer_params, state: propose(nnx.merge(graphdef, params), proposer, proposer_params, state)[0]
+    lambda params, proposer_params, state: propose(
+      nnx.merge(graphdef, params), decoding.proposer, proposer_params, state
+    )[0]
   )(params, proposer_params, state)
-  draft = loop_seconds(
-    draft_pass, (state.proposal, jnp.int32(0)), params, proposer_params, state, iters=iters, unroll=1, repeats=1
-  )
+  draft = draft_seconds(model, decoding, proposer_params, state, iters)
   check = loop_seconds(verify_pass, (state.cache, jnp.float32(0)), params, tree, iters=iters, unroll=1, repeats=1)
   return draft, check

@@ -33,12 +33,12 @@ from infer.cli import MethodSpec, method_spec
 from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.timing import (
+  draft_seconds,
   loop_seconds,
   measure_bandwidth,
   measure_peak_flops,
   measure_read_bandwidth,
   median_seconds,
-  phase_seconds,
 )
 from infer.tree_search import tree_spec
 from lab import round_floor
@@ -298,7 +298,7 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
         drafting = draft_pass_ms(model, state[0], proposer.depth + 1) if method.startswith("tokenswift") else {}
         phases = {}
         if method != "ar":  # (the drafting alone, timed on the state the rounds left; the rest verifies)
-          draft_s = phase_seconds(model, decoding, proposer_params, state[0])[0]
+          draft_s = draft_seconds(model, decoding, proposer_params, state[0])
           phases = {"draft_phase_ms": draft_s * 1e3, "verify_phase_ms": (seconds - draft_s) * 1e3}
         state.clear()  # frees the cache before the next run
         shape = _round(proposer, draft, config, itemsize, batch, context, args.devices)
