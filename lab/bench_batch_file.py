@@ -44,6 +44,19 @@ def decode(flags: list[str], method: str, records_path: Path, output: Path, path
   return done, tokens, seconds, loaded
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+  """The index of the first token where `a` and `b` differ (the shorter's length if one
+  is the other's beginning)."""
+  return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def same(row: dict) -> str:
+  differ = row["differing_records"]
+  if not differ:
+    return "yes"
+  return f"no: {len(differ)} records, the first unlike token at {min(d['at'] for d in differ)}"
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -85,7 +98,11 @@ def main(argv=None):
       )
       if reference is None:
         reference = done
-      same = all(done[line]["token_ids"] == reference[line]["token_ids"] for line in reference)
+      differ = [
+        {"id": done[line]["id"], "at": first_difference(done[line]["token_ids"], reference[line]["token_ids"])}
+        for line in reference
+        if done[line]["token_ids"] != reference[line]["token_ids"]
+      ]
       rows.append(
         {
           "method": method,
@@ -94,7 +111,8 @@ def main(argv=None):
           "seconds": seconds,
           "tokens_per_second": tokens / seconds,
           "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
-          "same_tokens_as_ar": same,
+          "same_tokens_as_ar": not differ,
+          "differing_records": differ,  # (each with the index of its first token unlike AR's)
         }
       )
   for row in rows:
@@ -116,7 +134,7 @@ def main(argv=None):
   for r in rows:
     print(
       f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f}"
-      f" | {r['speedup_vs_ar']:.2f} | {r['tau']:.2f} | {'yes' if r['same_tokens_as_ar'] else 'no'}"
+      f" | {r['speedup_vs_ar']:.2f} | {r['tau']:.2f} | {same(r)}"
     )
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))
