@@ -127,7 +127,9 @@ class Worker(threading.Thread):
         return
       slot = self.slots.choose(job.prompt)
       between = self._step if self.running else None
-      chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between else None
+      # Shorter passes while others stream, except for a batch-invariant target: its passes
+      # are generate's whatever the load, so that a request's bits do not depend on it.
+      chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between and not self.slots.model.batch_invariant else None
       try:
         admitted = self.slots.admit(
           slot,

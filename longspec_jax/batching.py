@@ -13,7 +13,8 @@ keyed by position (the default) a request's tokens are those it gets alone.
 
 A slot's cache outlives its request: a prompt that begins with the tokens a free slot holds
 (the next turn of a chat: the conversation so far, the last answer included) is admitted
-there and prefills only what is new (`choose`, `admit`).
+there and prefills only what is new (`choose`, `admit`), except for a batch-invariant target,
+whose requests write the same bits whatever ran before them.
 """
 
 from __future__ import annotations
@@ -185,7 +186,11 @@ class Slots:
   def held(self, slot: int, prompt: Sequence[int]) -> int:
     """How many of `prompt`'s first tokens `slot`'s cache holds the K/V of and would be
     reused for (at most all but its last, whose hidden state gives the first new token;
-    0 below `MIN_REUSED`)."""
+    0 below `MIN_REUSED`, and always 0 for a batch-invariant target: the pass over the rest
+    of a prompt computes its K/V with other bits than a pass over the whole prompt, and a
+    request's tokens then depend on what its slot held before)."""
+    if self.model.batch_invariant:
+      return 0
     cached = int(np.asarray(self.state.cache.lengths)[slot])
     held = min(_common(self.tokens[slot][:cached], prompt), len(prompt) - 1)
     return held if held >= MIN_REUSED else 0

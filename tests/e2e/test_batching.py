@@ -164,6 +164,17 @@ def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, co
   assert written == generate(tiny, [following], 8, decoding, params).token_ids[0]
 
 
+def test_a_batch_invariant_target_prefills_every_prompt_whole(tiny):
+  """No slot's cache is reused under batch-invariant numerics: a pass over a prompt's rest
+  would give its K/V other bits than a whole prefill, and the tokens would depend on what
+  the slot held before."""
+  slots = Slots.open(tiny.with_numerics(batch_invariant=True), Decoding(), None, slots=1, positions=128)
+  turn = list(range(3, 60))
+  slots.admit(0, turn, 1)
+  slots.release(0)
+  assert slots.held(0, turn + [7, 8]) == 0 and slots.admit(0, turn + [7, 8], 1).reused == 0
+
+
 @pytest.mark.parametrize("method", [Method.AR, Method.PLD, Method.LONGSPEC])
 def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, method):
   """Requests of one batch ask for their own temperature, top-p and seed (greedy among
