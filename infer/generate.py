@@ -290,12 +290,12 @@ def main(argv=None) -> None:
     print(json.dumps(record))
 
 
-def decode_file(args, target, decoding, draft_params, records, prompts, output) -> tuple[int, float]:
+def decode_file(args, target, decoding, draft_params, records, prompts, output) -> dict:
   """Decodes `records` (their token ids: `prompts`) in `args.batch` slots (continuous
   batching: a record joins as another finishes, in the slot whose cache holds the most of
   its prompt, so records over one document prefill it once), appending each record's
-  result to `output` as it finishes. Returns the tokens generated and the seconds taken
-  (the slots opened, every prefill included)."""
+  result to `output` as it finishes. Returns the tokens generated, the seconds taken (the
+  slots opened, every prefill included) and for `auto` its rounds by kind and their prices."""
   from tqdm import tqdm
 
   from longspec_jax.batching import Slots
@@ -351,12 +351,15 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
         finish(slot)
   output.close()
   seconds = time.perf_counter() - started
+  kinds = slots.kind_stats()
   print(
     f"[{args.method}] {plural(len(records), 'record')}, {plural(tokens, 'token')} in {seconds:.1f} s"
-    f" ({tokens / seconds:.1f} tokens/s end to end); appended to {args.output}",
+    f" ({tokens / seconds:.1f} tokens/s end to end)"
+    + (f"; rounds {', '.join(f'{k} {n}' for k, n in kinds['rounds_by_kind'].items())}" if kinds else "")
+    + f"; appended to {args.output}",
     file=sys.stderr,
   )
-  return tokens, seconds
+  return {"tokens": tokens, "seconds": seconds, **kinds}
 
 
 if __name__ == "__main__":

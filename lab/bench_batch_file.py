@@ -28,7 +28,8 @@ from longspec_jax.methods.registry import Method
 
 def decode(flags: list[str], method: str, records_path: Path, output: Path, path, tokenizer, loaded=None):
   """The file through `generate.decode_file` with these flags and method: its output records,
-  the tokens and seconds it reports, and what `decoder.load` loaded (reused when given)."""
+  what it reports (tokens, seconds, `auto`'s rounds by kind) and what `decoder.load` loaded
+  (reused when given)."""
   args = generate.parse_args([*flags, "--method", method, "--input", str(records_path), "--output", str(output)])
   records = batch_file.read_records(records_path)
   prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(args.chat)) for r in records]
@@ -37,11 +38,9 @@ def decode(flags: list[str], method: str, records_path: Path, output: Path, path
 
     loaded = decoder.load(args, decoder.check_flags(args, read_target_config(path)), path, tokenizer)
   out = batch_file.Output(output)
-  tokens, seconds = generate.decode_file(
-    args, loaded.target, loaded.decoding, loaded.draft_params, records, prompts, out
-  )
+  decoded = generate.decode_file(args, loaded.target, loaded.decoding, loaded.draft_params, records, prompts, out)
   done = {r["line"]: r for r in map(json.loads, output.read_text().splitlines())}
-  return done, tokens, seconds, loaded
+  return done, decoded, loaded
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -55,6 +54,10 @@ def same(row: dict) -> str:
   if not differ:
     return "yes"
   return f"no: {len(differ)} records, the first unlike token at {min(d['at'] for d in differ)}"
+
+
+def prices(row: dict) -> str:
+  return ", ".join(f"{k} {v:.2f}" for k, v in row.get("round_ms_by_kind", {}).items())
 
 
 def main(argv=None):
@@ -93,9 +96,8 @@ def main(argv=None):
       print(f"[{method}] compiling ...", file=sys.stderr, flush=True)
       *_, loaded = decode(flags, method, records_path, Path(tmp) / f"{method}_warm.jsonl", path, tokenizer)
       print(f"[{method}] timed ...", file=sys.stderr, flush=True)
-      done, tokens, seconds, _ = decode(
-        flags, method, records_path, Path(tmp) / f"{method}.jsonl", path, tokenizer, loaded
-      )
+      done, decoded, _ = decode(flags, method, records_path, Path(tmp) / f"{method}.jsonl", path, tokenizer, loaded)
+      tokens, seconds = decoded["tokens"], decoded["seconds"]
       if reference is None:
         reference = done
       differ = [
@@ -111,6 +113,12 @@ def main(argv=None):
           "seconds": seconds,
           "tokens_per_second": tokens / seconds,
           "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
+          **({"rounds_by_kind": decoded["rounds_by_kind"]} if "rounds_by_kind" in decoded else {}),
+          **(
+            {"round_ms_by_kind": {k: 1e3 * v for k, v in decoded["round_seconds_by_kind"].items() if v is not None}}
+            if decoded.get("round_seconds_by_kind")
+            else {}
+          ),
           "same_tokens_as_ar": not differ,
           "differing_records": differ,  # (each with the index of its first token unlike AR's)
         }
@@ -135,6 +143,7 @@ def main(argv=None):
     print(
       f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f}"
       f" | {r['speedup_vs_ar']:.2f} | {r['tau']:.2f} | {same(r)}"
+      + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
     )
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))

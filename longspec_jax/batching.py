@@ -105,6 +105,8 @@ class Slots:
   carried: dict | None
   tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
   rounds: int = 1  # the next `step`'s chunk of rounds
+  round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
+  rounds_before: Any = 0  # `auto`'s rounds by kind when the slots opened (its calibration's)
 
   @classmethod
   def open(
@@ -149,9 +151,18 @@ class Slots:
       carried=carried,
       tokens=[[] for _ in range(slots)],
     )
-    if decoding.multi_kind and not table.complete:
-      memory.prices.remember(key, opened.measure_prices(table))
+    if decoding.multi_kind:
+      if not table.complete:
+        table = opened.measure_prices(table)
+        memory.prices.remember(key, table)
+      opened.round_seconds = table.seconds
+      opened.rounds_before = np.asarray(opened.state.proposal.rounds_by_kind)
     return opened
+
+  def kind_stats(self) -> dict:
+    """`auto`'s rounds by kind since the slots opened and its prices (`engine.kind_stats`);
+    {} for other proposers."""
+    return engine.kind_stats(self.decoding, self.state.proposal, self.round_seconds, self.rounds_before)
 
   def measure_prices(self, table: prices.Prices) -> prices.Prices:
     """`auto`'s prices of a round of each kind (and of a change of kind) at these slots'

@@ -922,7 +922,7 @@ def generate(
     max_stream_gap_seconds=max_gap,
     chunks=len(chunks) - 1,  # (the first token's is none)
     rounds_by_length=tuple(rounds_by_length.sum(axis=0).tolist()),
-    **_kind_stats(decoding, state.proposal, round_seconds),
+    **kind_stats(decoding, state.proposal, round_seconds),
     calibration_seconds=calibration_seconds,
     kv_fraction_read=float(np.sum(state.kv_read)) / rounds_done if rounds_done else 1.0,
   )
@@ -945,12 +945,13 @@ def carried_state(memory: Memory, model: Transformer, decoding: Decoding, propos
   return key, table, carried
 
 
-def _kind_stats(decoding: Decoding, proposal, round_seconds) -> dict:
-  """A multi-kind proposer's rounds and measured costs by kind, for `GenerationStats`."""
+def kind_stats(decoding: Decoding, proposal, round_seconds, rounds_before=0) -> dict:
+  """A multi-kind proposer's rounds by kind (those since `rounds_before`, [K]) and the
+  measured seconds a round of each kind costs, for `GenerationStats`; {} for others."""
   if not decoding.multi_kind:
     return {}
   names = [kind.value for kind in decoding.proposer.kinds]
   return {
-    "rounds_by_kind": dict(zip(names, np.asarray(proposal.rounds_by_kind).tolist())),
+    "rounds_by_kind": dict(zip(names, (np.asarray(proposal.rounds_by_kind) - rounds_before).tolist())),
     "round_seconds_by_kind": None if round_seconds is None else dict(zip([*names, "switch"], round_seconds)),
   }
