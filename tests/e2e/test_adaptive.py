@@ -520,6 +520,12 @@ def test_prices_are_the_difference_of_two_chunks_and_are_kept(tiny, monkeypatch)
   key = prices.cost_key(tiny, proposer, None, greedy, 1, 300)
   assert key == prices.cost_key(tiny, proposer, None, greedy, 1, 400)  # (one power of two)
   assert key != prices.cost_key(tiny, proposer, None, greedy, 2, 300)
+  assert prices.cost_key(tiny, proposer, None, greedy, 13, 300) == prices.cost_key(
+    tiny, proposer, None, greedy, 16, 300
+  )
+  assert prices.cost_key(tiny, proposer, None, greedy, 16, 300) != prices.cost_key(
+    tiny, proposer, None, greedy, 17, 300
+  )
   assert key != prices.cost_key(tiny, proposer, None, SamplingConfig(temperature=0.6), 1, 300)
   book = engine.MEMORY.prices
   assert book.known(key) is None
