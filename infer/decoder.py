@@ -15,7 +15,8 @@ from longspec_jax.methods.registry import Method
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """The flags, checked: the draft to load (None: none), the tree, the dtype, the sampling."""
+  """The flags, checked: the draft to load (None: none), the tree (None: the draft's own)
+  and its copy branch (None: the flag's or the draft's), the dtype, the sampling."""
 
   method: Method
   draft: str | None
@@ -23,12 +24,15 @@ class Plan:
   cape: Any
   dtype: Any
   sampling: Any
+  copy_tokens: int | None = None
 
 
-def check_flags(args, config) -> Plan:
+def check_flags(args, config, batch: int = 1) -> Plan:
   """The method's draft and tree flags against the target's `config` (a `UserError` for a
-  bad combination), before the weights load."""
-  from longspec_jax.weights.drafts import resolve_draft
+  bad combination), before the weights load. Decoding `batch` sequences together, a
+  LongSpec draft's tree is the one priced for the target's shape at that batch size where
+  the table of trees has one and the flags name none (`weights.drafts.batch_tree`)."""
+  from longspec_jax.weights.drafts import batch_tree, resolve_draft
 
   method = args.method
   spec = method.draft_spec(args.draft)
@@ -42,8 +46,13 @@ def check_flags(args, config) -> Plan:
     if args.draft_vocab > config.vocab_size:
       raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
   widths, cape = tree_choice(args.tree_widths, args)
-  check_tree(widths, cape, config.vocab_size, (args.copy_tokens or 0) * (args.copy_matches or 1))
-  return Plan(method, spec, widths, cape, resolve_dtype(args.dtype), sampling_config(args, method))
+  copy_tokens = args.copy_tokens
+  if args.tree_widths is None and spec is not None and method in (Method.LONGSPEC, Method.AUTO):
+    priced = batch_tree(config, batch)
+    widths = priced.get("tree_widths", widths)
+    copy_tokens = copy_tokens if copy_tokens is not None else priced.get("copy_tokens")
+  check_tree(widths, cape, config.vocab_size, (copy_tokens or 0) * (args.copy_matches or 1))
+  return Plan(method, spec, widths, cape, resolve_dtype(args.dtype), sampling_config(args, method), copy_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +95,7 @@ def load(args, plan: Plan, path, tokenizer) -> Loaded:
     draft,
     ProposerOptions(
       tree_widths=plan.widths,
-      copy_tokens=args.copy_tokens,
+      copy_tokens=plan.copy_tokens,
       cape=plan.cape,
       copy_matches=args.copy_matches,
       sampling=plan.sampling,

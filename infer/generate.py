@@ -230,7 +230,8 @@ def main(argv=None) -> None:
   else:
     prompt = encode_prompt(tokenizer, prompt_text, args.chat)
     check_capacity(config, [prompt], args.max_new_tokens)
-  plan = decoder.check_flags(args, config)
+  together = 1 if args.input is None else min(args.batch or BATCH, len(todo))  # (sequences decoded at once)
+  plan = decoder.check_flags(args, config, together)
   t0 = time.perf_counter()
   devices = f", over {args.devices} devices" if args.devices > 1 else ""
   print(f"loading target {args.target} ({jnp.dtype(plan.dtype).name}{devices}) ...", file=sys.stderr, flush=True)

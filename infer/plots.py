@@ -333,17 +333,24 @@ def _tree_prices(result: dict, plt):
   for r in by_tree.values():
     axes[0].annotate(r["tree"], (r["nodes"], r["tau"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
   axes[0].set(xlabel="nodes verified a round", ylabel="tau (tokens per round)", title="tau, measured here")
-  for i, context in enumerate(sorted({r["context"] for r in result["rows"]})):
-    points = sorted((r for r in rows if r["context"] == context), key=lambda r: r["nodes"])
-    ar = next(r for r in result["rows"] if r["context"] == context and r["tree"] == "ar")
+  chosen = {b["batch"]: b for b in result.get("best_by_batch") or []} or {1: best}
+  priced = sorted({(r["context"], r.get("batch", 1)) for r in result["rows"]})
+  for i, (context, batch) in enumerate(priced):
+    at = lambda r: (r["context"], r.get("batch", 1)) == (context, batch)
+    points = sorted((r for r in rows if at(r)), key=lambda r: r["nodes"])
+    ar = next(r for r in result["rows"] if at(r) and r["tree"] == "ar")
     color = f"C{i}"
     axes[1].scatter([r["nodes"] for r in points], [r["projected_tokens_per_second"] for r in points], color=color)
-    axes[1].axhline(ar["projected_tokens_per_second"], color=color, ls="--", lw=0.8, label=f"AR, {context:,} tokens")
+    label = f"AR, {context:,} tokens" + (f", batch {batch}" if len(priced) > len({c for c, _ in priced}) else "")
+    axes[1].axhline(ar["projected_tokens_per_second"], color=color, ls="--", lw=0.8, label=label)
+    mark = chosen.get(batch, {})
     for r in points:
-      chosen = r["tree_widths"] == best.get("tree_widths") and r["copy_tokens"] == best.get("copy_tokens")
-      if chosen and context == result["price_context"]:
-        axes[1].scatter([r["nodes"]], [r["projected_tokens_per_second"]], s=120, facecolors="none", edgecolors="C3")
-  axes[1].set(xlabel="nodes verified a round", ylabel="projected tokens/s", title=f"at {result['shape']}'s prices")
+      if r["tree_widths"] == mark.get("tree_widths") and r["copy_tokens"] == mark.get("copy_tokens"):
+        if context == result["price_context"]:
+          axes[1].scatter([r["nodes"]], [r["projected_tokens_per_second"]], s=120, facecolors="none", edgecolors="C3")
+  axes[1].set(
+    xlabel="nodes verified a round", ylabel="projected tokens/s a sequence", title=f"at {result['shape']}'s prices"
+  )
   axes[1].legend(fontsize=7)
   fig.suptitle(_title(result, f"trees priced at {result['shape']}, tau on {', '.join(result['sets'])}"))
   return fig

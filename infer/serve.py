@@ -420,7 +420,7 @@ def main(argv=None) -> None:
   path = resolve_target(args.target)
   config = read_target_config(path)
   tokenizer = load_tokenizer(path)
-  plan = decoder.check_flags(args, config)
+  plan = decoder.check_flags(args, config, args.max_batch)
   context = args.context or min(config.max_position_embeddings, 4096)
   if context > config.max_position_embeddings:
     raise UserError(f"--context {context} exceeds the model's context of {config.max_position_embeddings} tokens.")

@@ -28,17 +28,19 @@ training data resembles; the held-out sets (`infer.prompts.HELD_OUT`) stay for
 
 With `--prices FILE`, the trees are priced at another target's shape instead: the file is
 `lab.bench_target --suite floor --trees ...`'s, the round of each of its trees (and an AR
-step) timed at that shape, per context. Each tree's tau is measured here (the draft's
-acceptance does not depend on the device's speed) and the tree's projected tokens/s at
-that shape is tau over its round there; the search is over the file's trees, and the best
-at `--price-context` is chosen. `--store` then writes it into the table of trees by target
-shape (`longspec_jax/drafts/trees.json`), which new drafts for a target of that shape
-start from (`weights.drafts.new_draft_config`), so that a large target does not inherit
-the small target's tree. The JSON is the projection: per context, each tree's projected
-tokens/s beside an AR step's at that shape.
+step) timed at that shape, per context and batch size. Each tree's tau is measured here
+(the draft's acceptance depends neither on the device's speed nor on the batch) and the
+tree's projected tokens/s at that shape is tau over its round there; the search is over
+the file's trees, and the best at `--price-context` is chosen for each batch size priced.
+`--store` then writes them into the table of trees by target shape and batch size
+(`longspec_jax/drafts/trees.json`): new drafts for a target of that shape start from the
+batch-1 tree (`weights.drafts.new_draft_config`), so that a large target does not inherit
+the small target's tree, and decoding a batch takes the tree priced for it
+(`weights.drafts.batch_tree`). The JSON is the projection: per context and batch, each
+tree's projected tokens/s beside an AR step's at that shape.
 
   python -m lab.bench_target --suite floor --shape llama-3.1-8b --methods ar longspec \\
-      --trees 4,16,16,16,16 4,8,8,8,8 2,4,4,4 --out prices.json
+      --trees 4,16,16,16,16 4,8,8,8,8 2,4,4,4 --batches 1 4 16 --out prices.json
   python -m infer.tree_search --prices prices.json --dtype float32 --out projection.json --store
 """
 
@@ -111,18 +113,18 @@ class Measurement:
 
 @dataclasses.dataclass(frozen=True)
 class Prices:
-  """Rounds timed at a target's shape (`lab.bench_target --suite floor --trees`), batch 1:
-  per context, an AR step's and each tree's round, in ms."""
+  """Rounds timed at a target's shape (`lab.bench_target --suite floor --trees`, at one
+  batch size or several): per (context, batch), an AR step's and each tree's round, in ms."""
 
   shape: str  # the shape's name
   target_shape: dict  # its dimensions (`weights.drafts.target_shape`)
-  ar_ms: dict[int, float]
-  round_ms: dict[int, dict[Candidate, float]]
+  ar_ms: dict[tuple[int, int], float]
+  round_ms: dict[tuple[int, int], dict[Candidate, float]]
 
   @classmethod
   def read(cls, path: Path) -> Prices:
     """The prices in a floor suite's JSON. Raises UserError for another file, or a tree
-    timed twice at one context."""
+    timed twice at one context and batch."""
     try:
       data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -131,44 +133,56 @@ class Prices:
       raise UserError(f"--prices {path} is not the JSON of `python -m lab.bench_target --suite floor`.")
     ar, rounds = {}, {}
     for row in data["rows"]:
-      if row["batch"] != 1 or row["numerics"] != "fast":
+      if row["numerics"] != "fast":
         continue
+      key = (row["context"], row["batch"])
       if row["method"] == "ar":
-        ar[row["context"]] = row["round_ms"]
+        ar[key] = row["round_ms"]
       elif "tree_widths" in row:
-        tree, at = Candidate(tuple(row["tree_widths"]), row["copy_tokens"]), rounds.setdefault(row["context"], {})
+        tree, at = Candidate(tuple(row["tree_widths"]), row["copy_tokens"]), rounds.setdefault(key, {})
         if tree in at:
           raise UserError(
-            f"--prices {path} times the tree {tree.label} twice at context {row['context']}"
+            f"--prices {path} times the tree {tree.label} twice at context {key[0]}, batch {key[1]}"
             " (under two --draft-vocab sizes?): price one draft."
           )
         at[tree] = row["round_ms"]
-    contexts = sorted(set(ar) & set(rounds))
-    if not contexts:
-      raise UserError(f"--prices {path} has no context with both an AR step and a LongSpec round at batch 1.")
-    return cls(data["shape"], data["target_shape"], {c: ar[c] for c in contexts}, {c: rounds[c] for c in contexts})
+    keys = sorted(set(ar) & set(rounds))
+    if not keys:
+      raise UserError(f"--prices {path} has no context and batch with both an AR step and a LongSpec round.")
+    return cls(data["shape"], data["target_shape"], {k: ar[k] for k in keys}, {k: rounds[k] for k in keys})
 
   @property
   def trees(self) -> list[Candidate]:
-    """Every tree timed at some context, in the file's order."""
+    """Every tree timed at some context and batch, in the file's order."""
     return list(dict.fromkeys(tree for rounds in self.round_ms.values() for tree in rounds))
+
+  @property
+  def contexts(self) -> list[int]:
+    return sorted({context for context, _ in self.round_ms})
+
+  @property
+  def batches(self) -> list[int]:
+    return sorted({batch for _, batch in self.round_ms})
 
 
 def project(prices: Prices, measured: dict[Candidate, Measurement]) -> list[dict]:
-  """The projection's rows: per context, an AR step's tokens/s at the priced shape, and
-  each tree's, its tau measured here over its round there."""
+  """The projection's rows: per context and batch, an AR step's tokens/s (per sequence) at
+  the priced shape, and each tree's, its tau measured here over its round there (a draft's
+  acceptance does not depend on the batch it runs in)."""
   rows = []
-  for context, rounds in prices.round_ms.items():
-    ar_ms = prices.ar_ms[context]
+  for (context, batch), rounds in prices.round_ms.items():
+    ar_ms = prices.ar_ms[context, batch]
+    at = {"context": context, "batch": batch}
     rows.append(
-      {"context": context, "tree": "ar", "nodes": 1, "tau": 1.0, "round_ms": ar_ms, "ar_steps_per_round": 1.0}
+      at
+      | {"tree": "ar", "nodes": 1, "tau": 1.0, "round_ms": ar_ms, "ar_steps_per_round": 1.0}
       | {"projected_tokens_per_second": 1e3 / ar_ms, "projected_speedup": 1.0}
     )
     for tree, ms in rounds.items():
       tau = measured[tree].tau
       rows.append(
-        {
-          "context": context,
+        at
+        | {
           "tree": tree.label,
           "tree_widths": list(tree.widths),
           "copy_tokens": tree.copy_tokens,
@@ -184,10 +198,11 @@ def project(prices: Prices, measured: dict[Candidate, Measurement]) -> list[dict
   return rows
 
 
-def best_priced(rows: list[dict], context: int) -> Candidate:
-  """The tree of the projection's `rows` with the most tokens/s at `context`."""
+def best_priced(rows: list[dict], context: int, batch: int = 1) -> Candidate:
+  """The tree of the projection's `rows` with the most tokens/s at `context` and `batch`."""
   row = max(
-    (r for r in rows if r["context"] == context and r["tree"] != "ar"), key=lambda r: r["projected_tokens_per_second"]
+    (r for r in rows if (r["context"], r["batch"]) == (context, batch) and r["tree"] != "ar"),
+    key=lambda r: r["projected_tokens_per_second"],
   )
   return Candidate(tuple(row["tree_widths"]), row["copy_tokens"])
 
@@ -347,10 +362,10 @@ def main(argv=None):
   prices = None
   if args.prices:
     prices = Prices.read(args.prices)
-    args.price_context = args.price_context or max(prices.round_ms)
-    if args.price_context not in prices.round_ms:
+    args.price_context = args.price_context or max(prices.contexts)
+    if args.price_context not in prices.contexts:
       p.error(
-        f"--price-context {args.price_context}: {args.prices} prices contexts {', '.join(map(str, prices.round_ms))}"
+        f"--price-context {args.price_context}: {args.prices} prices contexts {', '.join(map(str, prices.contexts))}"
       )
   if args.out:
     cli.output_path(args.out)
@@ -387,8 +402,9 @@ def main(argv=None):
   measure_tree = measure_on(target, draft, prompts, args.new_tokens, args.seed, args.repeats)
   evaluations: list[tuple[Candidate, Measurement]] = []
 
-  def save(best: Candidate | None, projection: list[dict] | None = None) -> None:
-    """Writes what is measured so far (after every tree: a crash loses nothing measured)."""
+  def save(best: Candidate | None, projection: list[dict] | None = None, by_batch: dict | None = None) -> None:
+    """Writes what is measured so far (after every tree: a crash loses nothing measured);
+    with prices, `best` is the smallest batch's choice and `by_batch` every batch's."""
     if not args.out:
       return
     result = {
@@ -423,6 +439,10 @@ def main(argv=None):
     if prices:
       result |= {"prices": str(args.prices), "shape": prices.shape, "price_context": args.price_context}
       result["rows"] = projection or []
+      result["best_by_batch"] = [
+        {"batch": batch, "tree_widths": list(tree.widths), "copy_tokens": tree.copy_tokens}
+        for batch, tree in (by_batch or {}).items()
+      ]
     args.out.write_text(json.dumps(result, indent=1))
     plot(result, args.out.with_suffix(".png"))
 
@@ -434,19 +454,24 @@ def main(argv=None):
 
   if prices:
     projection = project(prices, {tree: measure(tree) for tree in prices.trees})
-    chosen = best_priced(projection, args.price_context)
-    save(chosen, projection)
+    at_context = [b for c, b in prices.round_ms if c == args.price_context]
+    chosen = {batch: best_priced(projection, args.price_context, batch) for batch in at_context}
+    save(chosen[min(chosen)], projection, chosen)
     print(f"\nprojected at {prices.shape}'s prices ({args.prices})")
-    print("context | tree                         | nodes |  tau  | round ms | AR steps | tokens/s | x AR")
+    print("context | batch | tree                         | nodes |  tau  | round ms | AR steps | tokens/s | x AR")
     for r in projection:
       print(
-        f"{r['context']:7} | {r['tree']:28} | {r['nodes']:5} | {r['tau']:5.2f} | {r['round_ms']:8.2f}"
+        f"{r['context']:7} | {r['batch']:5} | {r['tree']:28} | {r['nodes']:5} | {r['tau']:5.2f} | {r['round_ms']:8.2f}"
         f" | {r['ar_steps_per_round']:8.2f} | {r['projected_tokens_per_second']:8.1f} | {r['projected_speedup']:4.2f}"
       )
-    print(f"best at {args.price_context}: {chosen.label} ({chosen.nodes} nodes)")
+    for batch, tree in chosen.items():
+      print(f"best at {args.price_context}, batch {batch}: {tree.label} ({tree.nodes} nodes)")
     if args.store:
-      store_priced_tree(prices.shape, prices.target_shape, args.price_context, chosen.widths, chosen.copy_tokens)
-      print(f"stored for {prices.shape}-shaped targets in the table of trees by target shape")
+      for batch, tree in chosen.items():
+        store_priced_tree(
+          prices.shape, prices.target_shape, args.price_context, tree.widths, tree.copy_tokens, batch=batch
+        )
+      print(f"stored for {prices.shape}-shaped targets in the table of trees by target shape and batch size")
     return
   found = search(
     start, measure, max_nodes=max_nodes, seed=args.seed, max_evaluations=args.max_evaluations, tolerance=args.tolerance

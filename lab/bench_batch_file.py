@@ -36,7 +36,8 @@ def decode(flags: list[str], method: str, records_path: Path, output: Path, path
   if loaded is None:
     from longspec_jax.weights import read_target_config
 
-    loaded = decoder.load(args, decoder.check_flags(args, read_target_config(path)), path, tokenizer)
+    together = min(args.batch or generate.BATCH, len(records))
+    loaded = decoder.load(args, decoder.check_flags(args, read_target_config(path), together), path, tokenizer)
   out = batch_file.Output(output)
   decoded = generate.decode_file(args, loaded.target, loaded.decoding, loaded.draft_params, records, prompts, out)
   done = {r["line"]: r for r in map(json.loads, output.read_text().splitlines())}

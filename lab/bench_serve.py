@@ -145,7 +145,7 @@ def measure_generate(args, path, tokenizer, warm_up: str, texts: list[str], new_
   from longspec_jax.engine import generate
   from longspec_jax.weights import read_target_config
 
-  plan = decoder.check_flags(args, read_target_config(path))
+  plan = decoder.check_flags(args, read_target_config(path), args.max_batch)  # (the server's tree)
   loaded = decoder.load(args, plan, path, tokenizer)
   model, decoding, params = loaded.target.model, loaded.decoding, loaded.draft_params
   ids = [tokenizer(text).input_ids for text in texts]

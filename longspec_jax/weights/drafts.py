@@ -96,25 +96,54 @@ def _priced_trees(path: Path | None) -> list[dict]:
     raise UserError(f"the table of trees {path} is unreadable ({e}).") from None
 
 
+def _priced_entry(config: TargetConfig, batch: int, path: Path | None) -> dict | None:
+  """The table's entry for the target's shape priced at the largest batch size up to
+  `batch` (an entry without one: batch 1), or None."""
+  shape = target_shape(config)
+  entries = [e for e in _priced_trees(path) if e["shape"] == shape and e.get("batch", 1) <= batch]
+  return max(entries, key=lambda e: e.get("batch", 1), default=None)
+
+
+def _tree_fields(entry: dict | None) -> dict:
+  return {} if entry is None else {"tree_widths": tuple(entry["tree_widths"]), "copy_tokens": entry["copy_tokens"]}
+
+
 def priced_tree(config: TargetConfig, path: Path | None = None) -> dict:
-  """The tree priced for the target's shape in the table at `path` (None: `TREES`), as
-  DraftConfig fields (`tree_widths`, `copy_tokens`); {} where the table lists none."""
-  for entry in _priced_trees(path):
-    if entry["shape"] == target_shape(config):
-      return {"tree_widths": tuple(entry["tree_widths"]), "copy_tokens": entry["copy_tokens"]}
-  return {}
+  """The tree priced for the target's shape at batch 1 in the table at `path` (None:
+  `TREES`), as DraftConfig fields (`tree_widths`, `copy_tokens`); {} where the table lists
+  none."""
+  return _tree_fields(_priced_entry(config, 1, path))
+
+
+def batch_tree(config: TargetConfig, batch: int, path: Path | None = None) -> dict:
+  """The tree priced for the target's shape at a batch of more than one sequence, the
+  largest such batch size up to `batch`, as `priced_tree` gives it; {} where the table has
+  none (a draft then keeps its own tree, the one priced at batch 1). A batch of trees is
+  batch x nodes rows through every product: where those become compute-bound, a smaller
+  tree pays more."""
+  entry = _priced_entry(config, batch, path)
+  return _tree_fields(entry) if entry is not None and entry.get("batch", 1) > 1 else {}
 
 
 def store_priced_tree(
-  name: str, shape: dict, context: int, widths: tuple[int, ...], copy_tokens: int, path: Path | None = None
+  name: str,
+  shape: dict,
+  context: int,
+  widths: tuple[int, ...],
+  copy_tokens: int,
+  batch: int = 1,
+  path: Path | None = None,
 ) -> None:
   """Makes `widths` with `copy_tokens` the tree of targets of `shape` (named `name`,
-  priced at `context` tokens) in the table at `path` (None: `TREES`), replacing the
-  shape's earlier entry; the file is rewritten whole, by a rename."""
+  priced at `context` tokens) for batches of `batch` sequences and more, up to the next
+  batch size priced, in the table at `path` (None: `TREES`), replacing the shape's earlier
+  entry for that batch size; the file is rewritten whole, by a rename."""
   check_tree_widths(tuple(widths), copy_tokens=copy_tokens)
-  entry = {"name": name, "shape": shape, "context": context, "tree_widths": list(widths), "copy_tokens": copy_tokens}
-  trees = [e for e in _priced_trees(path) if e["shape"] != shape] + [entry]
-  write_whole(Path(path or TREES), json.dumps({"trees": sorted(trees, key=lambda e: e["name"])}, indent=1) + "\n")
+  entry = {"name": name, "shape": shape, "context": context, "batch": batch, "tree_widths": list(widths)}
+  entry["copy_tokens"] = copy_tokens
+  trees = [e for e in _priced_trees(path) if (e["shape"], e.get("batch", 1)) != (shape, batch)] + [entry]
+  table = sorted(trees, key=lambda e: (e["name"], e.get("batch", 1)))
+  write_whole(Path(path or TREES), json.dumps({"trees": table}, indent=1) + "\n")
 
 
 def new_draft_config(target_config: TargetConfig, **overrides) -> DraftConfig:

@@ -142,28 +142,49 @@ def _prices(shape: dict, trees: dict[str, tuple[float, float]]) -> dict:
         {"method": f"longspec[{label}]", "numerics": "fast", "batch": 1, "context": context, "round_ms": ms}
         | {"tree_widths": list(tree.widths), "copy_tokens": tree.copy_tokens}
       )
-  rows.append({"method": "ar", "numerics": "fast", "batch": 4, "context": 4096, "round_ms": 99.0})  # (not batch 1)
+  rows.append({"method": "ar", "numerics": "fast", "batch": 8, "context": 4096, "round_ms": 99.0})  # (no tree beside)
   return {"suite": "floor", "shape": "tiny", "target_shape": shape, "rows": rows}
+
+
+def _batch_rows(batch: int, ar_ms: float, trees: dict[str, float]) -> list[dict]:
+  """A floor suite's rows at 4k and `batch` sequences: an AR step and each tree's round."""
+  rows = [{"method": "ar", "numerics": "fast", "batch": batch, "context": 4096, "round_ms": ar_ms}]
+  for label, ms in trees.items():
+    tree = Candidate.parse(label)
+    rows.append(
+      {"method": f"longspec[{label}]", "numerics": "fast", "batch": batch, "context": 4096, "round_ms": ms}
+      | {"tree_widths": list(tree.widths), "copy_tokens": tree.copy_tokens}
+    )
+  return rows
 
 
 def test_prices_read_from_a_floor_suite_and_project_tokens_per_second(tmp_path):
   path = tmp_path / "prices.json"
-  path.write_text(json.dumps(_prices({"hidden_size": 8}, {"2,2": (6.0, 9.0), "4,8,8+copy5": (7.0, 16.0)})))
+  data = _prices({"hidden_size": 8}, {"2,2": (6.0, 9.0), "4,8,8+copy5": (7.0, 16.0)})
+  data["rows"] += _batch_rows(4, 10.0, {"2,2": 12.0, "4,8,8+copy5": 30.0})  # (a batch of 4: the big tree is dear)
+  path.write_text(json.dumps(data))
   prices = Prices.read(path)
-  assert prices.ar_ms == {4096: 5.0, 32768: 8.0} and prices.trees == [Candidate((2, 2), 0), Candidate((4, 8, 8), 5)]
+  assert prices.ar_ms == {(4096, 1): 5.0, (4096, 4): 10.0, (32768, 1): 8.0}  # (batch 8: no tree priced beside)
+  assert prices.trees == [Candidate((2, 2), 0), Candidate((4, 8, 8), 5)]
+  assert prices.contexts == [4096, 32768] and prices.batches == [1, 4]
   taus = {Candidate((2, 2), 0): 2.4, Candidate((4, 8, 8), 5): 4.2}
   rows = project(prices, {tree: Measurement(tau, 1.0, (0.5,)) for tree, tau in taus.items()})
-  by = {(r["context"], r["tree"]): r for r in rows}
-  assert by[4096, "ar"]["projected_tokens_per_second"] == pytest.approx(200.0)
-  assert by[32768, "4,8,8+copy5"]["projected_tokens_per_second"] == pytest.approx(4.2e3 / 16.0)
-  assert by[32768, "4,8,8+copy5"]["projected_speedup"] == pytest.approx(4.2 * 8.0 / 16.0)
-  assert by[4096, "2,2"]["ar_steps_per_round"] == pytest.approx(6.0 / 5.0)
+  by = {(r["context"], r["batch"], r["tree"]): r for r in rows}
+  assert by[4096, 1, "ar"]["projected_tokens_per_second"] == pytest.approx(200.0)
+  assert by[32768, 1, "4,8,8+copy5"]["projected_tokens_per_second"] == pytest.approx(4.2e3 / 16.0)
+  assert by[32768, 1, "4,8,8+copy5"]["projected_speedup"] == pytest.approx(4.2 * 8.0 / 16.0)
+  assert by[4096, 1, "2,2"]["ar_steps_per_round"] == pytest.approx(6.0 / 5.0)
   assert best_priced(rows, 4096) == Candidate((4, 8, 8), 5)  # 600 vs 400 tokens/s
   assert best_priced(rows, 32768) == Candidate((2, 2), 0)  # 267 vs 263
+  assert best_priced(rows, 4096, 4) == Candidate((2, 2), 0)  # 200 vs 140 tokens/s a sequence
 
   twice = _prices({}, {"2,2": (6.0, 9.0)})
   twice["rows"].append(dict(twice["rows"][2]))
-  for bad, message in ((twice, "twice"), ({"suite": "smollm2"}, "not the JSON"), ({**twice, "rows": []}, "no context")):
+  for bad, message in (
+    (twice, "twice"),
+    ({"suite": "smollm2"}, "not the JSON"),
+    ({**twice, "rows": []}, "no context and batch"),
+  ):
     path.write_text(json.dumps(bad))
     with pytest.raises(UserError, match=message):
       Prices.read(path)
@@ -187,7 +208,9 @@ def test_cli_prices_trees_at_another_shape_and_new_drafts_start_from_the_stored_
   drafts.save_draft(tmp_path / "draft", random_draft(DraftConfig.for_target(config, window=16), jnp.float32))
   prices = tmp_path / "prices.json"
   shape = drafts.target_shape(config)
-  prices.write_text(json.dumps(_prices(shape, {"2,2": (6.0, 9.0), "1,1,1": (5.5, 8.5), "3+copy2": (6.5, 9.5)})))
+  data = _prices(shape, {"2,2": (6.0, 9.0), "1,1,1": (5.5, 8.5), "3+copy2": (6.5, 9.5)})
+  data["rows"] += _batch_rows(16, 7.0, {"2,2": 30.0, "1,1,1": 9.0, "3+copy2": 40.0})  # (16 sequences: the chain)
+  prices.write_text(json.dumps(data))
   out = tmp_path / "projection.json"
   argv = ["--target", str(tiny_with_tokenizer), "--draft", str(tmp_path / "draft"), "--sets", "code"]
   argv += ["--length", "64", "--num-prompts", "1", "--new-tokens", "6", "--dtype", "float32", "--repeats", "1"]
@@ -195,8 +218,8 @@ def test_cli_prices_trees_at_another_shape_and_new_drafts_start_from_the_stored_
   assert run_cli(main, argv, PROG) == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
   assert result["kind"] == "tree_prices" and result["price_context"] == 4096 and len(result["evaluations"]) == 3
-  assert {(r["context"], r["tree"]) for r in result["rows"]} == {
-    (c, t) for c in (4096, 32768) for t in ("ar", "2,2", "1,1,1", "3+copy2")
+  assert {(r["context"], r["batch"], r["tree"]) for r in result["rows"]} == {
+    (c, b, t) for c, b in ((4096, 1), (32768, 1), (4096, 16)) for t in ("ar", "2,2", "1,1,1", "3+copy2")
   }
   tau = {Candidate(tuple(e["tree_widths"]), e["copy_tokens"]).label: e["tau"] for e in result["evaluations"]}
   for r in result["rows"]:
@@ -208,7 +231,11 @@ def test_cli_prices_trees_at_another_shape_and_new_drafts_start_from_the_stored_
   assert result["best"] == {"tree_widths": list(best.widths), "copy_tokens": best.copy_tokens}
   assert out.with_suffix(".png").stat().st_size > 0
   stored = json.loads((tmp_path / "trees.json").read_text())["trees"]
-  assert [(e["name"], e["shape"], e["context"]) for e in stored] == [("tiny", shape, 4096)]
+  assert [(e["name"], e["shape"], e["context"], e["batch"]) for e in stored] == [
+    ("tiny", shape, 4096, 1),
+    ("tiny", shape, 4096, 16),
+  ]
+  assert result["best_by_batch"][1] == {"batch": 16, "tree_widths": [1, 1, 1], "copy_tokens": 0}
   # New drafts for a target of this shape start from the priced tree; other kinds and other shapes do not.
   fresh = drafts.new_draft_config(config)
   assert (fresh.tree_widths, fresh.copy_tokens) == (best.widths, best.copy_tokens)
@@ -218,8 +245,29 @@ def test_cli_prices_trees_at_another_shape_and_new_drafts_start_from_the_stored_
   assert glide.tree_widths == DraftConfig.for_target(config).tree_widths
   other = dataclasses.replace(config, num_layers=config.num_layers + 1)
   assert drafts.new_draft_config(other).tree_widths == DraftConfig.for_target(other).tree_widths
-  drafts.store_priced_tree("tiny", shape, 32768, (1,), 0)  # replaces the shape's entry
+  # A batch of 16 or more decodes with the tree priced at 16; fewer, and the flags' own, keep the draft's.
+  assert drafts.batch_tree(config, 8) == {} and drafts.batch_tree(config, 64) == {
+    "tree_widths": (1, 1, 1),
+    "copy_tokens": 0,
+  }
+  from infer import decoder, generate
+
+  flags = [
+    "--prompt",
+    "x",
+    "--target",
+    str(tiny_with_tokenizer),
+    "--method",
+    "longspec",
+    "--draft",
+    str(tmp_path / "draft"),
+  ]
+  assert decoder.check_flags(generate.parse_args(flags), config).widths is None  # (the draft's own tree)
+  assert decoder.check_flags(generate.parse_args(flags), config, 16).widths == (1, 1, 1)
+  assert decoder.check_flags(generate.parse_args([*flags, "--tree-widths", "2"]), config, 16).widths == (2,)
+  drafts.store_priced_tree("tiny", shape, 32768, (1,), 0)  # replaces the shape's entry at batch 1
   assert drafts.priced_tree(config) == {"tree_widths": (1,), "copy_tokens": 0}
+  assert drafts.batch_tree(config, 16) == {"tree_widths": (1, 1, 1), "copy_tokens": 0}
 
   assert run_cli(main, argv[:-5] + ["--prices", str(prices), "--price-context", "1000"], PROG) == 2
   assert "prices contexts 4096, 32768" in capsys.readouterr().err
