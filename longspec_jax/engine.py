@@ -15,9 +15,9 @@ dispatched after the last, `_Chunk`). A chunk runs as
 many rounds as fit in about `CHUNK_SECONDS` (measured as it goes), so text streams at
 that pace whether a round takes 1 ms (AR on a GPU) or 0.3 s (a tree on a CPU), and the
 host (Ctrl-C included) gets control back as often. `auto` (`methods/auto.py`) chooses each
-round's kind on device; on a GPU one program holds a loop per kind, elsewhere each kind
-is a program of its own and a chunk of its rounds is one call per run of one kind
-(`_Rounds`, `_one_program`).
+round's kind on device; on a GPU one program holds a loop per kind, run in turn, elsewhere
+each kind is a program of its own and a chunk of its rounds is one call per run of one
+kind (`_Rounds`, `_one_program`).
 """
 
 from __future__ import annotations
@@ -472,7 +472,7 @@ def _decode_chunk(
   # `auto`: each round's kind is chosen after the round before. With a `kind`, this call's
   # rounds are all of it, and the loop ends where the choice changes kind (the host then
   # calls that kind's program, `_Rounds`); without one, one program holds a loop per kind
-  # and a switch picks the next loop where the choice changes (`_one_program`).
+  # and runs them in turn, each running while the choice is its kind (`_one_program`).
   def plan(state):
     return proposer.plan(state.proposal, cache=state.cache, history=state.history, done=state.done)
 
@@ -505,8 +505,13 @@ def _decode_chunk(
 
   carry = (state, out, written, plan(state))
   if kind is None:
-    loops = [kind_loop(k) for k in range(len(proposer.kinds))]
-    carry = jax.lax.while_loop(lambda c: cond(c[:3]), lambda c: jax.lax.switch(c[3].kind, loops, c), carry)
+
+    def each_kind(carry):  # (every kind's loop in turn: those of other kinds than the chosen one run no round)
+      for k in range(len(proposer.kinds)):
+        carry = kind_loop(k)(carry)
+      return carry
+
+    carry = jax.lax.while_loop(lambda c: cond(c[:3]), each_kind, carry)
   else:
     carry = kind_loop(kind)(carry)
   state, out, _, chosen = carry
@@ -515,14 +520,15 @@ def _decode_chunk(
 
 
 def _one_program() -> bool:
-  """Whether `auto`'s rounds of every kind run in one program (a loop per kind under a
-  switch) rather than as a program per kind that the host calls where the choice changes
-  kind. XLA copies the K/V cache in and out of the switch's branches (four times a change
-  of kind, twice an AR round); a call from the host costs set-up, graph updates and a
-  read-back. On a GPU the call is the dearer: ~2.5 ms on an H100 with SmolLM2 (two of its
-  AR steps; `auto` then stayed with the draft's rounds where prompt lookup's were 1.9x
-  cheaper), against ~0.07 ms a copy of its 4k cache. On a CPU a call is ~4.5 ms of a
-  ~50 ms round, and the copies and the nested loops cost more (~47 ms a chunk)."""
+  """Whether `auto`'s rounds of every kind run in one program (its kinds' loops in turn
+  inside one loop) rather than as a program per kind that the host calls where the choice
+  changes kind. The loops run one after another, not under a switch: XLA copied the K/V
+  cache into and out of a switch's branches, a copy of the whole cache per change of kind
+  (at 64 sequences of 4k tokens SmolLM2's cache is 6.8 GB), where loops in turn pass it
+  on in place, at the price of a loop condition per kind that runs no round. A call from
+  the host costs set-up, graph updates and a read-back: on a GPU the dearer (~2.5 ms on
+  an H100 with SmolLM2, two of its AR steps); on a CPU ~4.5 ms of a ~50 ms round, where the
+  nested loops measured dearer (~47 ms a chunk, beside the switch's copies then)."""
   return backend.on_gpu()
 
 

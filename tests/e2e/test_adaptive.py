@@ -423,6 +423,22 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkey
   assert generate(tiny, prompts, 100, sampled, params, seed=2).token_ids == reference
 
 
+def test_one_program_of_every_kind_passes_the_cache_on_in_place(tiny, monkeypatch):
+  """The program holding every kind's loop has no copy of the K/V cache (under a switch,
+  XLA copied it into and out of the branches: a whole cache per change of kind)."""
+  monkeypatch.setattr(engine, "_one_program", lambda: True)
+  proposer = Adaptive(PromptLookup(num_tokens=4, matches=2))
+  decoding = Decoding(proposer=proposer)
+  state = engine.start(tiny, [list(range(3, 40))] * 2, 64, decoding).state
+  graphdef, params = nnx.split(tiny)
+  program = engine._decode_chunk[tiny.compilation(rounds=True)]
+  limits, rounds = jnp.asarray([64, 64], jnp.int32), jnp.int32(8)
+  text = program.lower(graphdef, params, state, decoding, None, limits, rounds, 8, None).compile().as_text()
+  cache_shape = f"[{','.join(map(str, state.cache.k.shape))}]"
+  copies = [line for line in text.splitlines() if " copy(" in line and cache_shape in line.split(" copy(")[0]]
+  assert not copies, copies
+
+
 @pytest.mark.parametrize(
   "one_program, cape",
   [(False, None), (True, None), (False, CapeConfig(gamma=3, sizes=(2,) * 4))],
@@ -431,8 +447,8 @@ def test_auto_emits_the_ar_tokens(tiny, with_draft, one_program, matches, monkey
 def test_a_chunk_of_auto_runs_its_rounds_across_changes_of_kind(tiny, one_program, cape, monkeypatch):
   """A chunk goes on across changes of kind until its rounds have run: each run of rounds
   of one kind a call of that kind's program, which stops where the choice changes kind
-  (a CPU's structure), or every kind's loop in one program under a switch (a GPU's, run
-  here too). With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ...,
+  (a CPU's structure), or every kind's loop in one program, in turn (a GPU's, run here
+  too). With every round of another kind (CYCLE): 7 rounds AR, COPY, DRAFT, AR, ...,
   AR's tokens; the draft's rounds with CAPE's tree too."""
   monkeypatch.setattr(engine, "_one_program", lambda: one_program)
   rng = np.random.default_rng(7)
