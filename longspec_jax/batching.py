@@ -186,8 +186,10 @@ class Slots:
     )
     measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
     self.state = dataclasses.replace(measured.state, eos=eos)
+    carried = self.carried  # (what the calibration's repeated prompt showed is no gain to learn)
     for slot in range(len(self.busy)):
       self.release(slot)
+    self.carried = carried
     return measured.prices
 
   @property
@@ -289,6 +291,9 @@ class Slots:
 
   def release(self, slot: int) -> None:
     """Frees `slot`, done or not (a request given up): its row emits nothing until a request
-    is admitted there."""
+    is admitted there. `auto`'s next requests start from the gains the slots learnt so far
+    (as a generation starts from the previous one's, `engine.Memory`), not from none."""
     self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
     self.busy[slot] = False
+    if self.decoding.multi_kind:
+      self.carried = {**self.carried, "learnt": self.decoding.proposer.learnt(self.state.proposal)}

@@ -109,6 +109,28 @@ def test_autos_prices_are_measured_at_the_slots_shape_when_they_open(tiny, answe
   assert int(slots.state.proposal.force) == CHOOSE
 
 
+def test_autos_next_request_starts_from_the_gains_the_slots_learnt(tiny, tmp_path):
+  """Once a request is released, the next one admitted starts from the gains the slots'
+  rows showed (a generation starts from the previous one's), not from unseen ones; what
+  the calibration's repeated prompt showed is not learnt."""
+  from longspec_jax import engine
+  from longspec_jax.methods import prices
+
+  proposer_, params = proposer(tiny, Method.AUTO)
+  memory = engine.Memory(prices=prices.PriceBook(directory=tmp_path))
+  slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=2, positions=256, memory=memory)
+  assert np.isnan(slots.carried["learnt"].copy_gain).all()  # (calibrated, nothing learnt)
+  pattern = list(range(3, 12))
+  slots.admit(0, pattern * 4, 24)
+  while not np.asarray(slots.state.done)[0]:
+    slots.run(4)
+  slots.release(0)
+  learnt = slots.carried["learnt"]
+  assert not np.isnan(learnt.copy_gain).all()
+  slots.admit(1, list(range(40, 60)), 4)
+  np.testing.assert_array_equal(np.asarray(slots.state.proposal.copy_gain)[1], learnt.copy_gain)
+
+
 def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
   """A 40-token prompt prefilled in passes of 16 while another request decodes: the other
   runs a chunk after each pass but the last, and both write what they write alone."""
