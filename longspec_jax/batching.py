@@ -277,11 +277,15 @@ class Slots:
 
   def step(self, seconds: float) -> tuple[np.ndarray, np.ndarray]:
     """`run` for a chunk of about `seconds`, sized by the time a round took in the chunk
-    before."""
+    before (over the rounds it ran: one that every request left early ran fewer than it
+    was given)."""
+    before = int(self.state.rounds)
     started = time.perf_counter()
     out = self.run(self.rounds)
-    per_round = (time.perf_counter() - started) / self.rounds
-    self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
+    ran = int(self.state.rounds) - before
+    if ran:
+      per_round = (time.perf_counter() - started) / ran
+      self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
     return out
 
   def sequence_stats(self, slot: int) -> dict:

@@ -131,6 +131,20 @@ def test_autos_next_request_starts_from_the_gains_the_slots_learnt(tiny, tmp_pat
   np.testing.assert_array_equal(np.asarray(slots.state.proposal.copy_gain)[1], learnt.copy_gain)
 
 
+def test_a_chunk_is_sized_by_the_rounds_the_last_one_ran(tiny, monkeypatch):
+  """A chunk of ten rounds whose request ends after three took (by a fake clock) a second:
+  a round is a third of a second, so a two-second chunk is six rounds (not twenty)."""
+  from longspec_jax import batching
+
+  slots = Slots.open(tiny, Decoding(), None, slots=1, positions=128)
+  slots.admit(0, list(range(3, 20)), 4)  # (its first token, then three rounds of one)
+  slots.rounds = 10
+  clock = iter([0.0, 1.0])
+  monkeypatch.setattr(batching.time, "perf_counter", lambda: next(clock))
+  slots.step(2.0)
+  assert int(slots.state.rounds) == 3 and slots.rounds == 6
+
+
 def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
   """A 40-token prompt prefilled in passes of 16 while another request decodes: the other
   runs a chunk after each pass but the last, and both write what they write alone."""
