@@ -65,7 +65,7 @@ from longspec_jax.models.config import CapeConfig, DraftKind, SparseVerify
 from longspec_jax.models.draft import Draft
 from longspec_jax.ops import sharding
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
-from longspec_jax.weights.drafts import load_draft, resolve_draft
+from longspec_jax.weights.drafts import batch_tree, load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
@@ -247,7 +247,8 @@ def main(argv=None):
     nargs="+",
     default=[1],
     help="prompts decoded together (the last batch filled up by repeating prompts); several: one run of every"
-    " method each, against AR at the same batch (tokens/s over the batch and per sequence)",
+    " method each, against AR at the same batch (tokens/s over the batch and per sequence); without"
+    " --tree-widths a draft's tree is the one priced for the batch where the table of trees has one",
   )
   p.add_argument("--new-tokens", type=cli.positive_int, default=256, help="tokens each run decodes")
   p.add_argument(
@@ -446,6 +447,9 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
         baseline = None
         for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast, drafted in variants:
           draft = drafts[method.draft_kind, vocab] if specs[method] is not None and drafted else None
+          if draft is not None and widths is None and cape is None and method in (Method.LONGSPEC, Method.AUTO):
+            priced = batch_tree(target.config, batch)  # (a batch decodes with its own tree where one is priced)
+            widths, copies = priced.get("tree_widths"), copies or priced.get("copy_tokens")
           proposer, draft_params = make_proposer(
             method,
             draft,

@@ -103,6 +103,26 @@ def test_a_batch_sweep_compares_each_method_with_ar_at_the_same_batch(tiny_with_
   assert rows[2]["speedup_vs_ar"] == 1.0 and (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_a_batch_decodes_with_the_tree_priced_for_it(tiny_with_tokenizer, tmp_path, monkeypatch, capsys):
+  """Where the table of trees prices one for the target's shape at batch 2, longspec's rows
+  at batch 2 run it and those at batch 1 the draft's own; --tree-widths overrides both."""
+  from longspec_jax.weights import drafts, read_target_config
+
+  monkeypatch.setattr(drafts, "TREES", tmp_path / "trees.json")
+  shape = drafts.target_shape(read_target_config(tiny_with_tokenizer))
+  drafts.store_priced_tree("tiny", shape, 4096, (1, 1), 0, batch=2)
+  argv = ["--target", str(tiny_with_tokenizer), "--methods", "longspec", "--draft", "random", "--sets", "code"]
+  argv += ["--lengths", "64", "--num-prompts", "2", "--new-tokens", "3", "--dtype", "float32", "--batch", "1", "2"]
+  assert run_cli(main, [*argv, "--out", str(tmp_path / "trees.json.out")], PROG) == 0, capsys.readouterr().err
+  rows = json.loads((tmp_path / "trees.json.out").read_text())["rows"]
+  widths = {(r["batch"], r["method"]): r.get("tree_widths") for r in rows}
+  assert widths[2, "longspec"] == [1, 1] and widths[1, "longspec"] != [1, 1]
+  argv += ["--tree-widths", "2", "--out", str(tmp_path / "flag.json")]
+  assert run_cli(main, argv, PROG) == 0, capsys.readouterr().err
+  rows = json.loads((tmp_path / "flag.json").read_text())["rows"]
+  assert {tuple(r["tree_widths"]) for r in rows if r["method"].startswith("longspec")} == {(2,)}
+
+
 def test_auto_drafts_only_with_a_draft_named(tiny_with_tokenizer, tmp_path, capsys):
   """longspec takes the shipped draft by default (none here: an error), auto none."""
   common = [
