@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -55,7 +54,7 @@ from infer.cli import (
 )
 from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
-from infer.timing import Compiles, phase_seconds, warmed_up
+from infer.timing import Compiles, environment, phase_seconds, warmed_up
 from longspec_jax import backend, cli
 from longspec_jax.decoding.sampling import Draw
 from longspec_jax.engine import Decoding, acceptance_by_depth, check_capacity, generate, prefill
@@ -416,10 +415,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
     if not args.out:
       return
     result = {
-      "device": device,
-      "backend": jax.default_backend(),
-      "jax": jax.__version__,
-      "python": platform.python_version(),
+      **environment(),
       "argv": sys.argv[1:],
       "target": args.target,
       "dtype": jnp.dtype(target.model.dtype).name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import platform
 import statistics
 import time
 
@@ -14,6 +15,17 @@ import jax.numpy as jnp
 
 from longspec_jax import backend
 from longspec_jax.decoding.compiles import Compiles  # noqa: F401 (the benchmarks' import of it)
+
+
+def environment() -> dict:
+  """Where a result was measured, for the head of its JSON: the device, the JAX backend and
+  version, and Python's."""
+  return {
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+  }
 
 
 def median_seconds(fn, warmup: int = 2, iters: int = 10) -> float:

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 from collections.abc import Callable
@@ -374,6 +373,7 @@ def main(argv=None):
   import jax.numpy as jnp
 
   from infer.plots import plot
+  from infer.timing import environment
   from longspec_jax.decoding.tree import node_budget
   from longspec_jax.engine import check_capacity
   from longspec_jax.weights import load_target, load_tokenizer, read_target_config, resolve_target
@@ -409,10 +409,7 @@ def main(argv=None):
       return
     result = {
       "kind": "tree_prices" if prices else "tree_search",
-      "device": device,
-      "backend": jax.default_backend(),
-      "jax": jax.__version__,
-      "python": platform.python_version(),
+      **environment(),
       "argv": sys.argv[1:],
       "target": args.target,
       "dtype": jnp.dtype(target.model.dtype).name,

@@ -31,18 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
 from infer.cli import add_copy_flags
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
-from infer.timing import warmed_up
+from infer.timing import environment, warmed_up
 from longspec_jax import cli
 from longspec_jax.engine import Decoding, check_capacity, generate
 from longspec_jax.methods.auto import CHOOSE, Adaptive, Kind
@@ -155,10 +153,7 @@ def main(argv=None):
   lookup = chosen["pld"][0]
   result = {
     "kind": "auto_rounds",
-    "device": jax.devices()[0].device_kind,
-    "backend": jax.default_backend(),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
+    **environment(),
     "argv": sys.argv[1:],
     "target": args.target,
     "dtype": jnp.dtype(target.model.dtype).name,

@@ -15,7 +15,6 @@ and a plot with `--out`.
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -78,9 +77,8 @@ def main(argv=None):
   methods = ["ar", *(m for m in args.methods if m != "ar")]  # (AR first: the others' text is checked against it)
   generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
 
-  import jax
-
   from infer.plots import plot
+  from infer.timing import environment
   from longspec_jax.weights import load_tokenizer, resolve_target
 
   base = generate.parse_args([*flags, "--input", "-", "--output", "-"])
@@ -128,10 +126,7 @@ def main(argv=None):
     row["speedup_vs_ar"] = row["tokens_per_second"] / rows[0]["tokens_per_second"]
   result = {
     "kind": "batch_file",
-    "device": jax.devices()[0].device_kind,
-    "backend": jax.default_backend(),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
+    **environment(),
     "argv": argv,
     "target": base.target,
     "sets": set_names(args.sets),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import jax.numpy as jnp
 from infer.cli import MethodSpec, method_spec
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
-from infer.timing import Compiles, warmed_up
+from infer.timing import Compiles, environment, warmed_up
 from longspec_jax import cli
 from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.engine import Decoding, check_capacity, generate
@@ -140,10 +139,7 @@ def main(argv=None):
     if args.out:
       result = {
         "kind": "long_generation",
-        "device": device,
-        "backend": jax.default_backend(),
-        "jax": jax.__version__,
-        "python": platform.python_version(),
+        **environment(),
         "argv": sys.argv[1:],
         "target": args.target,
         "dtype": jnp.dtype(dtype).name,

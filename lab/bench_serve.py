@@ -19,7 +19,6 @@ wrote the same text; per C the two total rates. Writes JSON and a plot with `--o
 from __future__ import annotations
 
 import json
-import platform
 import signal
 import socket
 import statistics
@@ -180,9 +179,8 @@ def main(argv=None):
     flags = [*flags, "--max-batch", str(max(args.concurrency))]
   server_args = serve.parse_args(flags)  # (the server's own checks, before anything runs)
 
-  import jax
-
   from infer.plots import plot
+  from infer.timing import environment
   from longspec_jax.weights import load_tokenizer, resolve_target
 
   path = resolve_target(server_args.target)
@@ -231,10 +229,7 @@ def main(argv=None):
   ratios = [r["decode_ratio"] for r in rows if r["decode_ratio"] is not None]
   result = {
     "kind": "serve",
-    "device": jax.devices()[0].device_kind,
-    "backend": jax.default_backend(),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
+    **environment(),
     "argv": argv,
     "target": server_args.target,
     "method": server_args.method.value,

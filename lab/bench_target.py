@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.timing import (
   draft_seconds,
+  environment,
   loop_seconds,
   measure_bandwidth,
   measure_peak_flops,
@@ -593,10 +593,7 @@ def main(argv=None):
   print(header, flush=True)
   result = {
     "suite": args.suite,
-    "device": jax.devices()[0].device_kind,
-    "backend": jax.default_backend(),
-    "jax": jax.__version__,
-    "python": platform.python_version(),
+    **environment(),
     "argv": sys.argv[1:],
   }
   result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))

@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from flax import nnx
 
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
+from infer.timing import environment
 from longspec_jax import cli
 from longspec_jax.decoding.verify import fraction_read
 from longspec_jax.engine import prefill
@@ -219,10 +219,7 @@ def main(argv=None):
     if args.out:
       result = {
         "kind": "sparse_quality",
-        "device": device,
-        "backend": jax.default_backend(),
-        "jax": jax.__version__,
-        "python": platform.python_version(),
+        **environment(),
         "argv": sys.argv[1:],
         "target": args.target,
         "draft": args.draft,

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
-from infer.timing import warmed_up
+from infer.timing import environment, warmed_up
 from lab.bench_auto import add_run_flags, load_run
 from longspec_jax import cli
 from longspec_jax.engine import Decoding, Memory, generate
@@ -118,9 +116,7 @@ def main(argv=None):
   run = lambda prompt: generate(target.model, [prompt], args.new_tokens, decoding, params, memory=memory)
   result = {
     "kind": "auto_trace",
-    "device": jax.devices()[0].device_kind,
-    "jax": jax.__version__,
-    "python": platform.python_version(),
+    **environment(),
     "argv": sys.argv[1:],
     "prices_from": str(args.prices),
     "round_seconds": prices,
