@@ -125,8 +125,13 @@ def draft_token_losses(
   # (Masks follow sequence order: anchor-offset positions jump, windows count tokens.)
   target_hidden, k_all, v_all = target.causal_hidden_and_kv(tokens, positions)
   target_k, target_v = jax.lax.stop_gradient((k_all, v_all))
-  own = SelfAttend(mask=None, window=draft.config.self_window)
   blockwise = training and draft.config.kind is DraftKind.GLIDE
+  teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
+  if config.rollout_depth and training and not blockwise:
+    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, config.rollout_depth)
+    runs = [chunked_token_losses(h[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher) for h in passes]
+    return tuple(jnp.stack(x, axis=1) for x in zip(*runs))
+  own = SelfAttend(mask=None, window=draft.config.self_window)
   cross = CrossAttend(
     k=target_k,
     v=target_v,
@@ -134,11 +139,6 @@ def draft_token_losses(
     delay=None if blockwise else delays,
     block=config.cross_block if blockwise else None,
   )
-  teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
-  if config.rollout_depth and training and not blockwise:
-    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, config.rollout_depth)
-    runs = [chunked_token_losses(h[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher) for h in passes]
-    return tuple(jnp.stack(x, axis=1) for x in zip(*runs))
   hidden, _ = draft(target, tokens, positions, own, cross)
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
