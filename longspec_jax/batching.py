@@ -106,6 +106,7 @@ class Slots:
   tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
   rounds: int = 1  # the next `step`'s chunk of rounds
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
+  memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
   rounds_before: Any = 0  # `auto`'s rounds by kind when the slots opened (its calibration's)
 
   @classmethod
@@ -120,9 +121,10 @@ class Slots:
     per_sequence_sampling: bool = False,
   ) -> Slots:
     """Every slot free. `auto` starts from the prices and gains `memory` holds (default the
-    process's) for `slots` sequences in `positions`; prices not measured yet are measured
-    now (`measure_prices`). With `per_sequence_sampling`, each request may bring its own
-    temperature and top-p (`admit`)."""
+    process's) for `slots` sequences in `positions`, and leaves there the gains it learns;
+    prices not measured yet are measured now (`measure_prices`). With
+    `per_sequence_sampling`, each request may bring its own temperature and top-p
+    (`admit`)."""
     memory = engine.MEMORY if memory is None else memory
     key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
     temperature = decoding.sampling.temperature
@@ -150,6 +152,7 @@ class Slots:
       busy=np.zeros(slots, bool),
       carried=carried,
       tokens=[[] for _ in range(slots)],
+      memory=memory,
     )
     if decoding.multi_kind:
       if not table.complete:
@@ -186,10 +189,11 @@ class Slots:
     )
     measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
     self.state = dataclasses.replace(measured.state, eos=eos)
-    carried = self.carried  # (what the calibration's repeated prompt showed is no gain to learn)
+    carried, memory = self.carried, self.memory  # (the calibration's repeated prompt shows no gain to learn)
+    self.memory = None
     for slot in range(len(self.busy)):
       self.release(slot)
-    self.carried = carried
+    self.carried, self.memory = carried, memory
     return measured.prices
 
   @property
@@ -296,8 +300,12 @@ class Slots:
   def release(self, slot: int) -> None:
     """Frees `slot`, done or not (a request given up): its row emits nothing until a request
     is admitted there. `auto`'s next requests start from the gains the slots learnt so far
-    (as a generation starts from the previous one's, `engine.Memory`), not from none."""
+    (as a generation starts from the previous one's, `engine.Memory`), not from none; so do
+    later slots and generations of this memory."""
     self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
     self.busy[slot] = False
     if self.decoding.multi_kind:
-      self.carried = {**self.carried, "learnt": self.decoding.proposer.learnt(self.state.proposal)}
+      learnt = self.decoding.proposer.learnt(self.state.proposal)
+      self.carried = {**self.carried, "learnt": learnt}
+      if self.memory is not None:
+        self.memory.learnt[(self.decoding, self.model.config)] = learnt

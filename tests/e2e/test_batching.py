@@ -119,7 +119,7 @@ def test_autos_next_request_starts_from_the_gains_the_slots_learnt(tiny, tmp_pat
   proposer_, params = proposer(tiny, Method.AUTO)
   memory = engine.Memory(prices=prices.PriceBook(directory=tmp_path))
   slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=2, positions=256, memory=memory)
-  assert np.isnan(slots.carried["learnt"].copy_gain).all()  # (calibrated, nothing learnt)
+  assert np.isnan(slots.carried["learnt"].copy_gain).all() and not memory.learnt  # (calibrated, nothing learnt)
   pattern = list(range(3, 12))
   slots.admit(0, pattern * 4, 24)
   while not np.asarray(slots.state.done)[0]:
@@ -127,6 +127,7 @@ def test_autos_next_request_starts_from_the_gains_the_slots_learnt(tiny, tmp_pat
   slots.release(0)
   learnt = slots.carried["learnt"]
   assert not np.isnan(learnt.copy_gain).all()
+  assert memory.learnt[slots.decoding, tiny.config] is learnt  # (later slots and generations start from it)
   slots.admit(1, list(range(40, 60)), 4)
   np.testing.assert_array_equal(np.asarray(slots.state.proposal.copy_gain)[1], learnt.copy_gain)
 
