@@ -46,6 +46,7 @@ from infer.cli import (
   add_draft_vocab_flag,
   add_sampling_flags,
   add_tree_flags,
+  batch_tree_choice,
   check_tree,
   method_spec,
   sampling_config,
@@ -64,7 +65,7 @@ from longspec_jax.models.config import CapeConfig, DraftKind, SparseVerify
 from longspec_jax.models.draft import Draft
 from longspec_jax.ops import sharding
 from longspec_jax.weights import default, load_target, load_tokenizer, read_target_config, resolve_target
-from longspec_jax.weights.drafts import batch_tree, load_draft, resolve_draft
+from longspec_jax.weights.drafts import load_draft, resolve_draft
 
 PHASES = ("draft_seconds", "verify_seconds", "other_seconds")
 
@@ -443,9 +444,8 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
         baseline = None
         for label, method, (widths, cape), copies, matches, vocab, sparse, on_fast, drafted in variants:
           draft = drafts[method.draft_kind, vocab] if specs[method] is not None and drafted else None
-          if draft is not None and widths is None and cape is None and method in (Method.LONGSPEC, Method.AUTO):
-            priced = batch_tree(target.config, batch)  # (a batch decodes with its own tree where one is priced)
-            widths, copies = priced.get("tree_widths"), copies or priced.get("copy_tokens")
+          if draft is not None:  # (a batch decodes with its own tree where one is priced)
+            widths, copies = batch_tree_choice(target.config, method, batch, widths, cape, copies)
           proposer, draft_params = make_proposer(
             method,
             draft,

@@ -214,6 +214,20 @@ def tree_choice(spec, args):
   return spec, None
 
 
+def batch_tree_choice(config, method: Method, batch: int, widths, cape, copy_tokens):
+  """(beam widths, copy tokens) of LongSpec's draft (longspec, auto with a draft) decoding
+  `batch` sequences: where the flags name no tree (neither widths nor CAPE's), the tree
+  priced for the target's shape at that batch size if the table of trees has one
+  (`weights.drafts.batch_tree`; the flags' copy tokens over its), else those given (None:
+  the draft's own)."""
+  from longspec_jax.weights.drafts import batch_tree
+
+  if widths is not None or cape is not None or method not in (Method.LONGSPEC, Method.AUTO):
+    return widths, copy_tokens
+  priced = batch_tree(config, batch)
+  return priced.get("tree_widths"), copy_tokens if copy_tokens is not None else priced.get("copy_tokens")
+
+
 def check_tree(widths, cape, vocab_size: int, copy_tokens: int) -> None:
   """Raises UserError unless the tree `tree_choice` gave (beam widths or CAPE's, with
   `copy_tokens` copied nodes grafted) fits the vocabulary and this machine's node budget."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from infer.cli import check_tree, sampling_config, tree_choice
+from infer.cli import batch_tree_choice, check_tree, sampling_config, tree_choice
 from longspec_jax.cli import attention_impl, numerics, resolve_dtype
 from longspec_jax.errors import UserError
 from longspec_jax.methods.registry import Method
@@ -32,7 +32,7 @@ def check_flags(args, config, batch: int = 1) -> Plan:
   bad combination), before the weights load. Decoding `batch` sequences together, a
   LongSpec draft's tree is the one priced for the target's shape at that batch size where
   the table of trees has one and the flags name none (`weights.drafts.batch_tree`)."""
-  from longspec_jax.weights.drafts import batch_tree, resolve_draft
+  from longspec_jax.weights.drafts import resolve_draft
 
   method = args.method
   spec = method.draft_spec(args.draft)
@@ -47,10 +47,8 @@ def check_flags(args, config, batch: int = 1) -> Plan:
       raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
   widths, cape = tree_choice(args.tree_widths, args)
   copy_tokens = args.copy_tokens
-  if args.tree_widths is None and spec is not None and method in (Method.LONGSPEC, Method.AUTO):
-    priced = batch_tree(config, batch)
-    widths = priced.get("tree_widths", widths)
-    copy_tokens = copy_tokens if copy_tokens is not None else priced.get("copy_tokens")
+  if spec is not None:
+    widths, copy_tokens = batch_tree_choice(config, method, batch, widths, cape, copy_tokens)
   check_tree(widths, cape, config.vocab_size, (copy_tokens or 0) * (args.copy_matches or 1))
   return Plan(method, spec, widths, cape, resolve_dtype(args.dtype), sampling_config(args, method), copy_tokens)
 

@@ -14,6 +14,7 @@ and a plot with `--out`.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
@@ -25,13 +26,11 @@ from longspec_jax import cli
 from longspec_jax.methods.registry import Method
 
 
-def decode(flags: list[str], method: str, records_path: Path, output: Path, path, tokenizer, loaded=None):
-  """The file through `generate.decode_file` with these flags and method: its output records,
-  what it reports (tokens, seconds, `auto`'s rounds by kind) and what `decoder.load` loaded
-  (reused when given)."""
-  args = generate.parse_args([*flags, "--method", method, "--input", str(records_path), "--output", str(output)])
-  records = batch_file.read_records(records_path)
-  prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(args.chat)) for r in records]
+def decode(flags: list[str], method: str, records, prompts, output: Path, path, tokenizer, loaded=None):
+  """`records` (their token ids: `prompts`) through `generate.decode_file` with these flags
+  and method into `output`: the output records by line, what it reports (tokens, seconds,
+  `auto`'s rounds by kind) and what `decoder.load` loaded (reused when given)."""
+  args = generate.parse_args([*flags, "--method", method, "--input", "-", "--output", str(output)])
   if loaded is None:
     from longspec_jax.weights import read_target_config
 
@@ -75,13 +74,12 @@ def main(argv=None):
   if args.out:
     cli.output_path(args.out)
   methods = ["ar", *(m for m in args.methods if m != "ar")]  # (AR first: the others' text is checked against it)
-  generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
+  base = generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
 
   from infer.plots import plot
   from infer.timing import environment
   from longspec_jax.weights import load_tokenizer, resolve_target
 
-  base = generate.parse_args([*flags, "--input", "-", "--output", "-"])
   path = resolve_target(base.target)
   tokenizer = load_tokenizer(path)
   with tempfile.TemporaryDirectory() as tmp:
@@ -90,12 +88,15 @@ def main(argv=None):
       for set_name in set_names(args.sets):
         for index, ids in enumerate(PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts)):
           f.write(json.dumps({"id": f"{set_name}/{index}", "prompt": tokenizer.decode(ids)}) + "\n")
+    records = batch_file.read_records(records_path)  # (read back as infer.generate reads them)
+    prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(base.chat)) for r in records]
+    run = functools.partial(decode, flags, records=records, prompts=prompts, path=path, tokenizer=tokenizer)
     rows, reference = [], None
     for method in methods:
       print(f"[{method}] compiling ...", file=sys.stderr, flush=True)
-      *_, loaded = decode(flags, method, records_path, Path(tmp) / f"{method}_warm.jsonl", path, tokenizer)
+      *_, loaded = run(method, output=Path(tmp) / f"{method}_warm.jsonl")
       print(f"[{method}] timed ...", file=sys.stderr, flush=True)
-      done, decoded, _ = decode(flags, method, records_path, Path(tmp) / f"{method}.jsonl", path, tokenizer, loaded)
+      done, decoded, _ = run(method, output=Path(tmp) / f"{method}.jsonl", loaded=loaded)
       tokens, seconds = decoded["tokens"], decoded["seconds"]
       if reference is None:
         reference = done

@@ -188,12 +188,9 @@ class Slots:
       self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits.tolist(), rounds=rounds
     )
     measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
-    self.state = dataclasses.replace(measured.state, eos=eos)
-    carried, memory = self.carried, self.memory  # (the calibration's repeated prompt shows no gain to learn)
-    self.memory = None
-    for slot in range(len(self.busy)):
-      self.release(slot)
-    self.carried, self.memory = carried, memory
+    # Every slot freed, learning nothing: the repeated prompt's gains are no request's.
+    self.state = dataclasses.replace(measured.state, eos=eos, done=jnp.ones_like(measured.state.done))
+    self.busy[:] = False
     return measured.prices
 
   @property

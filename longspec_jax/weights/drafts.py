@@ -139,8 +139,14 @@ def store_priced_tree(
   batch size priced, in the table at `path` (None: `TREES`), replacing the shape's earlier
   entry for that batch size; the file is rewritten whole, by a rename."""
   check_tree_widths(tuple(widths), copy_tokens=copy_tokens)
-  entry = {"name": name, "shape": shape, "context": context, "batch": batch, "tree_widths": list(widths)}
-  entry["copy_tokens"] = copy_tokens
+  entry = {
+    "name": name,
+    "shape": shape,
+    "context": context,
+    "batch": batch,
+    "tree_widths": list(widths),
+    "copy_tokens": copy_tokens,
+  }
   trees = [e for e in _priced_trees(path) if (e["shape"], e.get("batch", 1)) != (shape, batch)] + [entry]
   table = sorted(trees, key=lambda e: (e["name"], e.get("batch", 1)))
   write_whole(Path(path or TREES), json.dumps({"trees": table}, indent=1) + "\n")
