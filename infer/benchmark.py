@@ -450,7 +450,13 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
             method,
             draft,
             ProposerOptions(
-              tree_widths=widths, copy_tokens=copies, cape=cape, copy_matches=matches, sampling=sampling, sparse=sparse
+              tree_widths=widths,
+              copy_tokens=copies,
+              cape=cape,
+              copy_matches=matches,
+              sampling=sampling,
+              sparse=sparse,
+              batch=batch,
             ),
           )
           decoding = Decoding(proposer=proposer, sampling=sampling)  # (no EOS: every run decodes new_tokens)

@@ -16,7 +16,8 @@ from longspec_jax.methods.registry import Method
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """The flags, checked: the draft to load (None: none), the tree (None: the draft's own)
-  and its copy branch (None: the flag's or the draft's), the dtype, the sampling."""
+  and its copy branch (None: the flag's or the draft's), the dtype, the sampling, and the
+  sequences decoded together."""
 
   method: Method
   draft: str | None
@@ -25,13 +26,15 @@ class Plan:
   dtype: Any
   sampling: Any
   copy_tokens: int | None = None
+  batch: int = 1
 
 
 def check_flags(args, config, batch: int = 1) -> Plan:
   """The method's draft and tree flags against the target's `config` (a `UserError` for a
   bad combination), before the weights load. Decoding `batch` sequences together, a
   LongSpec draft's tree is the one priced for the target's shape at that batch size where
-  the table of trees has one and the flags name none (`weights.drafts.batch_tree`)."""
+  the table of trees has one and the flags name none (`weights.drafts.batch_tree`), and
+  `auto`'s continuations are sized for it (`methods.factory.auto_copies`)."""
   from longspec_jax.weights.drafts import resolve_draft
 
   method = args.method
@@ -50,7 +53,8 @@ def check_flags(args, config, batch: int = 1) -> Plan:
   if spec is not None:
     widths, copy_tokens = batch_tree_choice(config, method, batch, widths, cape, copy_tokens)
   check_tree(widths, cape, config.vocab_size, (copy_tokens or 0) * (args.copy_matches or 1))
-  return Plan(method, spec, widths, cape, resolve_dtype(args.dtype), sampling_config(args, method), copy_tokens)
+  dtype, sampling = resolve_dtype(args.dtype), sampling_config(args, method)
+  return Plan(method, spec, widths, cape, dtype, sampling, copy_tokens, batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +102,7 @@ def load(args, plan: Plan, path, tokenizer) -> Loaded:
       copy_matches=args.copy_matches,
       sampling=plan.sampling,
       sparse=sparse,
+      batch=plan.batch,
     ),
   )
   decoding = Decoding(proposer=proposer, sampling=plan.sampling, eos_ids=tuple(target.config.eos_token_ids))

@@ -296,7 +296,8 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
   batching: a record joins as another finishes, in the slot whose cache holds the most of
   its prompt, so records over one document prefill it once), appending each record's
   result to `output` as it finishes. Returns the tokens generated, the seconds taken (the
-  slots opened, every prefill included) and for `auto` its rounds by kind and their prices."""
+  slots opened, every prefill included), the seconds of those spent prefilling, and for
+  `auto` its rounds by kind and their prices."""
   from tqdm import tqdm
 
   from longspec_jax.batching import Slots
@@ -307,7 +308,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
   own = any(r.samples_its_own_way for r in records)  # (each record then carries its own temperature and top-p)
   batch = min(args.batch or BATCH, len(records))
   slots = Slots.open(target.model, decoding, draft_params, batch, positions, per_sequence_sampling=own)
-  waiting, running, tokens, started = list(range(len(records))), {}, 0, time.perf_counter()
+  waiting, running, tokens, prefilling, started = list(range(len(records))), {}, 0, 0.0, time.perf_counter()
 
   def finish(slot: int) -> None:
     nonlocal tokens
@@ -341,7 +342,9 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
         slot = slots.choose(prompts[index])
         record = records[index]
         sampling = dict(temperature=record.temperature(), top_p=record.top_p()) if own else {}
+        admitting = time.perf_counter()
         admitted = slots.admit(slot, prompts[index], limits[index], record.seed(args.seed), **sampling)
+        prefilling += time.perf_counter() - admitting  # (it waits for the first token)
         running[slot] = (index, time.perf_counter())
         if admitted.done:
           finish(slot)
@@ -360,7 +363,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
     + f"; appended to {args.output}",
     file=sys.stderr,
   )
-  return {"tokens": tokens, "seconds": seconds, **kinds}
+  return {"tokens": tokens, "seconds": seconds, "prefill_seconds": prefilling, **kinds}
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
 Writes a JSON Lines file of real prompts (`--sets`, `--num-prompts` each, about `--length`
 tokens), then decodes it as `python -m infer.generate --input ... --output ...` does, with
 the flags after `--`, once per method of `--methods`: every record's tokens over the wall
-time from the slots' opening to the last record (every prefill included: end to end). Each
-method runs the whole file twice, the first run compiling, the second timed, and its
-records are checked against AR's (same token ids: the batch file is lossless). Writes JSON
-and a plot with `--out`.
+time from the slots' opening to the last record (every prefill included: end to end), and
+over that time less the prefills' (decode alone). Each method runs the whole file twice,
+the first run compiling, the second timed, and its records are checked against AR's (same
+token ids: the batch file is lossless). Writes JSON and a plot with `--out`.
 
   python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --methods ar pld auto \\
     --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
@@ -21,16 +21,19 @@ import tempfile
 from pathlib import Path
 
 from infer import batch_file, decoder, generate
+from infer.cli import MethodSpec, method_spec
 from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
 from longspec_jax import cli
 from longspec_jax.methods.registry import Method
 
 
-def decode(flags: list[str], method: str, records, prompts, output: Path, path, tokenizer, loaded=None):
+def decode(flags: list[str], spec: MethodSpec, records, prompts, output: Path, path, tokenizer, loaded=None):
   """`records` (their token ids: `prompts`) through `generate.decode_file` with these flags
-  and method into `output`: the output records by line, what it reports (tokens, seconds,
-  `auto`'s rounds by kind) and what `decoder.load` loaded (reused when given)."""
-  args = generate.parse_args([*flags, "--method", method, "--input", "-", "--output", str(output)])
+  and the method (with its own continuations, if `spec` names them) into `output`: the
+  output records by line, what it reports (tokens, seconds, `auto`'s rounds by kind) and
+  what `decoder.load` loaded (reused when given)."""
+  copies = ["--copy-tokens", str(spec.tokens), "--copy-matches", str(spec.matches)] if spec.tokens else []
+  args = generate.parse_args([*flags, "--method", spec.method.value, *copies, "--input", "-", "--output", str(output)])
   if loaded is None:
     from longspec_jax.weights import read_target_config
 
@@ -68,12 +71,19 @@ def main(argv=None):
   )
   p.add_argument("--length", type=cli.positive_int, default=4096, help="prompt tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=4, help="prompts a set")
-  p.add_argument("--methods", nargs="+", choices=[m.value for m in Method], default=["ar", "auto"])
+  p.add_argument(
+    "--methods",
+    nargs="+",
+    type=method_spec,
+    default=[MethodSpec(Method.AR), MethodSpec(Method.AUTO)],
+    help="methods, each maybe with its own continuations (e.g. auto:10x1: one of 10 tokens)",
+  )
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(ours)
   if args.out:
     cli.output_path(args.out)
-  methods = ["ar", *(m for m in args.methods if m != "ar")]  # (AR first: the others' text is checked against it)
+  ar = MethodSpec(Method.AR)
+  methods = [ar, *(m for m in args.methods if m != ar)]  # (AR first: the others' text is checked against it)
   base = generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
 
   from infer.plots import plot
@@ -97,7 +107,7 @@ def main(argv=None):
       *_, loaded = run(method, output=Path(tmp) / f"{method}_warm.jsonl")
       print(f"[{method}] timed ...", file=sys.stderr, flush=True)
       done, decoded, _ = run(method, output=Path(tmp) / f"{method}.jsonl", loaded=loaded)
-      tokens, seconds = decoded["tokens"], decoded["seconds"]
+      tokens, seconds, prefill = decoded["tokens"], decoded["seconds"], decoded["prefill_seconds"]
       if reference is None:
         reference = done
       differ = [
@@ -107,11 +117,14 @@ def main(argv=None):
       ]
       rows.append(
         {
-          "method": method,
+          "method": str(method),
+          **loaded.proposer.describe(),  # (its tree and continuations)
           "records": len(done),
           "tokens": tokens,
           "seconds": seconds,
           "tokens_per_second": tokens / seconds,
+          "prefill_seconds": prefill,
+          "decode_tokens_per_second": tokens / (seconds - prefill),  # (the time between the prefills)
           "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
           **({"rounds_by_kind": decoded["rounds_by_kind"]} if "rounds_by_kind" in decoded else {}),
           **(
@@ -125,6 +138,7 @@ def main(argv=None):
       )
   for row in rows:
     row["speedup_vs_ar"] = row["tokens_per_second"] / rows[0]["tokens_per_second"]
+    row["decode_speedup_vs_ar"] = row["decode_tokens_per_second"] / rows[0]["decode_tokens_per_second"]
   result = {
     "kind": "batch_file",
     **environment(),
@@ -135,11 +149,12 @@ def main(argv=None):
     "batch": base.batch or generate.BATCH,
     "rows": rows,
   }
-  print("method | records | tokens | seconds | tokens/s | x AR | tau | AR's text")
+  print("method | records | tokens | seconds | prefill s | tokens/s | x AR | decode x AR | tau | AR's text")
   for r in rows:
     print(
-      f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f}"
-      f" | {r['speedup_vs_ar']:.2f} | {r['tau']:.2f} | {same(r)}"
+      f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['prefill_seconds']:.2f}"
+      f" | {r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f} | {r['decode_speedup_vs_ar']:.2f} | {r['tau']:.2f}"
+      f" | {same(r)}"
       + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
     )
   if args.out:

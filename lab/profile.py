@@ -320,7 +320,12 @@ def main(argv=None):
     args.method,
     draft,
     ProposerOptions(
-      tree_widths=widths, copy_tokens=args.copy_tokens, cape=cape, copy_matches=args.copy_matches, sampling=sampling
+      tree_widths=widths,
+      copy_tokens=args.copy_tokens,
+      cape=cape,
+      copy_matches=args.copy_matches,
+      sampling=sampling,
+      batch=args.batch,
     ),
   )
   decoding = Decoding(proposer=proposer, sampling=sampling)

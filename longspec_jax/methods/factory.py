@@ -21,18 +21,28 @@ from longspec_jax.models.draft import Draft
 from longspec_jax.models.heads import Heads
 
 
-def auto_copies() -> tuple[int, int]:
-  """`auto`'s prompt-lookup continuations when neither the flags nor the draft set them:
-  (tokens each, how many). On a GPU, where a round of a small target costs about the
-  same for a hundred nodes as for one (its kernels are launch-bound), four of 24 tokens:
-  on SmolLM2 at 4k their trie ran at a median 1.35x prompt lookup's one of 10 over seven
-  prompt sets (docs/results.md, "End-to-end decoding"). Where the trie is dear (a large
-  target's long contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
-  continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with
-  its nodes, prompt lookup's own one of 10."""
-  if backend.on_gpu():
-    return 24, 4
-  return PromptLookup().num_tokens, 1
+# Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: about
+# an H100's or H200's ridge point in bf16 (~200-300 FLOPs a weight byte), below which a
+# product reads its weights in the time of one row. Past it a round's price grows with its
+# rows: at 64 SmolLM2 sequences on an H200 a round of 25-token chains (1,600 rows) cost 4.2
+# AR steps and lost to AR (docs/results.md, "Many prompts at once").
+VERIFY_ROWS = 256
+
+
+def auto_copies(batch: int = 1, tokens: int | None = None) -> tuple[int, int]:
+  """`auto`'s prompt-lookup continuations for `batch` sequences verified together when the
+  flags do not set them: (tokens each, how many); `tokens` the draft's copy length, if it
+  sets one. On a GPU, where a round of a small target costs about the same for a hundred
+  nodes as for one (its kernels are launch-bound), four of 24 tokens: on SmolLM2 at 4k
+  their trie ran at a median 1.35x prompt lookup's one of 10 over seven prompt sets
+  (docs/results.md, "End-to-end decoding"). Where the trie is dear (a large target's long
+  contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
+  continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with its
+  nodes, prompt lookup's own one of 10. A batch shortens them and then drops all but the
+  first until its trie fits `VERIFY_ROWS` rows (a chain of one token at least)."""
+  tokens, matches = (tokens or 24, 4) if backend.on_gpu() else (tokens or PromptLookup().num_tokens, 1)
+  tokens = max(1, min(tokens, VERIFY_ROWS // batch - 1))
+  return tokens, max(1, min(matches, VERIFY_ROWS // (batch * (tokens + 1))))
 
 
 def make_proposer(
@@ -43,8 +53,9 @@ def make_proposer(
   `copy_matches` (default 1) prompt-lookup continuations of `copy_tokens` grafted in (each
   by default the draft's own, `DraftConfig`), and its params are the draft's. `pld`
   proposes `copy_matches` continuations of `copy_tokens` (default: one of 10, the published
-  method). `auto` chooses each round among AR, prompt lookup's continuations (by default the
-  draft's copy length, else `auto_copies`) and, if a draft is given, the draft's tree with
+  method). `auto` chooses each round among AR, prompt lookup's continuations (by default
+  `auto_copies` for `options.batch` sequences, from the draft's copy length if it sets one)
+  and, if a draft is given, the draft's tree with
   them grafted in. GLIDE's draft takes CAPE's tree (its paper's) unless widths or CAPE are
   given. `tokenswift`'s draft is its heads (`Heads`), whose full tree `tree_widths`
   replaces; it ranks its candidates under `sampling`'s penalty. `sparse`: the draft methods'
@@ -70,10 +81,8 @@ def make_proposer(
   if method is Method.PLD:
     return PromptLookup(num_tokens=o.copy_tokens or PromptLookup().num_tokens, matches=o.copy_matches or 1), None
   if method is Method.AUTO:
-    tokens, matches = auto_copies()
-    lookup = PromptLookup(
-      num_tokens=o.copy_tokens or (stored.copy_tokens if stored else 0) or tokens, matches=o.copy_matches or matches
-    )
+    tokens, matches = auto_copies(o.batch, stored.copy_tokens if stored else None)
+    lookup = PromptLookup(num_tokens=o.copy_tokens or tokens, matches=o.copy_matches or matches)
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)

@@ -85,6 +85,8 @@ class ProposerOptions:
   copy_tokens, copy_matches: prompt lookup's continuations, their length and count.
   sampling: the generation's processors (TokenSwift ranks its candidates under the penalty).
   sparse: verify the draft's tree reading the cache sparsely (SpecAttn, lossy).
+  batch: the sequences decoded together (their rows verified together): `auto` sizes its
+  continuations by it (`factory.auto_copies`).
   """
 
   tree_widths: tuple[int, ...] | None = None
@@ -93,3 +95,4 @@ class ProposerOptions:
   copy_matches: int | None = None
   sampling: SamplingConfig | None = None
   sparse: SparseVerify | None = None
+  batch: int = 1
