@@ -11,7 +11,9 @@ sentence. On SIGTERM the server takes no new connections, finishes the requests 
 (for up to `--shutdown-seconds`) and exits 0. `max_tokens`, `temperature`, `top_p`, `seed`
 and `stop` are per request (the sampling flags give the defaults; draws are keyed by
 position, so a request's text is a function of its prompt, settings and seed whatever else
-the batch holds).
+the batch holds). A response's `usage` also holds the prompt tokens its slot's cache held
+already (`prompt_tokens_details.cached_tokens`) and `rounds`: the verify passes its
+completion took.
 """
 
 import asyncio
@@ -61,6 +63,7 @@ class Job:
   events: asyncio.Queue
   cancelled: bool = False
   reused: int = 0  # prompt tokens a slot's cache held already
+  rounds: int = 0  # the target's passes its tokens took (set when it ends)
   ids: list[int] = dataclasses.field(default_factory=list)
   sent: int = 0  # characters of the text handed on
 
@@ -188,6 +191,7 @@ class Worker(threading.Thread):
       job.put(text, None)
 
   def _finish(self, slot: int, job: Job, reason: str | None) -> None:
+    job.rounds = self.slots.sequence_stats(slot)["rounds"]
     self.slots.release(slot)
     del self.running[slot]
     if reason is not None:
@@ -297,6 +301,7 @@ def create_app(
         "completion_tokens": len(job.ids),
         "total_tokens": len(prompt) + len(job.ids),
         "prompt_tokens_details": {"cached_tokens": job.reused},  # (the OpenAI API's name for them)
+        "rounds": job.rounds,  # (ours: the verify passes the completion took; its tau: (completion - 1) / rounds)
       }
 
     def choice(text: str, finish: str | None, streamed: bool) -> dict:

@@ -79,6 +79,7 @@ def stream(base: str, prompt: str, max_tokens: int) -> dict:
   return {
     "text": "".join(parts),
     "tokens": usage["completion_tokens"],
+    "rounds": usage["rounds"],
     "first_seconds": (first or end) - started,
     "seconds": end - started,
   }
@@ -211,6 +212,9 @@ def main(argv=None):
           "generate_prefill_s": stats.prefill_seconds,
           "generate_decode_tokens_per_second": stats.tokens_per_second,
           "decode_ratio": decode_rate / stats.tokens_per_second if stats.tokens_per_second else None,
+          # (tokens a verify pass: where `auto` chose other kinds of round in the server, they differ)
+          "server_tau": (server["tokens"] - 1) / server["rounds"] if server["rounds"] else 1.0,
+          "generate_tau": stats.mean_accepted_length,
           "first_token_beyond_prefill_ms": 1e3 * (server["first_seconds"] - stats.prefill_seconds),
           "same_text": server["text"] == tokenizer.decode(result.token_ids[0], skip_special_tokens=True),
         }
@@ -240,13 +244,17 @@ def main(argv=None):
     "median_decode_ratio": statistics.median(ratios) if ratios else None,
     "median_first_token_beyond_prefill_ms": statistics.median(r["first_token_beyond_prefill_ms"] for r in rows),
   }
-  print("set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x")
+  print(
+    "set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x"
+    " | server tau | generate tau"
+  )
   for r in rows:
     print(
       f"{r['set']} | {r['prompt']} | {r['new_tokens']} | {r['server_first_token_s']:.3f}"
       f" | {r['generate_prefill_s']:.3f} | {r['first_token_beyond_prefill_ms']:.1f}"
       f" | {r['server_decode_tokens_per_second']:.1f} | {r['generate_decode_tokens_per_second']:.1f}"
-      f" | {r['decode_ratio']:.2f}" + ("" if r["same_text"] else " | other text")
+      f" | {r['decode_ratio']:.2f} | {r['server_tau']:.2f} | {r['generate_tau']:.2f}"
+      + ("" if r["same_text"] else " | other text")
     )
   for t in totals:
     print(

@@ -98,6 +98,7 @@ def test_completions_chat_and_streams_write_what_generate_writes(server, client,
   )
   assert "".join(c.choices[0].text for c in streamed if c.choices) == alone(tiny_with_tokenizer, PROMPTS[1], 12)
   assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens == 12  # (usage last, when asked)
+  assert 1 <= streamed[-1].usage.rounds <= 11  # (the verify passes of the tokens after the first)
 
 
 def test_concurrent_requests_each_write_their_own_text(server, client, tiny_with_tokenizer):
