@@ -8,13 +8,14 @@ over that time less the prefills' (decode alone). Each method runs the whole fil
 the first run compiling, the second timed, and its records are checked against AR's (same
 token ids: the batch file is lossless). Writes JSON and a plot with `--out`.
 
-  python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --methods ar pld auto \\
-    --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
+  python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --records 64 \\
+    --methods ar pld auto --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 import tempfile
@@ -72,6 +73,9 @@ def main(argv=None):
   p.add_argument("--length", type=cli.positive_int, default=4096, help="prompt tokens")
   p.add_argument("--num-prompts", type=cli.positive_int, default=4, help="prompts a set")
   p.add_argument(
+    "--records", type=cli.positive_int, help="the file's records, the sets' prompts taken in turn (default: all)"
+  )
+  p.add_argument(
     "--methods",
     nargs="+",
     type=method_spec,
@@ -95,9 +99,13 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     records_path = Path(tmp) / "prompts.jsonl"
     with records_path.open("w") as f:
-      for set_name in set_names(args.sets):
-        for index, ids in enumerate(PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts)):
-          f.write(json.dumps({"id": f"{set_name}/{index}", "prompt": tokenizer.decode(ids)}) + "\n")
+      by_set = [
+        [(f"{name}/{index}", ids) for index, ids in enumerate(PROMPT_SETS[name](tokenizer, args.length, args.num_prompts))]
+        for name in set_names(args.sets)
+      ]
+      interleaved = [prompt for prompts in itertools.zip_longest(*by_set) for prompt in prompts if prompt]
+      for ident, ids in interleaved[: args.records]:  # (the sets taken in turn)
+        f.write(json.dumps({"id": ident, "prompt": tokenizer.decode(ids)}) + "\n")
     records = batch_file.read_records(records_path)  # (read back as infer.generate reads them)
     prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(base.chat)) for r in records]
     run = functools.partial(decode, flags, records=records, prompts=prompts, path=path, tokenizer=tokenizer)

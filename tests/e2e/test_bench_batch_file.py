@@ -9,7 +9,8 @@ from helpers import run_cli
 
 def test_each_method_decodes_the_file_with_ars_tokens_and_is_timed(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "batch_file.json"
-  ours = ["--sets", "code", "--length", "48", "--num-prompts", "3", "--methods", "auto:3x1", "ar", "--out", str(out)]
+  ours = ["--sets", "code", "docs", "--length", "48", "--num-prompts", "2", "--records", "3"]
+  ours += ["--methods", "auto:3x1", "ar", "--out", str(out)]
   flags = ["--", "--target", str(tiny_with_tokenizer), "--max-new-tokens", "5", "--batch", "2", "--dtype", "float32"]
   assert run_cli(main, [*ours, *flags], "python -m lab.bench_batch_file") == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
