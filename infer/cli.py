@@ -178,8 +178,8 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
     nargs=nargs,
     help="pld and auto: the length of prompt lookup's continuations; longspec: graft continuations of"
     " this many tokens into each tree (default: the draft's tree, else none for longspec, 10 for"
-    " pld, and for auto 24 on a GPU, 10 elsewhere); tokenswift: the length of its n-gram branches"
-    " (default 4; 0: none)" + each,
+    " pld, and for auto 24 on a GPU, 10 elsewhere, fewer for a batch); tokenswift: the length of its"
+    " n-gram branches (default 4; 0: none)" + each,
   )
   p.add_argument(
     "--copy-matches",
@@ -188,6 +188,18 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
     help="pld, longspec and auto: how many prompt-lookup continuations (the most recent distinct ones)"
     " a round proposes, as a trie (default 1; auto: 4 on a GPU); tokenswift: how many of its most"
     " frequent n-grams a round grafts (default 20, at most 32)" + each,
+  )
+
+
+def add_past_flag(p: argparse.ArgumentParser) -> None:
+  """--past-tokens: the ring of earlier outputs prompt lookup searches (`methods.past`)."""
+  p.add_argument(
+    "--past-tokens",
+    type=nonnegative_int,
+    default=0,
+    help="pld and auto: prompt lookup also searches the latest N tokens that earlier requests of this"
+    " process wrote (a batch file's records, the server's requests) for continuations, and proposes"
+    " theirs where they match a longer n-gram than the context does (default 0: off)",
   )
 
 

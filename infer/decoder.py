@@ -103,6 +103,7 @@ def load(args, plan: Plan, path, tokenizer) -> Loaded:
       sampling=plan.sampling,
       sparse=sparse,
       batch=plan.batch,
+      past_tokens=args.past_tokens,
     ),
   )
   decoding = Decoding(proposer=proposer, sampling=plan.sampling, eos_ids=tuple(target.config.eos_token_ids))

@@ -19,6 +19,7 @@ from infer.cli import (
   CompileNotice,
   add_copy_flags,
   add_draft_vocab_flag,
+  add_past_flag,
   add_sampling_flags,
   add_tree_flags,
   encode_prompt,
@@ -87,6 +88,7 @@ def parse_args(argv=None):
   add_tree_flags(p)
   add_draft_vocab_flag(p)
   add_copy_flags(p)
+  add_past_flag(p)
   p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most")
   p.add_argument(
     "--sparse-verify",

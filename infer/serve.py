@@ -28,7 +28,7 @@ import uuid
 from collections import deque
 
 from infer import decoder
-from infer.cli import add_copy_flags, add_draft_vocab_flag, add_sampling_flags, add_tree_flags
+from infer.cli import add_copy_flags, add_draft_vocab_flag, add_past_flag, add_sampling_flags, add_tree_flags
 from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
@@ -385,6 +385,7 @@ def parse_args(argv=None):
   add_tree_flags(p)
   add_draft_vocab_flag(p)
   add_copy_flags(p)
+  add_past_flag(p)
   add_sampling_flags(p)
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on GPU, float32 on CPU")
   add_attention_flag(p)

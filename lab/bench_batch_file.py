@@ -100,7 +100,10 @@ def main(argv=None):
     records_path = Path(tmp) / "prompts.jsonl"
     with records_path.open("w") as f:
       by_set = [
-        [(f"{name}/{index}", ids) for index, ids in enumerate(PROMPT_SETS[name](tokenizer, args.length, args.num_prompts))]
+        [
+          (f"{name}/{index}", ids)
+          for index, ids in enumerate(PROMPT_SETS[name](tokenizer, args.length, args.num_prompts))
+        ]
         for name in set_names(args.sets)
       ]
       interleaved = [prompt for prompts in itertools.zip_longest(*by_set) for prompt in prompts if prompt]
@@ -162,8 +165,7 @@ def main(argv=None):
     print(
       f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['prefill_seconds']:.2f}"
       f" | {r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f} | {r['decode_speedup_vs_ar']:.2f} | {r['tau']:.2f}"
-      f" | {same(r)}"
-      + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
+      f" | {same(r)}" + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
     )
   if args.out:
     args.out.write_text(json.dumps(result, indent=1))

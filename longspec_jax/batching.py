@@ -104,6 +104,7 @@ class Slots:
   busy: np.ndarray  # [slots] bool
   carried: dict | None
   tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
+  prompted: np.ndarray  # [slots] int32: the length of each slot's prompt (where its output begins in `tokens`)
   rounds: int = 1  # the next `step`'s chunk of rounds
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
   memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
@@ -152,6 +153,7 @@ class Slots:
       busy=np.zeros(slots, bool),
       carried=carried,
       tokens=[[] for _ in range(slots)],
+      prompted=np.zeros(slots, np.int32),
       memory=memory,
     )
     if decoding.multi_kind:
@@ -258,6 +260,7 @@ class Slots:
     self.busy[slot] = True
     first = int(started.first[0])
     self.tokens[slot] = [*prompt, first]
+    self.prompted[slot] = len(prompt)
     return Admitted(first, bool(np.asarray(started.state.done)[0]), reused)
 
   def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
@@ -298,9 +301,18 @@ class Slots:
     """Frees `slot`, done or not (a request given up): its row emits nothing until a request
     is admitted there. `auto`'s next requests start from the gains the slots learnt so far
     (as a generation starts from the previous one's, `engine.Memory`), not from none; so do
-    later slots and generations of this memory."""
+    later slots and generations of this memory. Where prompt lookup searches past outputs,
+    the slot's is added to them, for every slot's next rounds."""
     self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
     self.busy[slot] = False
+    past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None
+    if past is not None:  # (what it wrote, for the next requests' prompt lookup, theirs and the running ones')
+      past.append(self.tokens[slot][self.prompted[slot] :])
+      searched = past.on_device()
+      self.carried = {**self.carried, "past": searched}
+      self.state = dataclasses.replace(
+        self.state, proposal=self.decoding.proposer.with_past(self.state.proposal, searched)
+      )
     if self.decoding.multi_kind:
       learnt = self.decoding.proposer.learnt(self.state.proposal)
       self.carried = {**self.carried, "learnt": learnt}

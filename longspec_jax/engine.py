@@ -49,6 +49,7 @@ from longspec_jax.decoding.verify import accept_greedy, accept_sampled, emitted_
 from longspec_jax.errors import UserError
 from longspec_jax.methods import prices
 from longspec_jax.methods.base import RootOnly
+from longspec_jax.methods.past import Past
 from longspec_jax.models.cache import KVCache
 from longspec_jax.models.config import SparseVerify
 from longspec_jax.models.target import Transformer
@@ -70,12 +71,26 @@ class Memory:
   one round instead, a short generation ran three chunks, each with a fixed cost: prompt
   lookup's 256 tokens in 48 rounds took 87 ms on an H100, its first chunk 6.4 ms for its one
   round); `auto`'s gains at the end of the latest generation, by (decoding, target config),
-  from which the next starts (`auto.Learnt`); and the measured price of each kind of round.
-  `generate` uses the process's `MEMORY` unless given another."""
+  from which the next starts (`auto.Learnt`); the measured price of each kind of round; and
+  the outputs of finished generations, by (target config, ring size), for prompt lookup's
+  search of them (`methods.past`). `generate` uses the process's `MEMORY` unless given
+  another."""
 
   pace: dict[tuple, float] = dataclasses.field(default_factory=dict)
   learnt: dict[tuple, Any] = dataclasses.field(default_factory=dict)
   prices: prices.PriceBook = dataclasses.field(default_factory=prices.PriceBook)
+  past: dict[tuple, Past] = dataclasses.field(default_factory=dict)
+
+  def past_for(self, config, decoding: Decoding) -> Past | None:
+    """The ring of past outputs `decoding`'s proposer searches for targets of `config`
+    (made empty on first use); None when it searches none."""
+    size = decoding.past_tokens
+    if not size:
+      return None
+    key = (config, size)
+    if key not in self.past:
+      self.past[key] = Past.empty(size)
+    return self.past[key]
 
 
 MEMORY = Memory()
@@ -158,6 +173,12 @@ class Decoding:
     """Whether the proposer chooses each round's kind (`methods.base.MultiKind`: `auto`),
     whose rounds then run as a loop per kind."""
     return hasattr(self.proposer, "kinds")
+
+  @property
+  def past_tokens(self) -> int:
+    """The size of the ring of earlier outputs the proposer's prompt lookup searches (0:
+    none; `methods.past`)."""
+    return getattr(self.proposer, "past_tokens", 0)
 
   @property
   def sparse(self) -> SparseVerify | None:
@@ -909,6 +930,9 @@ def generate(
 
   tokens = np.concatenate(chunks, axis=1)
   token_ids = [[int(t) for t in row if t != PAD_ID] for row in tokens]
+  past = memory.past_for(model.config, decoding)
+  for row in token_ids if past is not None else ():  # (for the next generations' prompt lookup)
+    past.append(row)
   new_tokens = sum(len(r) for r in token_ids)
   rounds_done = int(rounds_by_length.sum())
   batch = len(prompts)
@@ -936,15 +960,18 @@ def generate(
 
 
 def carried_state(memory: Memory, model: Transformer, decoding: Decoding, proposer_params, batch: int, positions: int):
-  """For a multi-kind proposer (`auto`), what a generation of `batch` sequences in a cache
-  of `positions` starts from: the key of its round prices, their table (measured or not
-  yet), and `start`'s `carried` (the gains earlier generations learnt and those prices);
-  (None, None, None) for other proposers."""
+  """What a generation of `batch` sequences in a cache of `positions` starts from: for a
+  multi-kind proposer (`auto`), the key of its round prices and their table (measured or
+  not yet), else (None, None); and `start`'s `carried`: the gains earlier generations
+  learnt and those prices (`auto`), the ring of past outputs (a proposer that searches
+  one)."""
+  past = memory.past_for(model.config, decoding)
+  carried = {} if past is None else {"past": past.on_device()}
   if not decoding.multi_kind:
-    return None, None, None
+    return None, None, carried
   key = prices.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, batch, positions)
   table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
-  carried = {
+  carried |= {
     "learnt": memory.learnt.get((decoding, model.config)) or decoding.proposer.nothing_learnt(),
     "seconds": np.asarray([np.nan if price is None else price for price in table.seconds], np.float32),
   }

@@ -9,15 +9,16 @@ tree with the same continuations grafted in, when a draft is named).
 A round of kind k is expected to emit gain[k] tokens at cost[k] seconds; the proposer
 takes the kind with the most gain / cost over the batch's running sequences. The costs are
 measured on the device for this target and context (`prices`); a change of kind has its own
-price, spread over `run` rounds so that the choice does not flap. The gains are moving averages per sequence: the
-draft's tree's, and the continuations' per matched n-gram length (the trie's and the first
-continuation's apart), learnt also in rounds of other kinds by setting their continuations
-against the tokens emitted after them. An unseen gain counts as half the tree's depth, so
-each kind gets tried; a generation starts from the gains the previous one learnt
-(`Learnt`). A draft round runs after at most `explore_every` rounds without one, per case
-(with and without a match); a forced round that loses doubles that wait, one that wins is
-followed by another. The choice depends on earlier rounds only, so every round's tokens
-keep the target's law (greedy: AR's tokens).
+price, spread over `run` rounds so that the choice does not flap. The gains are moving
+averages per sequence: the draft's tree's, and the continuations' per matched n-gram length
+and source (the context or earlier outputs; the trie's and the first continuation's apart),
+learnt also in rounds of other kinds by setting their continuations against the tokens
+emitted after them. An unseen gain counts as half the tree's depth, so each kind gets
+tried; a generation starts from the gains the previous one learnt (`Learnt`). A draft
+round runs after at most `explore_every` rounds without one, per case (with and without a
+match); a forced round that loses doubles that wait, one that wins is followed by another.
+The choice depends on earlier rounds only, so every round's tokens keep the target's law
+(greedy: AR's tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from flax import nnx
 
 from longspec_jax.decoding.tree import Tree, chain, copy_tree, graft_chains
 from longspec_jax.methods.longspec import DraftState
+from longspec_jax.methods.past import PastTokens
 from longspec_jax.methods.prompt_lookup import PromptLookup
 
 if TYPE_CHECKING:
@@ -58,8 +60,10 @@ CYCLE = -2  # each round takes the kind after the latest round's (calibration: t
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   draft: DraftState | None  # (None without a draft) its ring is behind after AR, CHAIN and COPY rounds
-  copy_gain: jax.Array  # [B, M] float32: tokens the continuations give, by their match's n-gram length; NaN: unseen
-  chain_gain: jax.Array  # [B, M] float32: tokens the first continuation alone gives, likewise
+  past: PastTokens | None  # the ring of earlier outputs prompt lookup searches (None: none)
+  # [B, L] float32: tokens the continuations give, by their first one's evidence (`PromptLookup.match`); NaN: unseen
+  copy_gain: jax.Array
+  chain_gain: jax.Array  # [B, L] float32: tokens the first continuation alone gives, likewise
   draft_gain: jax.Array  # [B, 2] float32: tokens a draft round gives, without and with a chain's match; NaN: unseen
   costs: jax.Array  # [K] float32: seconds per round of each kind (measured; 1 until then)
   switch: jax.Array  # [] float32: seconds to change kind (measured; 0 until then)
@@ -74,7 +78,7 @@ class AdaptiveState:
   # An AR or draft round's continuations, kept until the tokens emitted since show their gain:
   pending: jax.Array  # [B, M, G] int32
   pending_valid: jax.Array  # [B, M, G] bool
-  pending_ngram: jax.Array  # [B] int32: its match's n-gram length; 0: none kept
+  pending_ngram: jax.Array  # [B] int32: its first one's evidence (`PromptLookup.match`); 0: none kept
   pending_at: jax.Array  # [B] int32: the history index of its first token
   pending_chained: jax.Array  # [B] bool: kept by a CHAIN round, which showed the first one's gain itself
 
@@ -84,12 +88,13 @@ class AdaptiveState:
 class Plan:
   """What a round's choice saw: the kind (its index in `Adaptive.kinds`), prompt lookup's
   continuations [B, M, G] (which of their tokens are real) that CHAIN, COPY and DRAFT
-  rounds verify, and the first one's match's n-gram length."""
+  rounds verify, and the first one's evidence (its match's n-gram length and source:
+  `PromptLookup.match`)."""
 
   kind: jax.Array  # [] int32
   copies: jax.Array  # [B, M, G] int32
   copy_valid: jax.Array  # [B, M, G] bool
-  ngram: jax.Array  # [B] int32: 0 when there is no match
+  ngram: jax.Array  # [B] int32: the first continuation's evidence; 0 when there is no match
   at: jax.Array  # [B] int32: the history index the chain's first token would take
   cases: jax.Array  # [2] bool: some running sequence has no match / a match
   explored: jax.Array  # [] bool: a DRAFT round forced by the wait, not chosen on its merit
@@ -104,8 +109,8 @@ class Learnt:
   to start the next generation from. The waits before exploring the draft are not
   carried (module docstring)."""
 
-  copy_gain: np.ndarray  # [M]
-  chain_gain: np.ndarray  # [M]
+  copy_gain: np.ndarray  # [L]
+  chain_gain: np.ndarray  # [L]
   draft_gain: np.ndarray  # [2]
 
 
@@ -156,16 +161,24 @@ class Adaptive:
     shape = {"tree_widths": None} if self.draft is None else self.draft.describe()
     return {**shape, **self.lookup.describe()}
 
-  def start(self, params, *, target, cache, history, learnt: Learnt | None = None, seconds=None) -> AdaptiveState:
+  @property
+  def past_tokens(self) -> int:
+    return self.lookup.past_tokens
+
+  def start(
+    self, params, *, target, cache, history, learnt: Learnt | None = None, seconds=None, past=None
+  ) -> AdaptiveState:
     """The state after prefill, its gains started from what earlier generations `learnt`
     and its prices the measured `seconds` per round of each kind, then of a change of kind
-    (NaN where not measured yet: calibration then forces each kind in turn)."""
+    (NaN where not measured yet: calibration then forces each kind in turn); `past`: the
+    ring of earlier outputs (`PromptLookup.past_tokens`)."""
     batch = history.shape[0]
     draft = None if self.draft is None else self.draft.start(params, target=target, cache=cache, history=history)
     kinds = len(self.kinds)
-    unseen = lambda: jnp.full((batch, self.lookup.max_ngram), jnp.nan, jnp.float32)  # (buffers of their own: donated)
+    unseen = lambda: jnp.full((batch, self.lookup.levels), jnp.nan, jnp.float32)  # (buffers of their own: donated)
     state = AdaptiveState(
       draft=draft,
+      past=past,
       copy_gain=unseen(),
       chain_gain=unseen(),
       draft_gain=jnp.full((batch, 2), jnp.nan, jnp.float32),
@@ -188,7 +201,7 @@ class Adaptive:
 
   def plan(self, state: AdaptiveState, *, cache, history, done) -> Plan:
     """This round's kind (module docstring) and prompt lookup's chain."""
-    copies, copy_valid, ngram = self.lookup.match(history, cache.lengths)
+    copies, copy_valid, ngram = self.lookup.match(history, cache.lengths, state.past)
     copy_gain = self._matched_gain(state.copy_gain, ngram)  # [B]: 0 without a match
     gains = {
       Kind.AR: jnp.ones_like(copy_gain),
@@ -224,8 +237,8 @@ class Adaptive:
     )
 
   def _matched_gain(self, gain: jax.Array, ngram: jax.Array) -> jax.Array:
-    """The expected tokens [B] of each sequence's continuations by `gain [B, M]` (the
-    trie's or the first one's) at the matched n-gram length (0 without a match)."""
+    """The expected tokens [B] of each sequence's continuations by `gain [B, L]` (the
+    trie's or the first one's) at the first one's evidence `ngram` (0 without a match)."""
     at = jnp.take_along_axis(gain, jnp.maximum(ngram - 1, 0)[:, None], axis=1)[:, 0]
     return jnp.where(ngram > 0, self._guessed(at, self.lookup.depth), 0.0)
 
@@ -270,7 +283,7 @@ class Adaptive:
     move = lambda old, seen, where: jnp.where(
       where, jnp.where(jnp.isnan(old), seen, (1 - self.ema) * old + self.ema * seen), old
     )
-    at_ngram = lambda ngram: jnp.arange(1, self.lookup.max_ngram + 1)[None, :] == ngram[:, None]  # [B, M]
+    at_ngram = lambda ngram: jnp.arange(1, self.lookup.levels + 1)[None, :] == ngram[:, None]  # [B, L]
     copy_round, chain_round = active & of_kind(Kind.COPY), active & of_kind(Kind.CHAIN)  # [B]
     copy_gain = move(state.copy_gain, count[:, None], copy_round[:, None] & at_ngram(plan.ngram))
     # A COPY round also shows its first continuation's gain whole (the trie accepted at
@@ -328,7 +341,7 @@ class Adaptive:
 
   def nothing_learnt(self) -> Learnt:
     """What a first generation starts from: every gain unseen."""
-    unseen = np.full((self.lookup.max_ngram,), np.nan, np.float32)
+    unseen = np.full((self.lookup.levels,), np.nan, np.float32)
     return Learnt(copy_gain=unseen, chain_gain=unseen, draft_gain=np.full((2,), np.nan, np.float32))
 
   @staticmethod
@@ -354,6 +367,10 @@ class Adaptive:
       chain_gain=by_ngram(learnt.chain_gain),
       draft_gain=jnp.broadcast_to(jnp.asarray(learnt.draft_gain, jnp.float32), (batch, 2)),
     )
+
+  def with_past(self, state: AdaptiveState, past: PastTokens) -> AdaptiveState:
+    """The state reading `past` (the ring after more outputs were written)."""
+    return dataclasses.replace(state, past=past)
 
   def with_costs(self, state: AdaptiveState, seconds: list[float]) -> AdaptiveState:
     """The state (donated) with the measured seconds per round of each kind, then of a

@@ -10,6 +10,7 @@ from flax import nnx
 from longspec_jax import backend
 from longspec_jax.decoding.sampling import SamplingConfig
 from longspec_jax.errors import UserError
+from longspec_jax.methods import past
 from longspec_jax.methods.auto import Adaptive
 from longspec_jax.methods.base import RootOnly
 from longspec_jax.methods.longspec import LongSpecDraft
@@ -19,7 +20,6 @@ from longspec_jax.methods.tokenswift import TokenSwift
 from longspec_jax.models.config import CapeConfig
 from longspec_jax.models.draft import Draft
 from longspec_jax.models.heads import Heads
-
 
 # Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: about
 # an H100's or H200's ridge point in bf16 (~200-300 FLOPs a weight byte), below which a
@@ -76,13 +76,20 @@ def make_proposer(
   cape = CapeConfig() if method is Method.GLIDE and o.tree_widths is None and o.cape is None else o.cape
   if cape is not None and stored is not None:
     cape.check_fits(stored.vocab_size)
+  if o.past_tokens and method not in (Method.PLD, Method.AUTO):
+    raise UserError(f"past outputs are searched by prompt lookup's rounds: method pld or auto, not {method.value}.")
+  if 0 < o.past_tokens < past.MIN_SIZE:
+    raise UserError(f"a ring of past outputs holds at least {past.MIN_SIZE} tokens, got {o.past_tokens}.")
   if method is Method.AR:
     return RootOnly(), None
   if method is Method.PLD:
-    return PromptLookup(num_tokens=o.copy_tokens or PromptLookup().num_tokens, matches=o.copy_matches or 1), None
+    tokens, matches = o.copy_tokens or PromptLookup().num_tokens, o.copy_matches or 1
+    return PromptLookup(num_tokens=tokens, matches=matches, past_tokens=o.past_tokens), None
   if method is Method.AUTO:
     tokens, matches = auto_copies(o.batch, stored.copy_tokens if stored else None)
-    lookup = PromptLookup(num_tokens=o.copy_tokens or tokens, matches=o.copy_matches or matches)
+    lookup = PromptLookup(
+      num_tokens=o.copy_tokens or tokens, matches=o.copy_matches or matches, past_tokens=o.past_tokens
+    )
     if draft is None:
       return Adaptive(lookup), None
     graphdef, params = nnx.split(draft)

@@ -13,6 +13,10 @@ a round against one of 10's 5.5 and 4.4. On a GPU a round of this small target c
 about the same for 97 nodes as for 11 (launch-bound): four of 24 ran 0.74-1.92x one of
 10 on seven prompt sets, median 1.35x (H100, docs/results.md, "End-to-end decoding"); on
 a CPU a round's cost grows with its nodes.
+
+With `past_tokens`, the outputs of earlier generations in the process are searched too
+(`past.match_past`): where their match is longer than the context's, their continuation
+comes first (the context's others after it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from longspec_jax.decoding.tree import Tree, copy_tree
+from longspec_jax.methods.past import PAST_NGRAMS, PastTokens, match_past
 
 # Earlier occurrences of each n-gram length looked at per continuation sought: repeated
 # text makes many of them continue alike, and only distinct continuations are kept.
@@ -68,6 +73,7 @@ class PromptLookup:
   max_ngram: int = 3
   num_tokens: int = 10  # gamma: tokens per continuation
   matches: int = 1  # continuations proposed together (a trie)
+  past_tokens: int = 0  # the ring of earlier generations' outputs searched too (0: none)
 
   @property
   def tree_size(self) -> int:
@@ -77,15 +83,26 @@ class PromptLookup:
   def depth(self) -> int:
     return self.num_tokens
 
+  @property
+  def levels(self) -> int:
+    """The kinds of evidence a first continuation has (`match`'s third value, 1-based):
+    the context's n-gram lengths, then the past's."""
+    return self.max_ngram + (len(PAST_NGRAMS) if self.past_tokens else 0)
+
   def describe(self) -> dict:
-    return {"copy_tokens": self.num_tokens, "copy_matches": self.matches}
+    return {"copy_tokens": self.num_tokens, "copy_matches": self.matches, "past_tokens": self.past_tokens}
 
-  def start(self, params, *, target, cache, history):
-    return None
+  def start(self, params, *, target, cache, history, past: PastTokens | None = None) -> PastTokens | None:
+    """The state: the ring of past outputs (`engine.Memory`'s), with `past_tokens`."""
+    return past
 
-  def propose(self, params, state, *, target, cache, history, root) -> tuple[Tree, None]:
+  def with_past(self, state: PastTokens | None, past: PastTokens) -> PastTokens:
+    """The state reading `past` (the ring after more outputs were written)."""
+    return past
+
+  def propose(self, params, state, *, target, cache, history, root) -> tuple[Tree, PastTokens | None]:
     """The root, then the continuations of the latest earlier matches."""
-    drafted, valid = self.lookup(history, cache.lengths)
+    drafted, valid, _ = self.match(history, cache.lengths, state)
     return copy_tree(root, drafted, valid), state
 
   def lookup(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -95,9 +112,26 @@ class PromptLookup:
     drafted, valid, _ = self.match(history, end)
     return drafted, valid
 
-  def match(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`lookup`, and the length of the n-gram the first continuation matched [B] int32
-    (0: none): how much evidence it has (`auto.Adaptive` predicts its gain by it)."""
+  def match(
+    self, history: jax.Array, end: jax.Array, past: PastTokens | None = None
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`lookup` (with `past`, its continuation first where it matched a longer n-gram),
+    and the evidence of the first continuation [B] int32: the length of the n-gram it
+    matched in the context, or `max_ngram` + the rank of the past's n-gram length among
+    `PAST_NGRAMS` (shortest 1); 0: none (`auto.Adaptive` predicts its gain by it)."""
+    drafted, valid, ngram = self._match_context(history, end)
+    if past is None:
+      return drafted, valid, ngram
+    tokens, real, matched = match_past(past, history, end, self.num_tokens)  # [B, G], [B, G], [B]
+    wins = matched > jnp.where(ngram > 0, ngram, 0)  # [B]: a longer n-gram than the context's
+    first = lambda one, rest: jnp.where(
+      wins[:, None, None], jnp.concatenate([one[:, None], rest[:, :-1]], axis=1), rest
+    )
+    rank = jnp.searchsorted(jnp.asarray(sorted(PAST_NGRAMS)), matched) + 1  # [B]: 1 = the shortest
+    return first(tokens, drafted), first(real, valid), jnp.where(wins, self.max_ngram + rank, ngram)
+
+  def _match_context(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`match` within each sequence's own context."""
     batch, size = history.shape
     count = end + 1  # tokens in the context, root included
     per_ngram = 1 if self.matches == 1 else CANDIDATES_PER_MATCH * self.matches

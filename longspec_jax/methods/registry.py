@@ -87,6 +87,8 @@ class ProposerOptions:
   sparse: verify the draft's tree reading the cache sparsely (SpecAttn, lossy).
   batch: the sequences decoded together (their rows verified together): `auto` sizes its
   continuations by it (`factory.auto_copies`).
+  past_tokens: prompt lookup (pld, auto) also searches this many tokens of earlier
+  generations' outputs (`methods.past`; 0: none).
   """
 
   tree_widths: tuple[int, ...] | None = None
@@ -96,3 +98,4 @@ class ProposerOptions:
   sampling: SamplingConfig | None = None
   sparse: SparseVerify | None = None
   batch: int = 1
+  past_tokens: int = 0

@@ -50,6 +50,7 @@ def state_with(
   draft_gain = jnp.zeros((copy_gain.shape[0], 2)) if draft_gain is None else jnp.asarray(draft_gain, jnp.float32)
   return AdaptiveState(
     draft=None,
+    past=None,
     copy_gain=copy_gain,
     chain_gain=jnp.copy(copy_gain),
     draft_gain=draft_gain,

@@ -14,6 +14,7 @@ from longspec_jax.decoding.tree import Tree, static_topology
 from longspec_jax.decoding.verify import accept_greedy, verify
 from longspec_jax.engine import (
   Decoding,
+  Memory,
   acceptance_by_depth,
   check_capacity,
   generate,
@@ -356,6 +357,19 @@ def test_real_model_prompt_lookup_is_lossless(real_run):
   copies = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup(num_tokens=12, matches=3)))
   assert copies.token_ids == reference
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
+
+
+@pytest.mark.optimized
+def test_real_model_prompt_lookup_over_past_outputs_is_lossless(real_run):
+  """PLD and auto searching the outputs of earlier generations: the second generation of
+  the same prompts finds its whole answer there, accepts far more, and writes the same."""
+  target, prompts, reference = real_run
+  for proposer in (PromptLookup(past_tokens=4096), make_proposer("auto", None, ProposerOptions(past_tokens=4096))[0]):
+    memory = Memory()
+    first = generate(target.model, prompts, 48, Decoding(proposer=proposer), memory=memory)
+    again = generate(target.model, prompts, 48, Decoding(proposer=proposer), memory=memory)
+    assert first.token_ids == again.token_ids == reference
+    assert again.stats.mean_accepted_length > 2 * first.stats.mean_accepted_length
 
 
 @pytest.mark.optimized

@@ -259,6 +259,36 @@ def test_batch_file_records_sample_with_their_own_settings(tiny_with_tokenizer, 
     assert written[line]["token_ids"] == json.loads(stdout.strip().splitlines()[-1])["token_ids"], line
 
 
+@pytest.mark.parametrize("method", ["pld", "auto"])
+def test_a_batch_file_draws_on_its_earlier_records_outputs(tiny_with_tokenizer, tmp_path, capsys, method):
+  """With --past-tokens, a record that repeats an earlier one's answer is proposed that
+  answer (prompt lookup over the earlier records' outputs): the same tokens, and for
+  prompt lookup far fewer rounds than the first time."""
+  prompts = ["def main():\n    return", "def main():\n    return", "The quick brown fox"]
+  source = tmp_path / "in.jsonl"
+  source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+  written = {}
+  for past in ("0", "523"):  # (a ring size of its own: the process's rings are kept by size)
+    out = tmp_path / f"out_{past}.jsonl"
+    flags = ["--method", method, "--max-new-tokens", "40", "--batch", "1", "--past-tokens", past]
+    code, _, err = run(
+      ["--target", str(tiny_with_tokenizer), *flags, "--input", str(source), "--output", str(out)], capsys
+    )
+    assert code == 0, err
+    written[past] = sorted(map(json.loads, out.read_text().splitlines()), key=lambda w: w["line"])
+  assert [w["token_ids"] for w in written["523"]] == [w["token_ids"] for w in written["0"]]
+  if method == "pld":
+    assert written["523"][1]["steps"] <= written["523"][0]["steps"] // 2
+
+
+def test_past_outputs_are_searched_by_prompt_lookup_only(tiny_with_tokenizer, capsys):
+  target = ["--target", str(tiny_with_tokenizer), "--prompt", "x", "--max-new-tokens", "2"]
+  code, _, err = run([*target, "--method", "ar", "--past-tokens", "512"], capsys)
+  assert code == 2 and "method pld or auto, not ar" in err
+  code, _, err = run([*target, "--method", "pld", "--past-tokens", "5"], capsys)
+  assert code == 2 and "at least 10 tokens, got 5" in err
+
+
 def test_a_batch_file_through_the_real_entry_point(tiny_with_tokenizer, tmp_path):
   """`python -m infer.generate --input` in a process of its own, one slot: two records over
   one document, the second prefilling only its question."""
