@@ -12,6 +12,13 @@
 - `perl-code`: complete a Perl module (the Perl library's `.pm` files);
 - `perl-explain`: explain a Perl module through the chat template.
 
+Three more are sequences of requests whose answers repeat earlier answers, for prompt
+lookup over past outputs (`--past-tokens`), decoded in their order:
+- `doc-questions`: questions about different sections of one Perl POD document;
+- `code-edits`: one Python source rewritten whole, each time with another name renamed;
+- `json-records`: the functions and classes of parts of Python sources as JSON lines of
+  one schema.
+
 All but `code` and `docs` are held out (`HELD_OUT`): the project never trains on
 /usr/include or the Perl library and its documentation (`train.corpus`), so they measure
 a draft on text unlike its training data, in six kinds: C, C++ and Perl to complete,
@@ -41,6 +48,14 @@ QUESTION = (
   ' document say under the heading "{heading}"? Answer in a few sentences.'
 )
 POD_HEADING = re.compile(r"^=head[1-4]\s+(.+)$", re.MULTILINE)
+EDIT_REQUEST = (
+  "Rewrite the whole file below with `{old}` renamed to `{new}` everywhere; answer with the file alone.\n\n"
+)
+RECORDS_REQUEST = (
+  "List every function and class the code below defines, one JSON object a line with the keys"
+  ' "name", "kind", "arguments" and "summary".\n\n'
+)
+PYTHON_DEFINITION = re.compile(r"^(?:def|class)\s+([A-Za-z_]\w*)", re.MULTILINE)
 
 
 def _read(path: Path) -> str | None:
@@ -111,6 +126,46 @@ def _chat_prompts(
   raise RuntimeError(f"not enough local {what} for {count} prompts of {length} tokens")
 
 
+def _one_document_prompts(
+  texts: list[str], what: str, requests: Callable[[str], list[str]], tokenizer, length: int, count: int
+) -> list[list[int]]:
+  """`count` chat prompts of about `length` tokens about one document: the first of
+  `texts` (truncated to fit) for which `requests(document)` gives `count` requests or more
+  (`requests("")`: the longest request's text without a document, to size the budget)."""
+  template = tokenizer.apply_chat_template(
+    [{"role": "user", "content": requests("")[0]}], tokenize=False, add_generation_prompt=True
+  )
+  budget = length - len(tokenizer(template, add_special_tokens=False).input_ids)
+  for text in texts:
+    document = tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids[:budget])
+    contents = requests(document)[:count]
+    if len(contents) < count:
+      continue
+    chats = [
+      tokenizer.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+      for c in contents
+    ]
+    return [tokenizer(chat, add_special_tokens=False).input_ids for chat in chats]
+  raise RuntimeError(f"no local {what} long enough for {count} requests of {length} tokens")
+
+
+def _questions(document: str) -> list[str]:
+  """A question about each distinct section heading of the POD document."""
+  if not document:
+    return [QUESTION.format(document="", heading="")]
+  headings = dict.fromkeys(h.strip() for h in POD_HEADING.findall(document) if h.strip())
+  return [QUESTION.format(document=document, heading=heading) for heading in headings]
+
+
+def _edits(document: str) -> list[str]:
+  """A request to rewrite the Python source with one of its top-level names renamed, per
+  distinct name."""
+  if not document:
+    return [EDIT_REQUEST.format(old="", new="")]
+  names = dict.fromkeys(PYTHON_DEFINITION.findall(document))
+  return [EDIT_REQUEST.format(old=name, new=f"{name}_v2") + document for name in names]
+
+
 def _question(document: str) -> str | None:
   """The question about a heading from the middle of the document's headings (None for
   a document without one, or the empty document the template is measured with)."""
@@ -156,6 +211,18 @@ def perl_explain_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
   return _chat_prompts(_files(PERL_GLOBS), "Perl modules", lambda d: EXPLAIN_REQUEST + d, tokenizer, length, count)
 
 
+def doc_question_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _one_document_prompts(_files(POD_GLOBS), "Perl documentation", _questions, tokenizer, length, count)
+
+
+def code_edit_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _one_document_prompts(_python_sources(), "Python source", _edits, tokenizer, length, count)
+
+
+def json_record_prompts(tokenizer, length: int, count: int) -> list[list[int]]:
+  return _chat_prompts(_python_sources(), "Python source", lambda d: RECORDS_REQUEST + d, tokenizer, length, count)
+
+
 PROMPT_SETS = {
   "code": code_prompts,
   "docs": document_prompts,
@@ -165,6 +232,9 @@ PROMPT_SETS = {
   "cpp-code": cpp_code_prompts,
   "perl-code": perl_code_prompts,
   "perl-explain": perl_explain_prompts,
+  "doc-questions": doc_question_prompts,
+  "code-edits": code_edit_prompts,
+  "json-records": json_record_prompts,
 }
 # The sets of text no training data of the project holds (`train.corpus` leaves it out).
 HELD_OUT = ("c-code", "cpp-code", "perl-code", "pod-docs", "pod-qa", "perl-explain")

@@ -6,7 +6,9 @@ the flags after `--`, once per method of `--methods`: every record's tokens over
 time from the slots' opening to the last record (every prefill included: end to end), and
 over that time less the prefills' (decode alone). Each method runs the whole file twice,
 the first run compiling, the second timed, and its records are checked against AR's (same
-token ids: the batch file is lossless). Writes JSON and a plot with `--out`.
+token ids: the batch file is lossless). With `--past-tokens`, prompt lookup's methods run
+again searching the earlier records' outputs (`infer.prompts`' sets of repeated answers,
+in fewer slots than records). Writes JSON and a plot with `--out`.
 
   python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --records 64 \\
     --methods ar pld auto --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
@@ -24,17 +26,20 @@ from pathlib import Path
 from infer import batch_file, decoder, generate
 from infer.cli import MethodSpec, method_spec
 from infer.prompts import HELD_OUT_NAME, PROMPT_SETS, set_names
-from longspec_jax import cli
+from longspec_jax import cli, engine
 from longspec_jax.methods.registry import Method
 
 
-def decode(flags: list[str], spec: MethodSpec, records, prompts, output: Path, path, tokenizer, loaded=None):
+def decode(flags: list[str], spec: MethodSpec, past: int, records, prompts, output: Path, path, tokenizer, loaded=None):
   """`records` (their token ids: `prompts`) through `generate.decode_file` with these flags
-  and the method (with its own continuations, if `spec` names them) into `output`: the
+  and the method (with its own continuations, if `spec` names them, and searching `past`
+  tokens of the earlier records' outputs) into `output`, from no outputs kept before: the
   output records by line, what it reports (tokens, seconds, `auto`'s rounds by kind) and
   what `decoder.load` loaded (reused when given)."""
   copies = ["--copy-tokens", str(spec.tokens), "--copy-matches", str(spec.matches)] if spec.tokens else []
+  copies += ["--past-tokens", str(past)] if past else []
   args = generate.parse_args([*flags, "--method", spec.method.value, *copies, "--input", "-", "--output", str(output)])
+  engine.MEMORY.past.clear()  # (a run's records draw on its own earlier ones alone)
   if loaded is None:
     from longspec_jax.weights import read_target_config
 
@@ -76,6 +81,13 @@ def main(argv=None):
     "--records", type=cli.positive_int, help="the file's records, the sets' prompts taken in turn (default: all)"
   )
   p.add_argument(
+    "--past-tokens",
+    type=cli.nonnegative_int,
+    default=0,
+    help="pld and auto run again searching this many tokens of the file's earlier records' outputs (rows"
+    " `+past`; with fewer slots than records, so that later records start after earlier ones end)",
+  )
+  p.add_argument(
     "--methods",
     nargs="+",
     type=method_spec,
@@ -88,6 +100,12 @@ def main(argv=None):
     cli.output_path(args.out)
   ar = MethodSpec(Method.AR)
   methods = [ar, *(m for m in args.methods if m != ar)]  # (AR first: the others' text is checked against it)
+  runs = [  # (label, method, past tokens): with --past-tokens each method that looks up runs twice
+    (f"{spec}{suffix}", spec, past)
+    for spec in methods
+    for suffix, past in (("", 0), ("+past", args.past_tokens))
+    if not suffix or (args.past_tokens and spec.method in (Method.PLD, Method.AUTO))
+  ]
   base = generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
 
   from infer.plots import plot
@@ -113,11 +131,11 @@ def main(argv=None):
     prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(base.chat)) for r in records]
     run = functools.partial(decode, flags, records=records, prompts=prompts, path=path, tokenizer=tokenizer)
     rows, reference = [], None
-    for method in methods:
-      print(f"[{method}] compiling ...", file=sys.stderr, flush=True)
-      *_, loaded = run(method, output=Path(tmp) / f"{method}_warm.jsonl")
-      print(f"[{method}] timed ...", file=sys.stderr, flush=True)
-      done, decoded, _ = run(method, output=Path(tmp) / f"{method}.jsonl", loaded=loaded)
+    for label, method, past in runs:
+      print(f"[{label}] compiling ...", file=sys.stderr, flush=True)
+      *_, loaded = run(method, past, output=Path(tmp) / f"{label}_warm.jsonl")
+      print(f"[{label}] timed ...", file=sys.stderr, flush=True)
+      done, decoded, _ = run(method, past, output=Path(tmp) / f"{label}.jsonl", loaded=loaded)
       tokens, seconds, prefill = decoded["tokens"], decoded["seconds"], decoded["prefill_seconds"]
       if reference is None:
         reference = done
@@ -128,7 +146,7 @@ def main(argv=None):
       ]
       rows.append(
         {
-          "method": str(method),
+          "method": label,
           **loaded.proposer.describe(),  # (its tree and continuations)
           "records": len(done),
           "tokens": tokens,

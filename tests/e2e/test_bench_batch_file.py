@@ -10,17 +10,18 @@ from helpers import run_cli
 def test_each_method_decodes_the_file_with_ars_tokens_and_is_timed(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "batch_file.json"
   ours = ["--sets", "code", "docs", "--length", "48", "--num-prompts", "2", "--records", "3"]
-  ours += ["--methods", "auto:3x1", "ar", "--out", str(out)]
+  ours += ["--methods", "auto:3x1", "ar", "--past-tokens", "523", "--out", str(out)]
   flags = ["--", "--target", str(tiny_with_tokenizer), "--max-new-tokens", "5", "--batch", "2", "--dtype", "float32"]
   assert run_cli(main, [*ours, *flags], "python -m lab.bench_batch_file") == 0, capsys.readouterr().err
   result = json.loads(out.read_text())
   assert result["kind"] == "batch_file" and result["batch"] == 2
-  assert [r["method"] for r in result["rows"]] == ["ar", "auto:3x1"]  # (AR first: the reference)
+  assert [r["method"] for r in result["rows"]] == ["ar", "auto:3x1", "auto:3x1+past"]  # (AR first: the reference)
   for row in result["rows"]:
     assert row["records"] == 3 and row["tokens"] == 15 and row["same_tokens_as_ar"] and row["tokens_per_second"] > 0
     assert 0 < row["prefill_seconds"] < row["seconds"] and row["decode_tokens_per_second"] > row["tokens_per_second"]
   auto = result["rows"][1]  # (its continuations, its rounds by kind, those of its calibration left out, and prices)
-  assert (auto["copy_tokens"], auto["copy_matches"]) == (3, 1)
+  assert (auto["copy_tokens"], auto["copy_matches"], auto["past_tokens"]) == (3, 1, 0)
+  assert result["rows"][2]["past_tokens"] == 523
   assert sum(auto["rounds_by_kind"].values()) >= 5 and set(auto["round_ms_by_kind"]) >= set(auto["rounds_by_kind"])
   assert out.with_suffix(".png").exists()
 

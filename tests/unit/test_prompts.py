@@ -51,3 +51,13 @@ def test_held_out_sets_are_text_the_corpus_never_takes(tokenizer):
 
 def test_held_out_on_the_command_line_is_every_held_out_set():
   assert prompts.set_names(["code", "held-out", "pod-qa"]) == ["code", *HELD_OUT]
+
+
+def test_the_sets_of_repeated_answers_ask_about_one_document(tokenizer):
+  questions = [tokenizer.decode(p) for p in PROMPT_SETS["doc-questions"](tokenizer, 1024, 3)]
+  assert len({q.split("\n\nQuestion: ")[0] for q in questions}) == 1  # (one document, three headings)
+  edits = [tokenizer.decode(p) for p in PROMPT_SETS["code-edits"](tokenizer, 1024, 3)]
+  assert len({e.split("alone.\n\n", 1)[1] for e in edits}) == 1 and len(set(edits)) == 3  # (one source, three names)
+  for edit in edits:
+    old = re.search(r"with `(\w+)` renamed to `\1_v2`", edit).group(1)
+    assert re.search(rf"^(def|class) {old}\b", edit, re.MULTILINE)
