@@ -242,3 +242,41 @@ def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, meth
   for request, (prompt, limit, seed, temperature, top_p) in enumerate(requests):
     alone = Decoding(proposer=proposer_, sampling=SamplingConfig(temperature=temperature, top_p=top_p))
     assert written[request] == generate(tiny, [prompt], limit, alone, params, seed=seed).token_ids[0], request
+
+
+def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_slot(tiny):
+  """Prompt lookup over past outputs in two slots: each released request's output goes into
+  the ring in the order they end (a ring of 40 tokens: the oldest dropped), the running
+  slot reads the ring as it is then, and every request writes what it writes alone."""
+  from longspec_jax import engine
+  from longspec_jax.methods.past import SEPARATOR
+
+  decoding = Decoding(proposer=make_proposer(Method.PLD, None, ProposerOptions(past_tokens=40))[0])
+  memory = engine.Memory()
+  slots = Slots.open(tiny, decoding, None, slots=2, positions=256, memory=memory)
+  rng = np.random.default_rng(5)
+  requests = [(rng.integers(3, 60, size=n).tolist(), limit) for n, limit in [(12, 9), (7, 14), (20, 6), (9, 11)]]
+  waiting, running, written, ended = list(range(len(requests))), {}, {}, []
+  while waiting or running:
+    for slot in slots.free:
+      if waiting:
+        request = waiting.pop(0)
+        written[request] = [slots.admit(slot, *requests[request]).first]
+        running[slot] = request
+    tokens, done = slots.run(3)
+    for slot, request in list(running.items()):
+      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      if done[slot]:
+        slots.release(slot)
+        ended.append(request)
+        del running[slot]
+        ring = memory.past[tiny.config, 40]
+        searched = np.asarray(slots.state.proposal.tokens)
+        np.testing.assert_array_equal(searched, ring.tokens)  # (the running slots read it at once)
+  stream = [SEPARATOR] * 40
+  for request in ended:
+    stream += written[request] + [SEPARATOR]
+  ring = memory.past[tiny.config, 40]
+  assert ring.tokens[(np.arange(40) + ring.written) % 40].tolist() == stream[-40:]
+  for request, (ids, limit) in enumerate(requests):
+    assert written[request] == generate(tiny, [ids], limit, Decoding()).token_ids[0], request
