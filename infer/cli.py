@@ -201,6 +201,14 @@ def add_past_flag(p: argparse.ArgumentParser) -> None:
     " process wrote (a batch file's records, the server's requests) for continuations, and proposes"
     " theirs where they match a longer n-gram than the context does (default 0: off)",
   )
+  p.add_argument(
+    "--corpus",
+    type=Path,
+    nargs="+",
+    default=[],
+    help="with --past-tokens: text files written into those past outputs before the first request (a"
+    " repository's sources, documentation), each tokenized once and cached",
+  )
 
 
 def add_draft_vocab_flag(p: argparse.ArgumentParser, many: bool = False) -> None:

@@ -48,6 +48,12 @@ def check_flags(args, config, batch: int = 1) -> Plan:
       raise UserError("--draft-vocab sets what a block draft scores (longspec, glide, auto with --draft)")
     if args.draft_vocab > config.vocab_size:
       raise UserError(f"--draft-vocab {args.draft_vocab} exceeds the target's vocabulary of {config.vocab_size} tokens")
+  corpus = getattr(args, "corpus", [])
+  if corpus and not args.past_tokens:
+    raise UserError("--corpus fills the past outputs prompt lookup searches: give --past-tokens too")
+  for path in corpus:
+    if not path.is_file():
+      raise UserError(f"the corpus file {path} does not exist.")
   widths, cape = tree_choice(args.tree_widths, args)
   copy_tokens = args.copy_tokens
   if spec is not None:
@@ -108,3 +114,18 @@ def load(args, plan: Plan, path, tokenizer) -> Loaded:
   )
   decoding = Decoding(proposer=proposer, sampling=plan.sampling, eos_ids=tuple(target.config.eos_token_ids))
   return Loaded(target, decoding, proposer, draft_params, sparse)
+
+
+def fill_past(args, loaded: Loaded, memory=None) -> None:
+  """Writes --corpus's files into the ring of past outputs the method searches, in `memory`
+  (default the process's `engine.MEMORY`)."""
+  if not getattr(args, "corpus", None):
+    return
+  import sys
+
+  from infer import past_corpus
+  from longspec_jax.engine import MEMORY
+
+  past = (memory or MEMORY).past_for(loaded.target.config, loaded.decoding)
+  written = past_corpus.fill(past, args.corpus, loaded.target.tokenizer)
+  print(f"corpus: {written} tokens of {len(args.corpus)} files, in past outputs of {past.size}", file=sys.stderr)

@@ -240,6 +240,7 @@ def main(argv=None) -> None:
   notice = CompileNotice(backend.keep_compiled_programs())
   with notice, jax.set_mesh(mesh):  # (with --devices: the weights placed split, the programs traced for it)
     loaded = decoder.load(args, plan, path, tokenizer)
+    decoder.fill_past(args, loaded)
     target, decoding, draft_params, sparse = loaded.target, loaded.decoding, loaded.draft_params, loaded.sparse
     what = plural(len(todo), "record") if args.input is not None else f"prompt {plural(len(prompt), 'token')}"
     print(f"loaded in {time.perf_counter() - t0:.1f} s; {what}; method {method}", file=sys.stderr, flush=True)

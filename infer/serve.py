@@ -433,6 +433,7 @@ def main(argv=None) -> None:
   backend.keep_compiled_programs()
   print(f"loading target {args.target} ...", file=sys.stderr, flush=True)
   loaded = decoder.load(args, plan, path, tokenizer)
+  decoder.fill_past(args, loaded)
   reserved = verified_size(loaded.proposer)
   positions = -(-(context + reserved) // 128) * 128
   print(f"compiling for {args.max_batch} slots of {context} positions ...", file=sys.stderr, flush=True)

@@ -45,6 +45,7 @@ def decode(flags: list[str], spec: MethodSpec, past: int, records, prompts, outp
 
     together = min(args.batch or generate.BATCH, len(records))
     loaded = decoder.load(args, decoder.check_flags(args, read_target_config(path), together), path, tokenizer)
+  decoder.fill_past(args, loaded)
   out = batch_file.Output(output)
   decoded = generate.decode_file(args, loaded.target, loaded.decoding, loaded.draft_params, records, prompts, out)
   done = {r["line"]: r for r in map(json.loads, output.read_text().splitlines())}

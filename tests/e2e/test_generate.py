@@ -281,12 +281,31 @@ def test_a_batch_file_draws_on_its_earlier_records_outputs(tiny_with_tokenizer, 
     assert written["523"][1]["steps"] <= written["523"][0]["steps"] // 2
 
 
+def test_a_corpus_file_is_searched_as_past_outputs(tiny_with_tokenizer, tmp_path, capsys, monkeypatch):
+  """--corpus holding the answer a prompt gets: the same tokens, in far fewer rounds."""
+  monkeypatch.setenv("LONGSPEC_CACHE", str(tmp_path / "cache"))
+  target = ["--target", str(tiny_with_tokenizer), "--prompt", "def main():", "--max-new-tokens", "40", "--json"]
+  code, out, err = run([*target, "--method", "pld"], capsys)
+  assert code == 0, err
+  alone = json.loads(out.strip().splitlines()[-1])
+  corpus = tmp_path / "answers.txt"
+  corpus.write_text("def main():" + alone["text"])
+  code, out, err = run([*target, "--method", "pld", "--past-tokens", "541", "--corpus", str(corpus)], capsys)
+  assert code == 0 and "corpus: " in err, err
+  searched = json.loads(out.strip().splitlines()[-1])
+  assert searched["token_ids"] == alone["token_ids"] and searched["steps"] <= alone["steps"] // 2
+
+
 def test_past_outputs_are_searched_by_prompt_lookup_only(tiny_with_tokenizer, capsys):
   target = ["--target", str(tiny_with_tokenizer), "--prompt", "x", "--max-new-tokens", "2"]
   code, _, err = run([*target, "--method", "ar", "--past-tokens", "512"], capsys)
   assert code == 2 and "method pld or auto, not ar" in err
   code, _, err = run([*target, "--method", "pld", "--past-tokens", "5"], capsys)
   assert code == 2 and "at least 10 tokens, got 5" in err
+  code, _, err = run([*target, "--method", "pld", "--corpus", "nowhere.txt"], capsys)
+  assert code == 2 and "give --past-tokens too" in err
+  code, _, err = run([*target, "--method", "pld", "--past-tokens", "512", "--corpus", "nowhere.txt"], capsys)
+  assert code == 2 and "the corpus file nowhere.txt does not exist." in err
 
 
 def test_a_batch_file_through_the_real_entry_point(tiny_with_tokenizer, tmp_path):
