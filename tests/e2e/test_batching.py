@@ -34,6 +34,27 @@ def proposer(target, method: Method):
   return make_proposer(method, None, options if method is Method.PLD else ProposerOptions())
 
 
+def drain(slots, count: int, admit, released=lambda request: None) -> dict[int, list[int]]:
+  """Requests 0..count-1 through `slots` in chunks of three rounds, each admitted into a free
+  slot by `admit(slot, request)` (its first token) and released when done (then
+  `released(request)`): the tokens each wrote."""
+  waiting, running, written = list(range(count)), {}, {}
+  while waiting or running:
+    for slot in slots.free:
+      if waiting:
+        request = waiting.pop(0)
+        written[request] = [admit(slot, request)]
+        running[slot] = request
+    tokens, done = slots.run(3)
+    for slot, request in list(running.items()):
+      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      if done[slot]:
+        slots.release(slot)
+        del running[slot]
+        released(request)
+  return written
+
+
 def test_the_batch_axis_of_each_leaf_is_read_off_two_batch_sizes():
   one = {"rows": np.zeros((1, 5)), "cache": np.zeros((3, 1, 7)), "shared": np.zeros(4), "count": np.zeros(())}
   two = {"rows": np.zeros((2, 5)), "cache": np.zeros((3, 2, 7)), "shared": np.zeros(4), "count": np.zeros(())}
@@ -225,20 +246,12 @@ def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, meth
   ]
   proposer_, params = proposer(tiny, method)
   slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=2, positions=128, per_sequence_sampling=True)
-  written, waiting, running = {}, list(range(len(requests))), {}
-  while waiting or running:
-    for slot in slots.free:
-      if waiting:
-        request = waiting.pop(0)
-        prompt, limit, seed, temperature, top_p = requests[request]
-        written[request] = [slots.admit(slot, prompt, limit, seed, temperature=temperature, top_p=top_p).first]
-        running[slot] = request
-    tokens, done = slots.run(3)
-    for slot, request in list(running.items()):
-      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
-      if done[slot]:
-        slots.release(slot)
-        del running[slot]
+
+  def admit(slot, request):
+    prompt, limit, seed, temperature, top_p = requests[request]
+    return slots.admit(slot, prompt, limit, seed, temperature=temperature, top_p=top_p).first
+
+  written = drain(slots, len(requests), admit)
   for request, (prompt, limit, seed, temperature, top_p) in enumerate(requests):
     alone = Decoding(proposer=proposer_, sampling=SamplingConfig(temperature=temperature, top_p=top_p))
     assert written[request] == generate(tiny, [prompt], limit, alone, params, seed=seed).token_ids[0], request
@@ -256,23 +269,14 @@ def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_s
   slots = Slots.open(tiny, decoding, None, slots=2, positions=256, memory=memory)
   rng = np.random.default_rng(5)
   requests = [(rng.integers(3, 60, size=n).tolist(), limit) for n, limit in [(12, 9), (7, 14), (20, 6), (9, 11)]]
-  waiting, running, written, ended = list(range(len(requests))), {}, {}, []
-  while waiting or running:
-    for slot in slots.free:
-      if waiting:
-        request = waiting.pop(0)
-        written[request] = [slots.admit(slot, *requests[request]).first]
-        running[slot] = request
-    tokens, done = slots.run(3)
-    for slot, request in list(running.items()):
-      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
-      if done[slot]:
-        slots.release(slot)
-        ended.append(request)
-        del running[slot]
-        ring = memory.past[tiny.config, 40]
-        searched = np.asarray(slots.state.proposal.tokens)
-        np.testing.assert_array_equal(searched, ring.tokens)  # (the running slots read it at once)
+  ended = []
+
+  def released(request):
+    ended.append(request)
+    searched = np.asarray(slots.state.proposal.tokens)
+    np.testing.assert_array_equal(searched, memory.past[tiny.config, 40].tokens)  # (the running slots read it at once)
+
+  written = drain(slots, len(requests), lambda slot, request: slots.admit(slot, *requests[request]).first, released)
   stream = [SEPARATOR] * 40
   for request in ended:
     stream += written[request] + [SEPARATOR]
