@@ -8,9 +8,11 @@ at a time first, each prompt after a warm-up request; then, for each `--concurre
 above one, C clients at once (prompts cycled), their tokens over the wall time. The server
 is then stopped and the same prompts run through the library in this process, as
 `infer.generate` runs them with those flags (`engine.generate`, a warm-up first): one
-prompt at a time, and the C prompts as one batch. Reports per prompt the server's decode
-rate over `generate`'s, its first-token time beyond `generate`'s prefill, and whether it
-wrote the same text; per C the two total rates. Writes JSON and a plot with `--out`.
+prompt at a time, and the C prompts as one batch; and one slot of `batching.Slots` driven
+as the server's model thread drives them (the server's engine path without HTTP). Reports
+per prompt the server's decode rate over `generate`'s, the slot's, its first-token time
+beyond `generate`'s prefill, the tokens a round each wrote and whether the server wrote
+the same text; per C the two total rates. Writes JSON and a plot with `--out`.
 
   python -m lab.bench_serve --sets code --length 4096 --new-tokens 256 --concurrency 1 4 --out serve.json \\
     -- --method auto --max-batch 4
@@ -29,6 +31,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 from infer import serve
 from infer.prompts import PROMPT_SETS
@@ -137,6 +141,27 @@ def measure_server(flags, context: int, warm_up: str, texts: list[str], new_toke
   return alone, together
 
 
+def slots_rates(loaded, prompts: list[list[int]], new_tokens: int) -> list[float]:
+  """Each prompt's decode rate (tokens after the first a second) in one slot of
+  `batching.Slots` driven as the server's model thread drives them (chunks of
+  `serve.CHUNK_SECONDS`), in this process: the server's engine path without HTTP."""
+  from longspec_jax.batching import Slots
+  from longspec_jax.engine import verified_size
+
+  context = max(map(len, prompts)) + new_tokens
+  positions = -(-(context + verified_size(loaded.proposer)) // 128) * 128  # (as the server sizes its cache)
+  slots = Slots.open(loaded.target.model, loaded.decoding, loaded.draft_params, 1, positions)
+  rates = []
+  for prompt in prompts:
+    slots.admit(0, prompt, new_tokens)
+    started = time.perf_counter()
+    while not np.asarray(slots.state.done)[0]:
+      slots.step(serve.CHUNK_SECONDS)
+    rates.append((len(slots.tokens[0]) - len(prompt) - 1) / (time.perf_counter() - started))
+    slots.release(0)
+  return rates
+
+
 def measure_generate(args, path, tokenizer, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int]):
   """The library as `infer.generate` runs these flags: per prompt its stats, and per C > 1
   the C prompts as one batch: (tokens, seconds end to end)."""
@@ -152,13 +177,14 @@ def measure_generate(args, path, tokenizer, warm_up: str, texts: list[str], new_
   run = lambda batch: generate(model, batch, new_tokens, decoding, params, seed=args.seed)
   warmed_up(lambda: run([tokenizer(warm_up).input_ids]))
   alone = [run([prompt]) for prompt in ids]
+  slots_alone = slots_rates(loaded, [tokenizer(warm_up).input_ids, *ids], new_tokens)[1:]
   together = {}
   for clients in (c for c in concurrency if c > 1):
     batch = [ids[i % len(ids)] for i in range(clients)]
     warmed_up(lambda: run(batch))
     stats = run(batch).stats
     together[clients] = (stats.num_new_tokens, stats.prefill_seconds + stats.decode_seconds)
-  return alone, together
+  return alone, slots_alone, together
 
 
 def main(argv=None):
@@ -196,8 +222,8 @@ def main(argv=None):
     print(f"[{set_name}] the server ...", file=sys.stderr, flush=True)
     served, served_together = measure_server(flags, context, *measured)
     print(f"[{set_name}] the library ...", file=sys.stderr, flush=True)
-    alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
-    for index, (server, result) in enumerate(zip(served, alone)):
+    alone, slots_alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
+    for index, (server, result, slots_rate) in enumerate(zip(served, alone, slots_alone)):
       stats = result.stats
       decode_rate = (server["tokens"] - 1) / max(server["seconds"] - server["first_seconds"], 1e-9)
       rows.append(
@@ -212,6 +238,8 @@ def main(argv=None):
           "generate_prefill_s": stats.prefill_seconds,
           "generate_decode_tokens_per_second": stats.tokens_per_second,
           "decode_ratio": decode_rate / stats.tokens_per_second if stats.tokens_per_second else None,
+          # (the server's engine path alone: `Slots` in chunks as the model thread runs them, no HTTP)
+          "slots_decode_tokens_per_second": slots_rate,
           # (tokens a verify pass: where `auto` chose other kinds of round in the server, they differ)
           "server_tau": (server["tokens"] - 1) / server["rounds"] if server["rounds"] else 1.0,
           "generate_tau": stats.mean_accepted_length,
@@ -246,15 +274,15 @@ def main(argv=None):
   }
   print(
     "set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x"
-    " | server tau | generate tau"
+    " | slots tok/s | server tau | generate tau"
   )
   for r in rows:
     print(
       f"{r['set']} | {r['prompt']} | {r['new_tokens']} | {r['server_first_token_s']:.3f}"
       f" | {r['generate_prefill_s']:.3f} | {r['first_token_beyond_prefill_ms']:.1f}"
       f" | {r['server_decode_tokens_per_second']:.1f} | {r['generate_decode_tokens_per_second']:.1f}"
-      f" | {r['decode_ratio']:.2f} | {r['server_tau']:.2f} | {r['generate_tau']:.2f}"
-      + ("" if r["same_text"] else " | other text")
+      f" | {r['decode_ratio']:.2f} | {r['slots_decode_tokens_per_second']:.1f} | {r['server_tau']:.2f}"
+      f" | {r['generate_tau']:.2f}" + ("" if r["same_text"] else " | other text")
     )
   for t in totals:
     print(

@@ -18,7 +18,7 @@ def test_the_server_writes_what_generate_writes_and_is_timed_beside_it(tiny_with
   for row in result["rows"]:
     assert row["same_text"] and row["new_tokens"] == 5
     assert row["server_first_token_s"] > 0 and row["generate_prefill_s"] > 0 and row["decode_ratio"] > 0
-    assert row["server_tau"] >= 1 and row["generate_tau"] >= 1
+    assert row["server_tau"] >= 1 and row["generate_tau"] >= 1 and row["slots_decode_tokens_per_second"] > 0
   (together,) = result["concurrent"]
   assert together["concurrency"] == 2 and together["server_tokens_per_second"] > 0
   assert out.with_suffix(".png").exists()
