@@ -341,16 +341,38 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
   with tqdm(total=len(records), desc="records", unit="record", file=sys.stderr) as bar:
     while waiting or running:
       while waiting and slots.free:
-        index = waiting.pop(0)
-        slot = slots.choose(prompts[index])
-        record = records[index]
-        sampling = dict(temperature=record.temperature(), top_p=record.top_p()) if own else {}
+        slot = slots.choose(prompts[waiting[0]])
         admitting = time.perf_counter()
-        admitted = slots.admit(slot, prompts[index], limits[index], record.seed(args.seed), **sampling)
-        prefilling += time.perf_counter() - admitting  # (it waits for the first token)
-        running[slot] = (index, time.perf_counter())
-        if admitted.done:
-          finish(slot)
+        if slots.held(slot, prompts[waiting[0]]):  # (alone, from what its slot holds of its prompt)
+          index, record = waiting[0], records[waiting.pop(0)]
+          sampling = dict(temperature=record.temperature(), top_p=record.top_p()) if own else {}
+          admitted = {slot: slots.admit(slot, prompts[index], limits[index], record.seed(args.seed), **sampling)}
+          indices = {slot: index}
+        else:  # (as many as there are free slots, in one prefill)
+          group = min(len(slots.free), len(waiting), slots.group)
+          indices = dict(zip(slots.free, waiting[:group]))
+          del waiting[:group]
+          chosen = [records[i] for i in indices.values()]
+          sampling = (
+            dict(temperatures=[r.temperature() for r in chosen], top_ps=[r.top_p() for r in chosen]) if own else {}
+          )
+          admitted = dict(
+            zip(
+              indices,
+              slots.admit_together(
+                list(indices),
+                [prompts[i] for i in indices.values()],
+                [limits[i] for i in indices.values()],
+                [r.seed(args.seed) for r in chosen],
+                **sampling,
+              ),
+            )
+          )
+        prefilling += time.perf_counter() - admitting  # (it waits for the first tokens)
+        for slot, index in indices.items():
+          running[slot] = (index, time.perf_counter())
+          if admitted[slot].done:
+            finish(slot)
       if not running:
         continue
       _, done = slots.step(CHUNK_SECONDS)

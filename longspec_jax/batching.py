@@ -55,12 +55,13 @@ def batch_axes(one: Any, two: Any) -> tuple[int | None, ...]:
 
 
 @functools.partial(jax.jit, static_argnames=("axes",), donate_argnums=0)
-def _splice(state: Any, one: Any, row: jax.Array, axes: tuple[int | None, ...]) -> Any:
-  """`state` (donated) with `one`'s single row written at `row` along each leaf's batch axis."""
+def _splice(state: Any, started: Any, at: jax.Array, row: jax.Array, axes: tuple[int | None, ...]) -> Any:
+  """`state` (donated) with `started`'s row `at` written at `row` along each leaf's batch axis."""
   leaves, tree = jax.tree.flatten(state)
+  one = lambda new, axis: jax.lax.dynamic_slice_in_dim(new, at, 1, axis)
   written = [
-    leaf if axis is None else jax.lax.dynamic_update_slice_in_dim(leaf, new.astype(leaf.dtype), row, axis)
-    for leaf, new, axis in zip(leaves, jax.tree.leaves(one), axes)
+    leaf if axis is None else jax.lax.dynamic_update_slice_in_dim(leaf, one(new, axis).astype(leaf.dtype), row, axis)
+    for leaf, new, axis in zip(leaves, jax.tree.leaves(started), axes)
   ]
   return jax.tree.unflatten(tree, written)
 
@@ -78,6 +79,11 @@ def _row(cache: KVCache, slot: int, count: int) -> KVCache:
   return KVCache(k=row(cache.k), v=row(cache.v), lengths=jnp.full((1,), count, jnp.int32))
 
 
+def _each(values: Sequence[float | None] | None, default: float, count: int) -> list[float]:
+  """One value a prompt: `values`' own, `default` where there is none."""
+  return [default if v is None else v for v in (values or [None] * count)]
+
+
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
   """The length of the longest common prefix of `a` and `b`."""
   n = 0
@@ -86,6 +92,11 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
       break
     n += 1
   return n
+
+
+# Cache positions a group admitted together holds at most (`Slots.admit_together`): its new
+# cache beside the slots' until spliced in, and its passes' activations.
+GROUP_POSITIONS = 65536
 
 
 @dataclasses.dataclass
@@ -196,6 +207,11 @@ class Slots:
     return measured.prices
 
   @property
+  def group(self) -> int:
+    """Prompts `admit_together` takes at most in one call."""
+    return max(1, GROUP_POSITIONS // self.positions)
+
+  @property
   def free(self) -> list[int]:
     return [int(i) for i in np.flatnonzero(~self.busy)]
 
@@ -255,13 +271,55 @@ class Slots:
       temperatures=[config.temperature if temperature is None else temperature] if own else None,
       top_ps=[config.top_p if top_p is None else top_p] if own else None,
     )
-    self.state = _splice(self.state, started.state, np.int32(slot), self.axes)
-    self.limits[slot] = max_new_tokens
-    self.busy[slot] = True
-    first = int(started.first[0])
-    self.tokens[slot] = [*prompt, first]
-    self.prompted[slot] = len(prompt)
-    return Admitted(first, bool(np.asarray(started.state.done)[0]), reused)
+    return self._occupy([slot], [prompt], [max_new_tokens], started, reused)[0]
+
+  def admit_together(
+    self,
+    slots: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    temperatures: Sequence[float] | None = None,
+    top_ps: Sequence[float] | None = None,
+  ) -> list[Admitted]:
+    """Prefills `prompts` together, one into each of the free `slots`, in passes as wide as
+    one prompt's alone (`engine.prefill_chunk_tokens(1)`): so under batch-invariant
+    numerics each row's bits are those of its prompt prefilled alone, whatever the group
+    holds, and a batch file's records start in one call instead of one each (no slot's
+    cache is reused). `temperatures`, `top_ps`: as `admit`'s, one a prompt (None: the
+    config's)."""
+    if any(self.busy[slot] for slot in slots) or len(set(slots)) != len(slots):
+      raise ValueError(f"slots {list(slots)} are not as many free slots as prompts.")
+    own = self.state.rows is not None
+    if not own and (temperatures is not None or top_ps is not None):
+      raise ValueError("these slots sample by their config alone; open them with per_sequence_sampling.")
+    config = self.decoding.sampling
+    started = engine.start(
+      self.model,
+      prompts,
+      list(max_new_tokens),
+      self.decoding,
+      self.proposer_params,
+      seed=list(seeds),
+      prefill_chunk=engine.prefill_chunk_tokens(1),
+      carried=self.carried,
+      positions=self.positions,
+      temperatures=_each(temperatures, config.temperature, len(prompts)) if own else None,
+      top_ps=_each(top_ps, config.top_p, len(prompts)) if own else None,
+    )
+    return self._occupy(slots, prompts, max_new_tokens, started, 0)
+
+  def _occupy(self, slots, prompts, max_new_tokens, started: engine.Started, reused: int) -> list[Admitted]:
+    """Each started row into its slot, the slot then busy with its request."""
+    first, done = np.asarray(started.first), np.asarray(started.state.done)
+    for at, (slot, prompt, limit) in enumerate(zip(slots, prompts, max_new_tokens)):
+      self.state = _splice(self.state, started.state, np.int32(at), np.int32(slot), self.axes)
+      self.limits[slot] = limit
+      self.busy[slot] = True
+      self.tokens[slot] = [*prompt, int(first[at])]
+      self.prompted[slot] = len(prompt)
+    return [Admitted(int(first[at]), bool(done[at]), reused) for at in range(len(slots))]
 
   def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
     """Up to `rounds` rounds over every slot: (the new tokens [slots, n], PAD_ID where a slot

@@ -284,3 +284,34 @@ def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_s
   assert ring.tokens[(np.arange(40) + ring.written) % 40].tolist() == stream[-40:]
   for request, (ids, limit) in enumerate(requests):
     assert written[request] == generate(tiny, [ids], limit, Decoding()).token_ids[0], request
+
+
+@pytest.mark.parametrize("method", [Method.AR, Method.PLD, Method.AUTO])
+def test_prompts_admitted_together_write_what_each_writes_alone(tiny, method):
+  """Three prompts of different lengths and limits prefilled in one call into three slots,
+  a fourth admitted alone once one ends: each writes what it writes alone."""
+  rng = np.random.default_rng(7)
+  requests = [((rng.integers(3, 60, size=n // 2).tolist() * 2)[:n], limit) for n, limit in [(23, 8), (6, 12), (15, 5)]]
+  requests.append((rng.integers(3, 60, size=11).tolist(), 9))
+  proposer_, params = proposer(tiny, method)
+  decoding = Decoding(proposer=proposer_)
+  slots = Slots.open(tiny, decoding, params, slots=3, positions=256)
+  together = slots.admit_together([2, 0, 1], *zip(*requests[:3]), [3, 4, 5])
+  assert slots.free == [] and slots.group == 65536 // 256
+  written = {request: [admitted.first] for request, admitted in enumerate(together)}
+  running, waiting = {2: 0, 0: 1, 1: 2}, [3]
+  while running:
+    tokens, done = slots.run(2)
+    for slot, request in list(running.items()):
+      written[request] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      if done[slot]:
+        slots.release(slot)
+        del running[slot]
+        if waiting:
+          request = waiting.pop()
+          written[request] = [slots.admit(slot, *requests[request], 6).first]
+          running[slot] = request
+  seeds = [3, 4, 5, 6]
+  for request, (ids, limit) in enumerate(requests):
+    alone = generate(tiny, [ids], limit, decoding, params, seed=seeds[request]).token_ids[0]
+    assert written[request] == alone, request
