@@ -121,9 +121,13 @@ class Worker(threading.Thread):
   def _admit(self) -> None:
     """Queued jobs into free slots, each into the one whose cache holds the most of its
     prompt (the conversation a chat's next turn extends: only the new turn is prefilled),
-    prefilled in passes between which the running jobs go on (`Slots.choose`, `admit`)."""
+    prefilled in passes between which the running jobs go on (`Slots.choose`, `admit`);
+    when none runs, the jobs waiting that no slot holds part of start in one prefill call
+    (`Slots.admit_together`)."""
     from longspec_jax.engine import prefill_chunk_tokens
 
+    if not self.running:
+      self._admit_together()
     while self.slots.free:
       job = self._next()
       if job is None:
@@ -150,6 +154,40 @@ class Worker(threading.Thread):
       job.reused = admitted.reused
       self.running[slot] = job
       self._hand_on(slot, job, [admitted.first], admitted.done)
+
+  def _admit_together(self) -> None:
+    """The waiting jobs, as many as free slots (and a group) take, up to the first whose
+    chosen slot holds part of its prompt, in one prefill call; fewer than two are left
+    waiting, for `_admit`'s own path."""
+    jobs = []
+    while len(jobs) < min(len(self.slots.free), self.slots.group):
+      job = self._next()
+      if job is None:
+        break
+      if self.slots.held(self.slots.choose(job.prompt), job.prompt):
+        self.waiting.appendleft(job)
+        break
+      jobs.append(job)
+    if len(jobs) < 2:
+      self.waiting.extendleft(reversed(jobs))
+      return
+    slots = self.slots.free[: len(jobs)]
+    try:
+      admitted = self.slots.admit_together(
+        slots,
+        [job.prompt for job in jobs],
+        [job.max_tokens for job in jobs],
+        [job.seed for job in jobs],
+        temperatures=[job.temperature for job in jobs],
+        top_ps=[job.top_p for job in jobs],
+      )
+    except Exception as e:  # (their prefill failed: each is told, the server goes on)
+      for job in jobs:
+        job.put("", f"error: {e}")
+      return
+    for slot, job, one in zip(slots, jobs, admitted):
+      self.running[slot] = job
+      self._hand_on(slot, job, [one.first], one.done)
 
   def _next(self) -> Job | None:
     while True:

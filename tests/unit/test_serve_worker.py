@@ -75,3 +75,41 @@ def test_a_full_queue_refuses_and_a_given_up_job_is_skipped():
   assert worker.submit(first) and worker.submit(second) and not worker.submit(job()[0])
   first.cancelled = True
   assert worker._next() is second and worker._next() is None
+
+
+class Admitting(Slots):
+  """Four free slots; slot 3 holds the start of prompt [9, 9]; what each admission took."""
+
+  group = 8
+  model = type("Model", (), {"batch_invariant": False})()
+
+  def __init__(self):
+    super().__init__()
+    self.free, self.calls = [0, 1, 2, 3], []
+
+  def held(self, slot, prompt):
+    return 2 if slot == 3 and prompt[:2] == [9, 9] else 0
+
+  def choose(self, prompt):
+    return 3 if prompt[:2] == [9, 9] else self.free[0]
+
+  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps):
+    self.calls.append(("together", list(slots), [p[0] for p in prompts]))
+    self.free = [s for s in self.free if s not in slots]
+    return [type("Admitted", (), {"first": 104, "done": False})() for _ in slots]
+
+  def admit(self, slot, prompt, *args, **kwargs):
+    self.calls.append(("alone", slot, prompt[0]))
+    self.free.remove(slot)
+    return type("Admitted", (), {"first": 104, "done": False, "reused": 2})()
+
+
+def test_jobs_waiting_while_none_runs_start_together_up_to_one_a_slot_holds():
+  worker = Worker(Admitting(), Letters(), eos_ids=(0,), max_queue=8)
+  jobs = [job()[0] for _ in range(4)]
+  for j, first in zip(jobs, ([5], [6], [9, 9, 1], [7])):
+    j.prompt = first
+    worker.submit(j)
+  worker._admit()
+  assert worker.slots.calls == [("together", [0, 1], [5, 6]), ("alone", 3, 9), ("alone", 2, 7)]
+  assert sorted(worker.running) == [0, 1, 2, 3]
