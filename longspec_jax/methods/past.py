@@ -70,20 +70,21 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   sequence's tokens up to and including index `end [B]`), n the longest of `PAST_NGRAMS`
   that occurs. An occurrence is a run of ring positions that neither wraps past the oldest
   token nor holds a separator, and that a token follows; its continuation stops at a
-  separator or at the oldest token. Returns tokens [B, G], which are real [B, G] (G = `num_tokens`; none without an
-  occurrence) and the n matched [B] (0: none)."""
+  separator or at the oldest token. Returns tokens [B, G], which are real [B, G] (G =
+  `num_tokens`; none without an occurrence) and the n matched [B] (0: none)."""
   size = past.tokens.shape[0]
   count = end + 1  # tokens in the context, root included
   position = jnp.arange(size, dtype=jnp.int32)
   age = (position - past.written) % size  # [H]: 0 the oldest
   best_start = jnp.full(history.shape[:1], -1, jnp.int32)  # [B]: where the continuation starts in the ring
   best_n = jnp.zeros(history.shape[:1], jnp.int32)
+  followed = jnp.roll(past.tokens, -1) != SEPARATOR  # [H]: a token comes after it (the newest is a separator)
   for n in (n for n in PAST_NGRAMS if n <= history.shape[1]):
     tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - n,), (n,)))(history, jnp.maximum(count, n))  # [B, n]
     # The occurrence ending at each position: its n tokens are the n ring positions up to it.
     window = jnp.stack([jnp.roll(past.tokens, n - 1 - i) for i in range(n)], axis=-1)  # [H, n]
-    # No wrap past the oldest, no separator, and a token after it (the newest is a separator).
-    whole = (age >= n - 1) & jnp.all(window != SEPARATOR, axis=-1) & (jnp.roll(past.tokens, -1) != SEPARATOR)
+    # No wrap past the oldest, no separator, and a token after it.
+    whole = (age >= n - 1) & jnp.all(window != SEPARATOR, axis=-1) & followed
     hit = jnp.all(window[None] == tail[:, None, :], axis=-1) & whole[None] & (count[:, None] >= n)  # [B, H]
     # The most recent occurrence: the greatest age; the continuation begins after it.
     newest = jnp.max(jnp.where(hit, age[None, :], -1), axis=-1)  # [B]

@@ -123,7 +123,7 @@ class PromptLookup:
     if past is None:
       return drafted, valid, ngram
     tokens, real, matched = match_past(past, history, end, self.num_tokens)  # [B, G], [B, G], [B]
-    wins = matched > jnp.where(ngram > 0, ngram, 0)  # [B]: a longer n-gram than the context's
+    wins = matched > ngram  # [B]: a longer n-gram than the context's (0: none)
     first = lambda one, rest: jnp.where(
       wins[:, None, None], jnp.concatenate([one[:, None], rest[:, :-1]], axis=1), rest
     )
