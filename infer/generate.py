@@ -341,15 +341,15 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
   with tqdm(total=len(records), desc="records", unit="record", file=sys.stderr) as bar:
     while waiting or running:
       while waiting and slots.free:
-        slot = slots.choose(prompts[waiting[0]])
         admitting = time.perf_counter()
-        if slots.held(slot, prompts[waiting[0]]):  # (alone, from what its slot holds of its prompt)
+        group = slots.groupable([prompts[i] for i in waiting])
+        if not group:  # (alone, from what its slot holds of its prompt)
+          slot = slots.choose(prompts[waiting[0]])
           index, record = waiting[0], records[waiting.pop(0)]
           sampling = dict(temperature=record.temperature(), top_p=record.top_p()) if own else {}
           admitted = {slot: slots.admit(slot, prompts[index], limits[index], record.seed(args.seed), **sampling)}
           indices = {slot: index}
         else:  # (as many as there are free slots, in one prefill)
-          group = min(len(slots.free), len(waiting), slots.group)
           indices = dict(zip(slots.free, waiting[:group]))
           del waiting[:group]
           chosen = [records[i] for i in indices.values()]

@@ -160,16 +160,13 @@ class Worker(threading.Thread):
     chosen slot holds part of its prompt, in one prefill call; fewer than two are left
     waiting, for `_admit`'s own path."""
     jobs = []
-    while len(jobs) < min(len(self.slots.free), self.slots.group):
-      job = self._next()
-      if job is None:
-        break
-      if self.slots.held(self.slots.choose(job.prompt), job.prompt):
-        self.waiting.appendleft(job)
-        break
+    while len(jobs) < min(len(self.slots.free), self.slots.group) and (job := self._next()) is not None:
       jobs.append(job)
-    if len(jobs) < 2:
-      self.waiting.extendleft(reversed(jobs))
+    group = self.slots.groupable([job.prompt for job in jobs])
+    group = group if group >= 2 else 0
+    self.waiting.extendleft(reversed(jobs[group:]))
+    jobs = jobs[:group]
+    if not jobs:
       return
     slots = self.slots.free[: len(jobs)]
     try:

@@ -211,6 +211,17 @@ class Slots:
     """Prompts `admit_together` takes at most in one call."""
     return max(1, GROUP_POSITIONS // self.positions)
 
+  def groupable(self, prompts: Sequence[Sequence[int]]) -> int:
+    """How many of `prompts`, taken in order, `admit_together` starts in one call: as many as
+    the free slots and a group take, up to the first that a free slot holds part of (that one
+    is admitted alone, from what its slot holds)."""
+    count = 0
+    for prompt in prompts[: min(len(self.free), self.group)]:
+      if self.held(self.choose(prompt), prompt):
+        break
+      count += 1
+    return count
+
   @property
   def free(self) -> list[int]:
     return [int(i) for i in np.flatnonzero(~self.busy)]

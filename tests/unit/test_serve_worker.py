@@ -4,6 +4,7 @@ stop string may be starting, cut at one, and a full queue refused."""
 import asyncio
 
 from infer.serve import Job, Worker
+from longspec_jax import batching
 
 
 class Slots:
@@ -92,6 +93,8 @@ class Admitting(Slots):
 
   def choose(self, prompt):
     return 3 if prompt[:2] == [9, 9] else self.free[0]
+
+  groupable = batching.Slots.groupable  # (the rule under test, over this fake's slots)
 
   def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps):
     self.calls.append(("together", list(slots), [p[0] for p in prompts]))
