@@ -22,11 +22,10 @@ from longspec_jax.models.draft import Draft
 from longspec_jax.models.heads import Heads
 
 # Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: about
-# an H100's or H200's ridge point in bf16 (~200-300 FLOPs a weight byte), below which a
-# product reads its weights in the time of one row. Past it a round's price grows with its
-# rows: at 64 SmolLM2 sequences on an H200 a round of 25-token chains (1,600 rows) cost 4.2
-# AR steps and lost to AR (docs/results.md, "Many prompts at once").
-VERIFY_ROWS = 256
+# where a round's price starts growing with its rows. At 64 SmolLM2 sequences on an H200, in
+# one run over a batch file, `auto` with chains of 7 tokens (512 rows) ran at 1.74x AR, of 3
+# (256 rows) at 1.57x and of 15 (1,024 rows) at 1.51x (docs/results.md, "Many prompts at once").
+VERIFY_ROWS = 512
 
 
 def auto_copies(batch: int = 1, tokens: int | None = None) -> tuple[int, int]:

@@ -158,16 +158,18 @@ def test_ngram_table_builds_and_adds_like_a_dictionary(seed, vocab, n, slots, si
     assert np.asarray(grams[b])[np.asarray(real[b])].tolist() == best
 
 
-def test_a_longer_match_in_past_outputs_comes_first_and_names_its_evidence():
+def test_past_outputs_fill_the_continuations_the_context_leaves_empty_and_name_their_evidence():
   from longspec_jax.methods.past import Past
 
   past = Past.empty(64)
   past.append([7, 1, 2, 3, 4, 50, 51, 52])
   lookup = PromptLookup(max_ngram=3, num_tokens=3, matches=2, past_tokens=64)
-  # Row 0 ends in 1 2 3 4, a 4-gram the past holds and its own context a 1-gram (4 ... 4);
-  # row 1's tail 8 9 occurs in neither's longer n-grams: its own continuations alone.
-  history = jnp.asarray([[4, 60, 61, 1, 2, 3, 4], [8, 9, 70, 8, 9, 0, 0]], jnp.int32)
-  drafted, valid, evidence = match(lookup, history, jnp.asarray([6, 4], jnp.int32), past.on_device())
+  # Row 0 ends in 1 2 3 4, a 4-gram the past holds, and its own context holds a 1-gram (4 ...
+  # 4): its own continuation first, the past's in the slot left. Row 1's tail 8 9 the past
+  # lacks: its own alone. Row 2's context repeats nothing: the past's first.
+  history = jnp.asarray([[4, 60, 61, 1, 2, 3, 4], [8, 9, 70, 8, 9, 0, 0], [11, 12, 1, 2, 3, 4, 0]], jnp.int32)
+  drafted, valid, evidence = match(lookup, history, jnp.asarray([6, 4, 5], jnp.int32), past.on_device())
   got = lambda b, m: np.asarray(drafted[b, m])[np.asarray(valid[b, m])].tolist()
-  assert got(0, 0) == [50, 51, 52] and got(0, 1) == [60, 61, 1] and int(evidence[0]) == 3 + 1  # (the past's 4-gram)
-  assert got(1, 0) == [70, 8, 9] and int(evidence[1]) == 2
+  assert got(0, 0) == [60, 61, 1] and got(0, 1) == [50, 51, 52] and int(evidence[0]) == 1
+  assert got(1, 0) == [70, 8, 9] and got(1, 1) == [] and int(evidence[1]) == 2
+  assert got(2, 0) == [50, 51, 52] and got(2, 1) == [] and int(evidence[2]) == 3 + 1  # (the past's 4-gram)
