@@ -77,8 +77,8 @@ def make_proposer(
     cape.check_fits(stored.vocab_size)
   if o.past_tokens and method not in (Method.PLD, Method.AUTO):
     raise UserError(f"past outputs are searched by prompt lookup's rounds: method pld or auto, not {method.value}.")
-  if 0 < o.past_tokens < past.MIN_SIZE:
-    raise UserError(f"a ring of past outputs holds at least {past.MIN_SIZE} tokens, got {o.past_tokens}.")
+  if o.past_tokens and not past.MIN_SIZE <= o.past_tokens <= past.MAX_SIZE:
+    raise UserError(f"a ring of past outputs holds {past.MIN_SIZE} to {past.MAX_SIZE} tokens, got {o.past_tokens}.")
   if method is Method.AR:
     return RootOnly(), None
   if method is Method.PLD:

@@ -7,9 +7,16 @@ a user asks again after a small change, records of one schema one after another)
 there. The ring holds the latest `size` tokens of outputs, each followed by a separator;
 a round looks for the most recent earlier occurrence of the context's last n tokens (n
 from `PAST_NGRAMS`' longest down; at least 4 tokens, since a short n-gram recurs by chance
-in a long history) and proposes what followed it there, up to a separator. The search is a
-comparison of every ring position per n-gram length, fused by XLA into one pass over the
-ring per length: no index to keep consistent, and a ring of a million tokens is 4 MB.
+in a long history) and proposes what followed it there, up to a separator.
+
+The host keeps, beside each ring position and for each n, a 32-bit key of the n tokens
+ending there (`ngram_key`; 0 where they hold a separator or no token follows them), updated
+where an output is written. A round's search is then one fused pass over the keys: the
+positions whose key equals the context's, the longest n's newest first. Compared with the
+n tokens of every position, it reads a word a position and n, not n; the chosen occurrence's
+tokens are compared with the context's, so a key collision (about one in 2^31 positions)
+proposes nothing that round rather than another text. A ring of H tokens holds 16 bytes a
+token: a ring of a million tokens is 16 MB.
 """
 
 from __future__ import annotations
@@ -23,6 +30,22 @@ import numpy as np
 SEPARATOR = -1  # ends each output in the ring, and fills it before anything is written
 PAST_NGRAMS = (8, 6, 4)  # the n-gram lengths searched, longest first
 MIN_SIZE = max(PAST_NGRAMS) + 2  # the smallest ring: an n-gram, a token after it, a separator
+MAX_SIZE = 2**31 // (len(PAST_NGRAMS) + 1)  # the largest: `match_past`'s scores (rank x H + age) fit in int32
+_MULTIPLIER = 0x01000193  # FNV's prime: the keys' polynomial over the n tokens
+_NO_TAIL = 2  # a context's key where it holds fewer than n tokens: even, so no position's (odd or 0)
+
+
+def ngram_key(windows):
+  """The key of each n-gram windows [..., n] (uint32, numpy or jax arrays alike): a
+  polynomial of its tokens, mixed (a 32-bit finalizer) and made odd, so that 0 can mark
+  the positions that hold none."""
+  xp = jnp if isinstance(windows, jax.Array) else np
+  key = xp.zeros(windows.shape[:-1], xp.uint32)
+  for i in range(windows.shape[-1]):
+    key = key * xp.uint32(_MULTIPLIER) + windows[..., i].astype(xp.uint32) + xp.uint32(1)
+  key = (key ^ (key >> 16)) * xp.uint32(0x7FEB352D)
+  key = (key ^ (key >> 15)) * xp.uint32(0x846CA68B)
+  return (key ^ (key >> 16)) | xp.uint32(1)
 
 
 @jax.tree_util.register_dataclass
@@ -31,6 +54,7 @@ class PastTokens:
   """The ring as a round reads it (on device)."""
 
   tokens: jax.Array  # [H] int32: outputs, each followed by SEPARATOR; the oldest overwritten first
+  keys: jax.Array  # [N, H] uint32: per n of PAST_NGRAMS, the key of the n tokens ending at each position (0: none)
   written: jax.Array  # [] int32: tokens written so far modulo H: where the next goes, the oldest sits
 
 
@@ -39,13 +63,14 @@ class Past:
   """The ring on the host, where finished generations append their outputs."""
 
   tokens: np.ndarray  # [H] int32
+  keys: np.ndarray  # [N, H] uint32 (`PastTokens.keys`)
   written: int = 0
 
   @classmethod
   def empty(cls, size: int) -> Past:
-    if size < MIN_SIZE:
-      raise ValueError(f"a ring of past outputs holds at least {MIN_SIZE} tokens, got {size}.")
-    return cls(np.full((size,), SEPARATOR, np.int32))
+    if not MIN_SIZE <= size <= MAX_SIZE:
+      raise ValueError(f"a ring of past outputs holds {MIN_SIZE} to {MAX_SIZE} tokens, got {size}.")
+    return cls(np.full((size,), SEPARATOR, np.int32), np.zeros((len(PAST_NGRAMS), size), np.uint32))
 
   @property
   def size(self) -> int:
@@ -53,44 +78,57 @@ class Past:
 
   def append(self, output) -> None:
     """Writes `output`'s tokens and a separator after it (of an output longer than the ring,
-    its last tokens)."""
+    its last tokens), and the keys of the positions whose n-grams or next token changed."""
     output = np.asarray(output, np.int32)[-(self.size - 1) :]
     written = np.concatenate([output, [SEPARATOR]]).astype(np.int32)
     at = (self.written + np.arange(written.shape[0])) % self.size
     self.tokens[at] = written
+    # The n-grams ending from the token before the first written (its next token changed)
+    # to the last that holds a written token.
+    span = min(written.shape[0] + max(PAST_NGRAMS), self.size)
+    ends = (self.written - 1 + np.arange(span)) % self.size  # [E]
     self.written = int((self.written + written.shape[0]) % self.size)
+    followed = self.tokens[(ends + 1) % self.size] != SEPARATOR  # [E]
+    for row, n in enumerate(PAST_NGRAMS):
+      windows = self.tokens[(ends[:, None] - n + 1 + np.arange(n)[None, :]) % self.size]  # [E, n]
+      whole = np.all(windows != SEPARATOR, axis=-1) & followed
+      self.keys[row, ends] = np.where(whole, ngram_key(windows), np.uint32(0))
 
   def on_device(self) -> PastTokens:
-    return PastTokens(jnp.asarray(self.tokens), jnp.int32(self.written))
+    return PastTokens(jnp.asarray(self.tokens), jnp.asarray(self.keys), jnp.int32(self.written))
 
 
 def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens: int):
   """Each sequence's continuation from the ring: the tokens that followed the most recent
   earlier occurrence there of the context's last n tokens (history [B, S] holds each
   sequence's tokens up to and including index `end [B]`), n the longest of `PAST_NGRAMS`
-  that occurs. An occurrence is a run of ring positions that neither wraps past the oldest
-  token nor holds a separator, and that a token follows; its continuation stops at a
-  separator or at the oldest token. Returns tokens [B, G], which are real [B, G] (G =
-  `num_tokens`; none without an occurrence) and the n matched [B] (0: none)."""
+  that occurs. An occurrence is a run of ring positions that holds no separator (so never
+  wraps past the oldest token: the newest is a separator) and that a token follows; its
+  continuation stops at a separator or at the oldest token. Returns tokens [B, G], which
+  are real [B, G] (G = `num_tokens`; none without an occurrence) and the n matched [B]
+  (0: none)."""
   size = past.tokens.shape[0]
   count = end + 1  # tokens in the context, root included
-  position = jnp.arange(size, dtype=jnp.int32)
-  age = (position - past.written) % size  # [H]: 0 the oldest
-  best_start = jnp.full(history.shape[:1], -1, jnp.int32)  # [B]: where the continuation starts in the ring
-  best_n = jnp.zeros(history.shape[:1], jnp.int32)
-  followed = jnp.roll(past.tokens, -1) != SEPARATOR  # [H]: a token comes after it (the newest is a separator)
-  for n in (n for n in PAST_NGRAMS if n <= history.shape[1]):
-    tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - n,), (n,)))(history, jnp.maximum(count, n))  # [B, n]
-    # The occurrence ending at each position: its n tokens are the n ring positions up to it.
-    window = jnp.stack([jnp.roll(past.tokens, n - 1 - i) for i in range(n)], axis=-1)  # [H, n]
-    # No wrap past the oldest, no separator, and a token after it.
-    whole = (age >= n - 1) & jnp.all(window != SEPARATOR, axis=-1) & followed
-    hit = jnp.all(window[None] == tail[:, None, :], axis=-1) & whole[None] & (count[:, None] >= n)  # [B, H]
-    # The most recent occurrence: the greatest age; the continuation begins after it.
-    newest = jnp.max(jnp.where(hit, age[None, :], -1), axis=-1)  # [B]
-    found = (newest >= 0) & (best_n == 0)
-    best_start = jnp.where(found, (newest + 1 + past.written) % size, best_start)
-    best_n = jnp.where(found, n, best_n)
+  age = (jnp.arange(size, dtype=jnp.int32) - past.written) % size  # [H]: 0 the oldest
+  longest = max(PAST_NGRAMS)
+  tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - longest,), (longest,)))(
+    jnp.pad(history, ((0, 0), (longest, 0))), count + longest
+  )  # [B, L]: the context's last `longest` tokens (padding before a short context's)
+  # Each position's score: (the rank of its longest n matching, from 1) x H + its age; -1: none.
+  score = jnp.full((history.shape[0], size), -1, jnp.int32)
+  for row, n in reversed(list(enumerate(PAST_NGRAMS))):
+    key = jnp.where(count >= n, ngram_key(tail[:, longest - n :]), jnp.uint32(_NO_TAIL))  # [B]
+    rank = len(PAST_NGRAMS) - row
+    score = jnp.where(past.keys[row][None, :] == key[:, None], rank * size + age[None, :], score)
+  best = jnp.max(score, axis=-1)  # [B]: one fused pass over the keys
+  rank = jnp.where(best >= 0, best // size, 0)
+  n = jnp.asarray([0, *reversed(PAST_NGRAMS)], jnp.int32)[rank]  # [B]: 0 none
+  last = (best % size + past.written) % size  # [B]: the ring position the occurrence ends at
+  # The occurrence's tokens against the context's (a key's collision: no occurrence).
+  seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
+  considered = jnp.arange(longest)[None, :] >= longest - n[:, None]
+  n = jnp.where(jnp.all((seen == tail) | ~considered, axis=-1), n, 0)
+  best_start = jnp.where(n > 0, (last + 1) % size, -1)
   offsets = best_start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]  # [B, G]
   tokens = past.tokens[offsets % size]
   # Real until the first separator or the oldest token (age 0: the ring's end of recency).
@@ -98,4 +136,4 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
     best_start[:, None] >= 0
   )
   real = jnp.cumprod((within & (tokens != SEPARATOR)).astype(jnp.int32), axis=1).astype(bool)
-  return tokens, real, best_n
+  return tokens, real, n

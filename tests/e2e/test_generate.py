@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from infer.generate import main
+from longspec_jax.methods.past import MAX_SIZE, MIN_SIZE
 
 from helpers import run_cli
 
@@ -301,7 +302,7 @@ def test_past_outputs_are_searched_by_prompt_lookup_only(tiny_with_tokenizer, ca
   code, _, err = run([*target, "--method", "ar", "--past-tokens", "512"], capsys)
   assert code == 2 and "method pld or auto, not ar" in err
   code, _, err = run([*target, "--method", "pld", "--past-tokens", "5"], capsys)
-  assert code == 2 and "at least 10 tokens, got 5" in err
+  assert code == 2 and f"holds {MIN_SIZE} to {MAX_SIZE} tokens, got 5" in err
   code, _, err = run([*target, "--method", "pld", "--corpus", "nowhere.txt"], capsys)
   assert code == 2 and "give --past-tokens too" in err
   code, _, err = run([*target, "--method", "pld", "--past-tokens", "512", "--corpus", "nowhere.txt"], capsys)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from longspec_jax.methods.past import MIN_SIZE, PAST_NGRAMS, SEPARATOR, Past, match_past
+from longspec_jax.methods.past import MAX_SIZE, MIN_SIZE, PAST_NGRAMS, SEPARATOR, Past, match_past, ngram_key
 
 from helpers import examples
 
@@ -43,6 +43,18 @@ def reference_match(ring: list[int], context: list[int], gamma: int) -> tuple[li
   return [], 0
 
 
+def keys_of(tokens: np.ndarray) -> np.ndarray:
+  """Every position's key recomputed from the ring alone."""
+  size = tokens.shape[0]
+  ends = np.arange(size)
+  keys = []
+  for n in PAST_NGRAMS:
+    windows = tokens[(ends[:, None] - n + 1 + np.arange(n)[None, :]) % size]
+    whole = np.all(windows != SEPARATOR, axis=-1) & (tokens[(ends + 1) % size] != SEPARATOR)
+    keys.append(np.where(whole, ngram_key(windows), 0))
+  return np.stack(keys)
+
+
 @examples(60)
 @given(
   seed=st.integers(0, 2**31 - 1),
@@ -60,6 +72,7 @@ def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, voc
   ring = held(written, size)
   order = (np.arange(size) + past.written) % size  # ring positions, oldest first
   assert past.tokens[order].tolist() == ring
+  assert (past.keys == keys_of(past.tokens)).all()  # (written where they changed: as if recomputed whole)
   batch, length = 4, 30
   history = rng.integers(0, vocab, (batch, length))
   end = rng.integers(0, length, batch)  # the root's index
@@ -85,6 +98,13 @@ def test_an_output_repeated_is_proposed_whole_up_to_its_end():
   assert not np.asarray(real[1]).any() and int(ngram[1]) == 0  # (nothing followed 21-24 but its end)
 
 
-def test_a_ring_too_small_for_an_ngram_is_refused():
-  with pytest.raises(ValueError, match="at least"):
-    Past.empty(MIN_SIZE - 1)
+def test_a_ring_too_small_for_an_ngram_or_too_large_for_its_scores_is_refused():
+  for size in (MIN_SIZE - 1, MAX_SIZE + 1):
+    with pytest.raises(ValueError, match=f"{MIN_SIZE} to {MAX_SIZE}"):
+      Past.empty(size)
+
+
+def test_the_keys_are_the_same_on_host_and_device():
+  windows = np.random.default_rng(0).integers(0, 2**17, (50, 8)).astype(np.int32)
+  assert (np.asarray(ngram_key(jnp.asarray(windows))) == ngram_key(windows)).all()
+  assert (ngram_key(windows) % 2 == 1).all()
