@@ -152,7 +152,8 @@ any_int = number_type(int, lambda x: True, "an integer")
 
 
 def output_path(path: Path, kind: str = "file") -> Path:
-  """Checks before any work that `path` can be written as a `kind` ('file' or 'directory')."""
+  """Checks before any work that `path` can be written as a `kind` ('file' or 'directory'),
+  and makes the directories it lies in, so that the work's end cannot fail for want of them."""
   if kind == "file" and path.is_dir():
     raise UserError(f"the output {path} is a directory; give a file name.")
   if kind == "directory" and path.exists() and not path.is_dir():
@@ -162,6 +163,7 @@ def output_path(path: Path, kind: str = "file") -> Path:
     parent = parent.parent
   if not parent.is_dir() or not os.access(parent, os.W_OK):
     raise UserError(f"cannot write {path}: {parent} is not a writable directory.")
+  path.parent.mkdir(parents=True, exist_ok=True)
   return path
 
 

@@ -143,3 +143,13 @@ def test_a_long_compilation_is_announced_once(capsys, tmp_path):
       time.sleep(0.5)
       notice._ended(CompileNotice.COMPILE_ENDS, 0.5)
   assert capsys.readouterr().err == f"compiling (once for these shapes: kept in {tmp_path}) ...\n"
+
+
+def test_an_output_is_checked_and_its_directories_made_before_any_work(tmp_path):
+  from longspec_jax.cli import output_path
+  from longspec_jax.errors import UserError
+
+  out = output_path(tmp_path / "new" / "deeper" / "results.json")
+  assert out.parent.is_dir() and not out.exists()
+  with pytest.raises(UserError, match="is a directory"):
+    output_path(tmp_path / "new")
