@@ -226,11 +226,13 @@ class Worker(threading.Thread):
       job.put(text, None)
 
   def _finish(self, slot: int, job: Job, reason: str | None) -> None:
+    """Ends the job's stream, then frees its slot: what a release does besides (the gains
+    `auto` learnt, the past outputs' ring) is not the client's wait."""
     job.rounds = self.slots.sequence_stats(slot)["rounds"]
-    self.slots.release(slot)
     del self.running[slot]
     if reason is not None:
       job.put("", reason)
+    self.slots.release(slot)
 
 
 def error(status: int, message: str):

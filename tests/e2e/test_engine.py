@@ -350,26 +350,18 @@ def real_run(smollm2_float32):
 
 @pytest.mark.optimized
 def test_real_model_prompt_lookup_is_lossless(real_run):
-  """PLD, one continuation and three of 12 tokens as a trie (the trie accepts more)."""
+  """PLD searching the outputs of earlier generations too: the first generation (none
+  yet), then the same prompts again, finding their whole answers there (accepting far
+  more); then three continuations of 12 tokens as a trie (which accepts more than one)."""
   target, prompts, reference = real_run
-  pld = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup()))
-  assert pld.token_ids == reference
+  memory, decoding = Memory(), Decoding(proposer=PromptLookup(past_tokens=4096))
+  pld = generate(target.model, prompts, 48, decoding, memory=memory)
+  again = generate(target.model, prompts, 48, decoding, memory=memory)
+  assert pld.token_ids == again.token_ids == reference
+  assert again.stats.mean_accepted_length > 2 * pld.stats.mean_accepted_length
   copies = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup(num_tokens=12, matches=3)))
   assert copies.token_ids == reference
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
-
-
-@pytest.mark.optimized
-def test_real_model_prompt_lookup_over_past_outputs_is_lossless(real_run):
-  """PLD and auto searching the outputs of earlier generations: the second generation of
-  the same prompts finds its whole answer there, accepts far more, and writes the same."""
-  target, prompts, reference = real_run
-  for proposer in (PromptLookup(past_tokens=4096), make_proposer("auto", None, ProposerOptions(past_tokens=4096))[0]):
-    memory = Memory()
-    first = generate(target.model, prompts, 48, Decoding(proposer=proposer), memory=memory)
-    again = generate(target.model, prompts, 48, Decoding(proposer=proposer), memory=memory)
-    assert first.token_ids == again.token_ids == reference
-    assert again.stats.mean_accepted_length > 2 * first.stats.mean_accepted_length
 
 
 @pytest.mark.optimized
@@ -407,12 +399,16 @@ def test_real_model_glide_and_tokenswift_are_lossless(real_run):
 
 @pytest.mark.optimized
 def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
-  """auto with LongSpec's draft (two continuations), its first rounds timed; an oracle tree
-  with decoys accepted to its full depth."""
+  """auto with LongSpec's draft (two continuations) and past outputs holding the answers,
+  its first rounds timed; an oracle tree with decoys accepted to its full depth."""
   target, prompts, reference = real_run
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
-  proposer, params = make_proposer("auto", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2))
-  auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
+  options = ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2, past_tokens=4096)
+  proposer, params = make_proposer("auto", draft, options)
+  memory = Memory()
+  for answer in reference:
+    memory.past_for(target.config, Decoding(proposer=proposer)).append(answer)
+  auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params, memory=memory)
   assert auto.token_ids == reference
   assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed
   oracle = Oracle(
