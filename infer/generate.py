@@ -342,7 +342,7 @@ def decode_file(args, target, decoding, draft_params, records, prompts, output) 
     while waiting or running:
       while waiting and slots.free:
         admitting = time.perf_counter()
-        group = slots.groupable([prompts[i] for i in waiting])
+        group = slots.groupable([prompts[i] for i in waiting[: len(slots.free)]])
         if not group:  # (alone, from what its slot holds of its prompt)
           slot = slots.choose(prompts[waiting[0]])
           index, record = waiting[0], records[waiting.pop(0)]

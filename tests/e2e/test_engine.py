@@ -410,7 +410,7 @@ def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
     memory.past_for(target.config, Decoding(proposer=proposer)).append(answer)
   auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params, memory=memory)
   assert auto.token_ids == reference
-  assert auto.stats.calibration_seconds > 0 and auto.stats.rounds_by_kind["ar"] >= 1  # its first rounds: timed
+  assert auto.stats.calibration_seconds > 0  # (its kinds' prices: timed before its rounds)
   oracle = Oracle(
     tuple(map(tuple, reference)), (640,) * len(prompts), branching=(3, 1, 1, 1, 1), vocab=target.config.vocab_size
   )
