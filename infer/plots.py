@@ -509,7 +509,7 @@ def _batch_file(result: dict, plt):
   fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 3, 4))
   bars = ax.bar(range(len(rows)), [r["tokens_per_second"] for r in rows], color="C0")
   ax.bar_label(bars, labels=[f"{r['speedup_vs_ar']:.2f}x" for r in rows], fontsize=8)
-  ax.set_xticks(range(len(rows)), [r["method"] for r in rows])
+  ax.set_xticks(range(len(rows)), [f"{r['set']}\n{r['method']}" if "set" in r else r["method"] for r in rows])
   ax.set(ylabel="tokens/s, end to end")
   ax.grid(alpha=0.3, axis="y")
   records = rows[0]["records"]

@@ -8,7 +8,9 @@ over that time less the prefills' (decode alone). Each method runs the whole fil
 the first run compiling, the second timed, and its records are checked against AR's (same
 token ids: the batch file is lossless). With `--past-tokens`, prompt lookup's methods run
 again searching the earlier records' outputs (`infer.prompts`' sets of repeated answers,
-in fewer slots than records). Writes JSON and a plot with `--out`.
+in fewer slots than records). With `--file-per-set`, each set is a batch file of its own
+(rows by set, each against its own set's AR: a past of one kind of answers). Writes JSON
+and a plot with `--out`.
 
   python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --records 64 \\
     --methods ar pld auto --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
@@ -52,10 +54,49 @@ def decode(flags: list[str], spec: MethodSpec, past: int, records, prompts, outp
   return done, decoded, loaded
 
 
+def batch_files(by_set: dict[str, list], records: int | None, per_set: bool) -> dict[str | None, list]:
+  """The batch files' entries by set name: each set's first `records` (None: all) alone,
+  or, keyed None, one file of the first `records` of the sets taken in turn."""
+  if per_set:
+    return {name: entries[:records] for name, entries in by_set.items()}
+  interleaved = [entry for entries in itertools.zip_longest(*by_set.values()) for entry in entries if entry]
+  return {None: interleaved[:records]}
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
   """The index of the first token where `a` and `b` differ (the shorter's length if one
   is the other's beginning)."""
   return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def row(label: str, loaded, done: dict, decoded: dict, reference: dict) -> dict:
+  """One method's run over a file: its rates, tau, `auto`'s rounds and prices, and the
+  records whose tokens differ from `reference`'s (AR's), each with where."""
+  tokens, seconds, prefill = decoded["tokens"], decoded["seconds"], decoded["prefill_seconds"]
+  differ = [
+    {"id": done[line]["id"], "at": first_difference(done[line]["token_ids"], reference[line]["token_ids"])}
+    for line in reference
+    if done[line]["token_ids"] != reference[line]["token_ids"]
+  ]
+  return {
+    "method": label,
+    **loaded.proposer.describe(),  # (its tree and continuations)
+    "records": len(done),
+    "tokens": tokens,
+    "seconds": seconds,
+    "tokens_per_second": tokens / seconds,
+    "prefill_seconds": prefill,
+    "decode_tokens_per_second": tokens / (seconds - prefill),  # (the time between the prefills)
+    "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
+    **({"rounds_by_kind": decoded["rounds_by_kind"]} if "rounds_by_kind" in decoded else {}),
+    **(
+      {"round_ms_by_kind": {k: 1e3 * v for k, v in decoded["round_seconds_by_kind"].items() if v is not None}}
+      if decoded.get("round_seconds_by_kind")
+      else {}
+    ),
+    "same_tokens_as_ar": not differ,
+    "differing_records": differ,  # (each with the index of its first token unlike AR's)
+  }
 
 
 def same(row: dict) -> str:
@@ -80,6 +121,11 @@ def main(argv=None):
   p.add_argument("--num-prompts", type=cli.positive_int, default=4, help="prompts a set")
   p.add_argument(
     "--records", type=cli.positive_int, help="the file's records, the sets' prompts taken in turn (default: all)"
+  )
+  p.add_argument(
+    "--file-per-set",
+    action="store_true",
+    help="each set a batch file of its own (each of --records), decoded by every method; rows by set",
   )
   p.add_argument(
     "--past-tokens",
@@ -115,74 +161,51 @@ def main(argv=None):
 
   path = resolve_target(base.target)
   tokenizer = load_tokenizer(path)
+  by_set = {
+    name: [
+      (f"{name}/{index}", ids) for index, ids in enumerate(PROMPT_SETS[name](tokenizer, args.length, args.num_prompts))
+    ]
+    for name in set_names(args.sets)
+  }
+  files = batch_files(by_set, args.records, args.file_per_set)
+  rows = []
   with tempfile.TemporaryDirectory() as tmp:
-    records_path = Path(tmp) / "prompts.jsonl"
-    with records_path.open("w") as f:
-      by_set = [
-        [
-          (f"{name}/{index}", ids)
-          for index, ids in enumerate(PROMPT_SETS[name](tokenizer, args.length, args.num_prompts))
-        ]
-        for name in set_names(args.sets)
-      ]
-      interleaved = [prompt for prompts in itertools.zip_longest(*by_set) for prompt in prompts if prompt]
-      for ident, ids in interleaved[: args.records]:  # (the sets taken in turn)
-        f.write(json.dumps({"id": ident, "prompt": tokenizer.decode(ids)}) + "\n")
-    records = batch_file.read_records(records_path)  # (read back as infer.generate reads them)
-    prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(base.chat)) for r in records]
-    run = functools.partial(decode, flags, records=records, prompts=prompts, path=path, tokenizer=tokenizer)
-    rows, reference = [], None
-    for label, method, past in runs:
-      print(f"[{label}] compiling ...", file=sys.stderr, flush=True)
-      *_, loaded = run(method, past, output=Path(tmp) / f"{label}_warm.jsonl")
-      print(f"[{label}] timed ...", file=sys.stderr, flush=True)
-      done, decoded, _ = run(method, past, output=Path(tmp) / f"{label}.jsonl", loaded=loaded)
-      tokens, seconds, prefill = decoded["tokens"], decoded["seconds"], decoded["prefill_seconds"]
-      if reference is None:
-        reference = done
-      differ = [
-        {"id": done[line]["id"], "at": first_difference(done[line]["token_ids"], reference[line]["token_ids"])}
-        for line in reference
-        if done[line]["token_ids"] != reference[line]["token_ids"]
-      ]
-      rows.append(
-        {
-          "method": label,
-          **loaded.proposer.describe(),  # (its tree and continuations)
-          "records": len(done),
-          "tokens": tokens,
-          "seconds": seconds,
-          "tokens_per_second": tokens / seconds,
-          "prefill_seconds": prefill,
-          "decode_tokens_per_second": tokens / (seconds - prefill),  # (the time between the prefills)
-          "tau": sum(r["num_new_tokens"] - 1 for r in done.values()) / max(sum(r["steps"] for r in done.values()), 1),
-          **({"rounds_by_kind": decoded["rounds_by_kind"]} if "rounds_by_kind" in decoded else {}),
-          **(
-            {"round_ms_by_kind": {k: 1e3 * v for k, v in decoded["round_seconds_by_kind"].items() if v is not None}}
-            if decoded.get("round_seconds_by_kind")
-            else {}
-          ),
-          "same_tokens_as_ar": not differ,
-          "differing_records": differ,  # (each with the index of its first token unlike AR's)
-        }
-      )
-  for row in rows:
-    row["speedup_vs_ar"] = row["tokens_per_second"] / rows[0]["tokens_per_second"]
-    row["decode_speedup_vs_ar"] = row["decode_tokens_per_second"] / rows[0]["decode_tokens_per_second"]
+    for number, (name, entries) in enumerate(files.items()):
+      records_path = Path(tmp) / f"prompts_{number}.jsonl"
+      with records_path.open("w") as f:
+        for ident, ids in entries:
+          f.write(json.dumps({"id": ident, "prompt": tokenizer.decode(ids)}) + "\n")
+      records = batch_file.read_records(records_path)  # (read back as infer.generate reads them)
+      prompts = [generate.encode_prompt(tokenizer, r.prompt, r.chat(base.chat)) for r in records]
+      run = functools.partial(decode, flags, records=records, prompts=prompts, path=path, tokenizer=tokenizer)
+      reference = None
+      for label, method, past in runs:
+        print(f"[{name or 'file'} {label}] compiling ...", file=sys.stderr, flush=True)
+        *_, loaded = run(method, past, output=Path(tmp) / f"{number}_{label}_warm.jsonl")
+        print(f"[{name or 'file'} {label}] timed ...", file=sys.stderr, flush=True)
+        done, decoded, _ = run(method, past, output=Path(tmp) / f"{number}_{label}.jsonl", loaded=loaded)
+        reference = reference or done
+        rows.append({**({"set": name} if name else {}), **row(label, loaded, done, decoded, reference)})
+  for r in rows:  # (against AR's row of the same file)
+    ar_row = next(a for a in rows if a.get("set") == r.get("set"))
+    r["speedup_vs_ar"] = r["tokens_per_second"] / ar_row["tokens_per_second"]
+    r["decode_speedup_vs_ar"] = r["decode_tokens_per_second"] / ar_row["decode_tokens_per_second"]
   result = {
     "kind": "batch_file",
     **environment(),
     "argv": argv,
     "target": base.target,
     "sets": set_names(args.sets),
+    "file_per_set": args.file_per_set,
     "length": args.length,
     "batch": base.batch or generate.BATCH,
     "rows": rows,
   }
   print("method | records | tokens | seconds | prefill s | tokens/s | x AR | decode x AR | tau | AR's text")
   for r in rows:
+    label = f"{r['set']} {r['method']}" if "set" in r else r["method"]
     print(
-      f"{r['method']} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['prefill_seconds']:.2f}"
+      f"{label} | {r['records']} | {r['tokens']} | {r['seconds']:.2f} | {r['prefill_seconds']:.2f}"
       f" | {r['tokens_per_second']:.1f} | {r['speedup_vs_ar']:.2f} | {r['decode_speedup_vs_ar']:.2f} | {r['tau']:.2f}"
       f" | {same(r)}" + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
     )

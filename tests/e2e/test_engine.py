@@ -399,8 +399,8 @@ def test_real_model_glide_and_tokenswift_are_lossless(real_run):
 
 @pytest.mark.optimized
 def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
-  """auto with LongSpec's draft (two continuations) and past outputs holding the answers,
-  its first rounds timed; an oracle tree with decoys accepted to its full depth."""
+  """auto with LongSpec's draft (two continuations) and past outputs holding the answers; an
+  oracle tree with decoys accepted to its full depth."""
   target, prompts, reference = real_run
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   options = ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2, past_tokens=4096)
@@ -410,7 +410,6 @@ def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
     memory.past_for(target.config, Decoding(proposer=proposer)).append(answer)
   auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params, memory=memory)
   assert auto.token_ids == reference
-  assert auto.stats.calibration_seconds > 0  # (its kinds' prices: timed before its rounds)
   oracle = Oracle(
     tuple(map(tuple, reference)), (640,) * len(prompts), branching=(3, 1, 1, 1, 1), vocab=target.config.vocab_size
   )
