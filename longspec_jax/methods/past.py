@@ -122,13 +122,13 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
     score = jnp.where(past.keys[row][None, :] == key[:, None], rank * size + age[None, :], score)
   best = jnp.max(score, axis=-1)  # [B]: one fused pass over the keys
   rank = jnp.where(best >= 0, best // size, 0)
-  n = jnp.asarray([0, *reversed(PAST_NGRAMS)], jnp.int32)[rank]  # [B]: 0 none
+  matched = jnp.asarray([0, *reversed(PAST_NGRAMS)], jnp.int32)[rank]  # [B]: the n of it (0: none)
   last = (best % size + past.written) % size  # [B]: the ring position the occurrence ends at
   # The occurrence's tokens against the context's (a key's collision: no occurrence).
   seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
-  considered = jnp.arange(longest)[None, :] >= longest - n[:, None]
-  n = jnp.where(jnp.all((seen == tail) | ~considered, axis=-1), n, 0)
-  best_start = jnp.where(n > 0, (last + 1) % size, -1)
+  considered = jnp.arange(longest)[None, :] >= longest - matched[:, None]
+  matched = jnp.where(jnp.all((seen == tail) | ~considered, axis=-1), matched, 0)
+  best_start = jnp.where(matched > 0, (last + 1) % size, -1)
   offsets = best_start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]  # [B, G]
   tokens = past.tokens[offsets % size]
   # Real until the first separator or the oldest token (age 0: the ring's end of recency).
@@ -136,4 +136,4 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
     best_start[:, None] >= 0
   )
   real = jnp.cumprod((within & (tokens != SEPARATOR)).astype(jnp.int32), axis=1).astype(bool)
-  return tokens, real, n
+  return tokens, real, matched
