@@ -144,13 +144,16 @@ def measure_server(flags, context: int, warm_up: str, texts: list[str], new_toke
 def slots_rates(loaded, prompts: list[list[int]], new_tokens: int) -> list[float]:
   """Each prompt's decode rate (tokens after the first a second) in one slot of
   `batching.Slots` driven as the server's model thread drives them (chunks of
-  `serve.CHUNK_SECONDS`), in this process: the server's engine path without HTTP."""
+  `serve.CHUNK_SECONDS`, each request's own sampling settings), in this process: the
+  server's engine path without HTTP."""
   from longspec_jax.batching import Slots
   from longspec_jax.engine import verified_size
 
   context = max(map(len, prompts)) + new_tokens
   positions = -(-(context + verified_size(loaded.proposer)) // 128) * 128  # (as the server sizes its cache)
-  slots = Slots.open(loaded.target.model, loaded.decoding, loaded.draft_params, 1, positions)
+  slots = Slots.open(
+    loaded.target.model, loaded.decoding, loaded.draft_params, 1, positions, per_sequence_sampling=True
+  )
   rates = []
   for prompt in prompts:
     slots.admit(0, prompt, new_tokens)

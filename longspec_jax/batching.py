@@ -167,6 +167,7 @@ class Slots:
       prompted=np.zeros(slots, np.int32),
       memory=memory,
     )
+    opened._flag_rows()
     if decoding.multi_kind:
       if not table.complete:
         table = opened.measure_prices(table)
@@ -204,7 +205,14 @@ class Slots:
     # Every slot freed, learning nothing: the repeated prompt's gains are no request's.
     self.state = dataclasses.replace(measured.state, eos=eos, done=jnp.ones_like(measured.state.done))
     self.busy[:] = False
+    self._flag_rows()
     return measured.prices
+
+  def _flag_rows(self) -> None:
+    """Whether the busy slots' requests draw or cut to a top-p, as the rounds' programs
+    take it: static (`RowSampling.flagged`), so that greedy requests run the greedy program."""
+    if self.state.rows is not None:
+      self.state = dataclasses.replace(self.state, rows=self.state.rows.flagged(self.busy))
 
   @property
   def group(self) -> int:
@@ -330,6 +338,7 @@ class Slots:
       self.busy[slot] = True
       self.tokens[slot] = [*prompt, int(first[at])]
       self.prompted[slot] = len(prompt)
+    self._flag_rows()
     return [Admitted(int(first[at]), bool(done[at]), reused) for at in range(len(slots))]
 
   def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
@@ -374,6 +383,7 @@ class Slots:
     the slot's is added to them, for every slot's next rounds."""
     self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
     self.busy[slot] = False
+    self._flag_rows()
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None
     if past is not None:  # (what it wrote, for the next requests' prompt lookup, theirs and the running ones')
       past.append(self.tokens[slot][self.prompted[slot] :])

@@ -92,7 +92,7 @@ class SamplingConfig:
       raise ValueError(f"{len(temperatures)} temperatures for {len(top_ps)} top-p values: give one a sequence.")
     for temperature, top_p in zip(temperatures, top_ps):
       dataclasses.replace(self, temperature=float(temperature), top_p=float(top_p))  # (raises UserError)
-    return RowSampling(jnp.asarray(temperatures, jnp.float32), jnp.asarray(top_ps, jnp.float32))
+    return RowSampling(jnp.asarray(temperatures, jnp.float32), jnp.asarray(top_ps, jnp.float32)).flagged()
 
 
 @jax.tree_util.register_dataclass
@@ -100,10 +100,24 @@ class SamplingConfig:
 class RowSampling:
   """Per-sequence temperature and top-p, [B] float32 each, that replace a `SamplingConfig`'s
   own (`SamplingConfig.per_sequence`): traced, so that sequences asking for different ones
-  share a batch and a compilation. A row at temperature 0 is greedy."""
+  share a batch and a compilation. A row at temperature 0 is greedy.
+
+  `sampled` (some row draws) and `nucleus` (some drawing row cuts to its top-p) are static:
+  the host knows them, and a batch without draws compiles without them. Deciding them on
+  the device instead (a `lax.cond` a round) made the host read the predicate between the
+  round's CUDA graphs, a stall in every round of a GPU."""
 
   temperature: jax.Array
   top_p: jax.Array
+  sampled: bool = dataclasses.field(default=True, metadata=dict(static=True))
+  nucleus: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+  def flagged(self, live: np.ndarray | None = None) -> RowSampling:
+    """The same rows with `sampled` and `nucleus` read from their values (a host read), over
+    the rows `live` [B] bool marks (default all: rows that emit nothing may draw or not)."""
+    temperature, top_p = np.asarray(self.temperature), np.asarray(self.top_p)
+    drawing = temperature > 0 if live is None else (temperature > 0) & live
+    return dataclasses.replace(self, sampled=bool(drawing.any()), nucleus=bool((drawing & (top_p < 1.0)).any()))
 
   def at(self, ndim: int) -> tuple[jax.Array, jax.Array]:
     """(temperature, top_p) shaped [B, 1, ...] to broadcast against arrays of `ndim` axes."""
@@ -135,10 +149,8 @@ def log_probs(
     scores = jax.nn.log_softmax(jnp.where(scores >= kth, scores, -jnp.inf), axis=-1)
   if rows is None and top_p < 1.0:
     scores = _nucleus(scores, top_p)
-  elif rows is not None:  # (the vocabulary's sort only where some row asks for it)
-    scores = jax.lax.cond(
-      jnp.any(top_p < 1.0), lambda s: jnp.where(top_p < 1.0, _nucleus(s, top_p), s), lambda s: s, scores
-    )
+  elif rows is not None and rows.nucleus:  # (the vocabulary's sort only where some row asks for it)
+    scores = jnp.where(top_p < 1.0, _nucleus(scores, top_p), scores)
   if config.min_p > 0.0:
     floor = jnp.max(scores, axis=-1, keepdims=True) + jnp.log(config.min_p)
     scores = jax.nn.log_softmax(jnp.where(scores >= floor, scores, -jnp.inf), axis=-1)
@@ -171,17 +183,14 @@ def sample(
   token at `positions` [B, ...] (`key`: the rows' keys [B], the same for every position)
   or a categorical one from `key`. With `rows` (`SamplingConfig.per_sequence`, drawn by
   position), each row is greedy or draws by its own temperature and top-p; a batch of
-  greedy rows draws no noise."""
+  greedy rows (`RowSampling.sampled` false) draws no noise."""
   if rows is not None:
     greedy = jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
-
-    def drawn(logits):
-      scores = log_probs(logits, seen, config, rows) + position_noise(key, positions, logits.shape[-1])
-      return jnp.argmax(scores, axis=-1).astype(jnp.int32)
-
-    sampled = rows.at(greedy.ndim)[0] > 0  # [B, 1, ...]
-    tokens = jax.lax.cond(jnp.any(sampled), drawn, lambda _: greedy, logits)
-    return jnp.where(sampled, tokens, greedy)
+    if not rows.sampled:
+      return greedy
+    scores = log_probs(logits, seen, config, rows) + position_noise(key, positions, logits.shape[-1])
+    drawn = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    return jnp.where(rows.at(greedy.ndim)[0] > 0, drawn, greedy)
   if config.greedy:
     return jnp.argmax(penalize(logits, seen, config), axis=-1).astype(jnp.int32)
   scores = log_probs(logits, seen, config)

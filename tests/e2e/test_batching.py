@@ -249,9 +249,13 @@ def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, meth
 
   def admit(slot, request):
     prompt, limit, seed, temperature, top_p = requests[request]
-    return slots.admit(slot, prompt, limit, seed, temperature=temperature, top_p=top_p).first
+    first = slots.admit(slot, prompt, limit, seed, temperature=temperature, top_p=top_p).first
+    drawing = np.asarray(slots.state.rows.temperature)[slots.busy] > 0  # (the rounds' program: with draws or not)
+    assert slots.state.rows.sampled == bool(drawing.any())
+    return first
 
   written = drain(slots, len(requests), admit)
+  assert not slots.state.rows.sampled  # (every request released: greedy rounds)
   for request, (prompt, limit, seed, temperature, top_p) in enumerate(requests):
     alone = Decoding(proposer=proposer_, sampling=SamplingConfig(temperature=temperature, top_p=top_p))
     assert written[request] == generate(tiny, [prompt], limit, alone, params, seed=seed).token_ids[0], request

@@ -159,6 +159,24 @@ def test_each_sequence_draws_as_its_own_config_would():
   )
 
 
+def test_a_batch_without_draws_compiles_none():
+  """`RowSampling`'s static flags: a batch whose live rows are all greedy samples the argmax
+  in a program with neither a draw nor a branch (a branch a round made a GPU's host read
+  its predicate); one without a top-p below 1 among its drawing rows sorts no vocabulary."""
+  config = SamplingConfig()
+  greedy = config.per_sequence([0.0, 0.0], [0.5, 1.0])
+  assert (greedy.sampled, greedy.nucleus) == (False, False)
+  drawing = config.per_sequence([0.0, 0.7], [0.5, 1.0])
+  assert (drawing.sampled, drawing.nucleus) == (True, False)
+  assert config.per_sequence([0.7, 0.0], [0.9, 1.0]).nucleus
+  assert not drawing.flagged(np.array([True, False])).sampled  # (only live rows count)
+  logits, positions = jnp.zeros((2, 3, 50)), jnp.zeros((2, 3), jnp.int32)
+  keys, _ = generation_keys([1, 2], SamplingConfig(temperature=1.0))
+  program = lambda rows: jax.jit(sample, static_argnums=2).lower(logits, keys, config, None, positions, rows).as_text()
+  assert not any(op in program(greedy) for op in ("case", "threefry", "sort"))
+  assert "threefry" in program(drawing) and "sort" not in program(drawing)
+
+
 def test_per_sequence_settings_are_checked():
   with pytest.raises(UserError, match="top_p must be in"):
     SamplingConfig().per_sequence([0.5], [1.5])
