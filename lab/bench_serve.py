@@ -190,6 +190,11 @@ def measure_generate(args, path, tokenizer, warm_up: str, texts: list[str], new_
   return alone, slots_alone, together
 
 
+def _ratio(value: float | None) -> str:
+  """A ratio as the table prints it ('-' where there is none: an answer of one token)."""
+  return "-" if value is None else f"{value:.2f}"
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -275,6 +280,10 @@ def main(argv=None):
     "median_decode_ratio": statistics.median(ratios) if ratios else None,
     "median_first_token_beyond_prefill_ms": statistics.median(r["first_token_beyond_prefill_ms"] for r in rows),
   }
+  if args.out:
+    args.out.write_text(json.dumps(result, indent=1))
+    plot(result, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
   print(
     "set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x"
     " | slots tok/s | server tau | generate tau"
@@ -284,7 +293,7 @@ def main(argv=None):
       f"{r['set']} | {r['prompt']} | {r['new_tokens']} | {r['server_first_token_s']:.3f}"
       f" | {r['generate_prefill_s']:.3f} | {r['first_token_beyond_prefill_ms']:.1f}"
       f" | {r['server_decode_tokens_per_second']:.1f} | {r['generate_decode_tokens_per_second']:.1f}"
-      f" | {r['decode_ratio']:.2f} | {r['slots_decode_tokens_per_second']:.1f} | {r['server_tau']:.2f}"
+      f" | {_ratio(r['decode_ratio'])} | {r['slots_decode_tokens_per_second']:.1f} | {r['server_tau']:.2f}"
       f" | {r['generate_tau']:.2f}" + ("" if r["same_text"] else " | other text")
     )
   for t in totals:
@@ -292,10 +301,6 @@ def main(argv=None):
       f"{t['set']} | {t['concurrency']} clients | server {t['server_tokens_per_second']:.1f} tok/s | generate"
       f" {t['generate_tokens_per_second']:.1f} tok/s (one batch) | {t['ratio']:.2f}"
     )
-  if args.out:
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
 
 
 if __name__ == "__main__":
