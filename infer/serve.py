@@ -2,11 +2,13 @@
 
 `POST /v1/completions` and `POST /v1/chat/completions` (the model's chat template), each
 streaming as server-sent events with `stream: true`; `GET /v1/models`, `GET /health`.
-`--max-batch` slots decode as one batch (`longspec_jax.batching.Slots`) with the method the
-flags choose. A request waits in a bounded queue (full: HTTP 429), joins a free slot between
-chunks of rounds, streams its text as each chunk ends, and leaves when it is done, when one
-of its `stop` strings appears, or when its client goes away. One thread runs the model; the
-HTTP side only queues requests and reads their text. A bad request gets HTTP 400 and one
+`--max-batch` slots decode as one batch (`longspec_jax.batching.Slots`) with the method
+the flags choose, a chunk of rounds computing the rows up to the last busy slot (a lone
+request pays for one row, not the batch's; each count of rows is compiled at startup). A
+request waits in a bounded queue (full: HTTP 429), joins a free slot between chunks of
+rounds, streams its text as each chunk ends, and leaves when it is done, when one of its
+`stop` strings appears, or when its client goes away. One thread runs the model; the HTTP
+side only queues requests and reads their text. A bad request gets HTTP 400 and one
 sentence. On SIGTERM the server takes no new connections, finishes the requests it holds
 (for up to `--shutdown-seconds`) and exits 0. `max_tokens`, `temperature`, `top_p`, `seed`
 and `stop` are per request (the sampling flags give the defaults; draws are keyed by
@@ -475,9 +477,15 @@ def main(argv=None) -> None:
   positions = -(-(context + reserved) // 128) * 128
   print(f"compiling for {args.max_batch} slots of {context} positions ...", file=sys.stderr, flush=True)
   slots = Slots.open(
-    loaded.target.model, loaded.decoding, loaded.draft_params, args.max_batch, positions, per_sequence_sampling=True
+    loaded.target.model,
+    loaded.decoding,
+    loaded.draft_params,
+    args.max_batch,
+    positions,
+    per_sequence_sampling=True,
+    shrink=True,
   )
-  slots.run(1)  # (the decode loop compiled before the first request)
+  slots.compile()  # (the decode loops compiled before the first request)
   worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue)
   worker.start()
   name = args.served_model_name or args.target

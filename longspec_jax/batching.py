@@ -66,6 +66,26 @@ def _splice(state: Any, started: Any, at: jax.Array, row: jax.Array, axes: tuple
   return jax.tree.unflatten(tree, written)
 
 
+@functools.partial(jax.jit, static_argnames=("rows", "axes"))
+def _first_rows(state: Any, rows: int, axes: tuple[int | None, ...]) -> Any:
+  """The first `rows` rows of `state` (a copy: a chunk donates it), what the batch shares as it is."""
+  leaves, tree = jax.tree.flatten(state)
+  first = lambda leaf, axis: leaf if axis is None else jax.lax.slice_in_dim(leaf, 0, rows, axis=axis)
+  return jax.tree.unflatten(tree, [first(leaf, axis) for leaf, axis in zip(leaves, axes)])
+
+
+@functools.partial(jax.jit, static_argnames=("axes",), donate_argnums=0)
+def _with_first_rows(state: Any, first: Any, axes: tuple[int | None, ...]) -> Any:
+  """`state` (donated) with `first`'s rows written over its first ones and what the batch
+  shares taken from `first` (the rounds it ran since)."""
+  leaves, tree = jax.tree.flatten(state)
+  written = [
+    new if axis is None else jax.lax.dynamic_update_slice_in_dim(leaf, new.astype(leaf.dtype), 0, axis)
+    for leaf, new, axis in zip(leaves, jax.tree.leaves(first), axes)
+  ]
+  return jax.tree.unflatten(tree, written)
+
+
 class Admitted(NamedTuple):
   first: int  # the request's first token
   done: bool  # it ends there: an EOS, or a limit of one token
@@ -82,6 +102,11 @@ def _row(cache: KVCache, slot: int, count: int) -> KVCache:
 def _each(values: Sequence[float | None] | None, default: float, count: int) -> list[float]:
   """One value a prompt: `values`' own, `default` where there is none."""
   return [default if v is None else v for v in (values or [None] * count)]
+
+
+def _powers_of_two(count: int) -> list[int]:
+  """`count` as a sum of distinct powers of two, largest first (13: 8, 4, 1)."""
+  return [1 << i for i in reversed(range(count.bit_length())) if count >> i & 1]
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -120,6 +145,7 @@ class Slots:
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
   memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
   rounds_before: Any = 0  # `auto`'s rounds by kind when the slots opened (its calibration's)
+  shrink: bool = False  # a chunk runs only the rows up to the last busy slot (`live_rows`)
 
   @classmethod
   def open(
@@ -131,12 +157,15 @@ class Slots:
     positions: int,
     memory: engine.Memory | None = None,
     per_sequence_sampling: bool = False,
+    shrink: bool = False,
   ) -> Slots:
     """Every slot free. `auto` starts from the prices and gains `memory` holds (default the
     process's) for `slots` sequences in `positions`, and leaves there the gains it learns;
     prices not measured yet are measured now (`measure_prices`). With
     `per_sequence_sampling`, each request may bring its own temperature and top-p
-    (`admit`)."""
+    (`admit`). With `shrink`, a chunk computes only the rows up to the last busy slot
+    (`live_rows`): a server's load changes, and a lone request in a slot of eight would
+    pay for eight rows a round; each count of rows is a program of its own (`compile`)."""
     memory = engine.MEMORY if memory is None else memory
     key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
     temperature = decoding.sampling.temperature
@@ -166,6 +195,7 @@ class Slots:
       tokens=[[] for _ in range(slots)],
       prompted=np.zeros(slots, np.int32),
       memory=memory,
+      shrink=shrink,
     )
     opened._flag_rows()
     if decoding.multi_kind:
@@ -306,28 +336,37 @@ class Slots:
     one prompt's alone (`engine.prefill_chunk_tokens(1)`): so under batch-invariant
     numerics each row's bits are those of its prompt prefilled alone, whatever the group
     holds, and a batch file's records start in one call instead of one each (no slot's
-    cache is reused). `temperatures`, `top_ps`: as `admit`'s, one a prompt (None: the
-    config's)."""
+    cache is reused). The prompts go in calls of a power of two each (7: 4, 2, 1): each
+    count is a program of its own, and the counts that arrive follow the rounds' timing,
+    so a count not met before would compile inside a timed run. `temperatures`, `top_ps`:
+    as `admit`'s, one a prompt (None: the config's)."""
     if any(self.busy[slot] for slot in slots) or len(set(slots)) != len(slots):
       raise ValueError(f"slots {list(slots)} are not as many free slots as prompts.")
     own = self.state.rows is not None
     if not own and (temperatures is not None or top_ps is not None):
       raise ValueError("these slots sample by their config alone; open them with per_sequence_sampling.")
     config = self.decoding.sampling
-    started = engine.start(
-      self.model,
-      prompts,
-      list(max_new_tokens),
-      self.decoding,
-      self.proposer_params,
-      seed=list(seeds),
-      prefill_chunk=engine.prefill_chunk_tokens(1),
-      carried=self.carried,
-      positions=self.positions,
-      temperatures=_each(temperatures, config.temperature, len(prompts)) if own else None,
-      top_ps=_each(top_ps, config.top_p, len(prompts)) if own else None,
-    )
-    return self._occupy(slots, prompts, max_new_tokens, started, 0)
+    temperatures = _each(temperatures, config.temperature, len(prompts)) if own else None
+    top_ps = _each(top_ps, config.top_p, len(prompts)) if own else None
+    admitted, at = [], 0
+    for count in _powers_of_two(len(prompts)):
+      part = slice(at, at + count)
+      started = engine.start(
+        self.model,
+        prompts[part],
+        list(max_new_tokens[part]),
+        self.decoding,
+        self.proposer_params,
+        seed=list(seeds[part]),
+        prefill_chunk=engine.prefill_chunk_tokens(1),
+        carried=self.carried,
+        positions=self.positions,
+        temperatures=temperatures[part] if own else None,
+        top_ps=top_ps[part] if own else None,
+      )
+      admitted += self._occupy(slots[part], prompts[part], max_new_tokens[part], started, 0)
+      at += count
+    return admitted
 
   def _occupy(self, slots, prompts, max_new_tokens, started: engine.Started, reused: int) -> list[Admitted]:
     """Each started row into its slot, the slot then busy with its request."""
@@ -341,18 +380,37 @@ class Slots:
     self._flag_rows()
     return [Admitted(int(first[at]), bool(done[at]), reused) for at in range(len(slots))]
 
-  def run(self, rounds: int) -> tuple[np.ndarray, np.ndarray]:
-    """Up to `rounds` rounds over every slot: (the new tokens [slots, n], PAD_ID where a slot
-    has none; which slots are done)."""
-    self.state, tokens, _ = engine.decode_chunk(
+  @property
+  def live_rows(self) -> int:
+    """The rows a chunk runs: with `shrink`, the fewest of a power of two (or every slot)
+    that reach the last busy slot; else every slot. The slots past them are free, and a
+    chunk leaves their state (a chat's cache kept for its next turn) as it is."""
+    busy = np.flatnonzero(self.busy)
+    if not self.shrink or not len(busy):
+      return len(self.busy)
+    return min(1 << int(busy[-1]).bit_length(), len(self.busy))
+
+  def run(self, rounds: int, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Up to `rounds` rounds over the first `rows` slots (default `live_rows`): (the new
+    tokens [slots, n], PAD_ID where a slot has none; which slots are done)."""
+    rows = rows or self.live_rows
+    run = lambda state: engine.decode_chunk(
       self.model,
-      self.state,
+      state,
       self.decoding,
       self.proposer_params,
-      max_new_tokens=self.limits.tolist(),
+      max_new_tokens=self.limits[:rows].tolist(),
       rounds=rounds,
     )
-    tokens = np.asarray(tokens)
+    if rows == len(self.busy):
+      self.state, tokens, _ = run(self.state)
+      tokens = np.asarray(tokens)
+    else:  # (the rows copied out and back once a chunk, not a round)
+      first, ran, _ = run(_first_rows(self.state, rows, self.axes))
+      self.state = _with_first_rows(self.state, first, self.axes)
+      ran = np.asarray(ran)
+      tokens = np.full((len(self.busy), ran.shape[1]), engine.PAD_ID, ran.dtype)
+      tokens[:rows] = ran
     for slot in np.flatnonzero(self.busy):
       self.tokens[slot] += [int(t) for t in tokens[slot] if t != engine.PAD_ID]
     return tokens, np.asarray(self.state.done)
@@ -369,6 +427,18 @@ class Slots:
       per_round = (time.perf_counter() - started) / ran
       self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
     return out
+
+  def compile(self) -> None:
+    """Compiles the chunks' programs for every count of rows `run` may take (with `shrink`,
+    the powers of two below the slots', then all of them), running no round."""
+    counts = [1 << i for i in range((len(self.busy) - 1).bit_length())] if self.shrink else []
+    for rows in [*counts, len(self.busy)]:
+      if rows == len(self.busy):
+        engine.compile_chunk(self.model, self.state, self.decoding, self.proposer_params)
+        continue
+      first = _first_rows(self.state, rows, self.axes)
+      engine.compile_chunk(self.model, first, self.decoding, self.proposer_params)
+      self.state = _with_first_rows(self.state, first, self.axes)  # (its program compiled too)
 
   def sequence_stats(self, slot: int) -> dict:
     """The request in `slot`'s own stats so far (`engine.sequence_stats`)."""

@@ -692,8 +692,20 @@ def decode_chunk(
   sequence is done. Returns (state, tokens [B, n] with PAD_ID where there is none,
   whether every sequence is done). Chunks of any `rounds` <= `max_rounds` share one
   compilation, as do any token limits (one for all, or one a sequence)."""
+  return _chunk_rounds(model, state, decoding, proposer_params, max_new_tokens, max_rounds)(state, rounds)
+
+
+def compile_chunk(
+  model: Transformer, state: DecodeState, decoding: Decoding = Decoding(), proposer_params: Any = None
+) -> None:
+  """Compiles the programs `decode_chunk` runs for `state`'s shapes (for `auto` off a GPU,
+  every kind's), running none: a server compiles before its first request does."""
+  _chunk_rounds(model, state, decoding, proposer_params, 1, MAX_ROUNDS_PER_CHUNK).compile(state)
+
+
+def _chunk_rounds(model, state, decoding, proposer_params, max_new_tokens, max_rounds) -> _Rounds:
   graphdef, params = nnx.split(model)
-  run = _Rounds(
+  return _Rounds(
     _decode_chunk[model.compilation(rounds=True)],
     graphdef,
     params,
@@ -702,7 +714,6 @@ def decode_chunk(
     token_limits(state.root, max_new_tokens),
     max_rounds,
   )
-  return run(state, rounds)
 
 
 @dataclasses.dataclass(frozen=True)

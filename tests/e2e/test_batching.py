@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from longspec_jax.batching import Slots, batch_axes
+from longspec_jax.batching import Slots, _powers_of_two, batch_axes
 from longspec_jax.engine import PAD_ID, Decoding, generate
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import Method, ProposerOptions
@@ -261,6 +261,41 @@ def test_each_request_samples_with_its_own_temperature_top_p_and_seed(tiny, meth
     assert written[request] == generate(tiny, [prompt], limit, alone, params, seed=seed).token_ids[0], request
 
 
+@pytest.mark.parametrize("method", [Method.PLD, Method.AUTO])
+def test_slots_that_shrink_run_the_rows_up_to_the_last_busy_one(tiny, method):
+  """With `shrink`, a chunk computes the rows up to the last busy slot (a power of two): a
+  lone request in the first of four slots runs one row, one in the third four; every
+  request writes what it writes alone, and a free slot past the rows keeps its state (the
+  cache of a request it held, for a chat's next turn)."""
+  proposer_, params = proposer(tiny, method)
+  slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=4, positions=128, shrink=True)
+  slots.compile()
+  rng = np.random.default_rng(7)
+  prompts = [rng.integers(3, 60, size=n).tolist() for n in (11, 17, 8)]
+  alone = [generate(tiny, [p], 12, Decoding(proposer=proposer_), params).token_ids[0] for p in prompts]
+
+  def finish(slot, request) -> list[int]:
+    written = [slots.admit(slot, prompts[request], 12).first]
+    while not np.asarray(slots.state.done)[slot]:
+      tokens, _ = slots.run(2)
+      written += [int(t) for t in tokens[slot] if t != PAD_ID]
+    slots.release(slot)
+    return written
+
+  assert slots.live_rows == 4  # (none busy: every row)
+  slots.admit(2, prompts[0], 12)
+  assert slots.live_rows == 4
+  slots.release(2)
+  assert finish(3, 0) == alone[0]
+  kept = np.asarray(slots.state.cache.k)[:, 3]
+  slots.admit(0, prompts[1], 12)
+  assert slots.live_rows == 1
+  slots.release(0)
+  assert finish(0, 1) == alone[1]
+  assert finish(1, 2) == alone[2]
+  np.testing.assert_array_equal(np.asarray(slots.state.cache.k)[:, 3], kept)
+
+
 def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_slot(tiny):
   """Prompt lookup over past outputs in two slots: each released request's output goes into
   the ring in the order they end (a ring of 40 tokens: the oldest dropped), the running
@@ -290,10 +325,15 @@ def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_s
     assert written[request] == generate(tiny, [ids], limit, Decoding()).token_ids[0], request
 
 
+def test_a_group_is_prefilled_in_calls_of_powers_of_two():
+  assert [_powers_of_two(n) for n in (1, 6, 7, 13, 16)] == [[1], [4, 2], [4, 2, 1], [8, 4, 1], [16]]
+
+
 @pytest.mark.parametrize("method", [Method.AR, Method.PLD, Method.AUTO])
 def test_prompts_admitted_together_write_what_each_writes_alone(tiny, method):
-  """Three prompts of different lengths and limits prefilled in one call into three slots,
-  a fourth admitted alone once one ends: each writes what it writes alone."""
+  """Three prompts of different lengths and limits prefilled in one call into three slots
+  (calls of two and one), a fourth admitted alone once one ends: each writes what it
+  writes alone."""
   rng = np.random.default_rng(7)
   requests = [((rng.integers(3, 60, size=n // 2).tolist() * 2)[:n], limit) for n, limit in [(23, 8), (6, 12), (15, 5)]]
   requests.append((rng.integers(3, 60, size=11).tolist(), 9))
