@@ -11,12 +11,14 @@ in a long history) and proposes what followed it there, up to a separator.
 
 The host keeps, beside each ring position and for each n, a 32-bit key of the n tokens
 ending there (`ngram_key`; 0 where they hold a separator or no token follows them), updated
-where an output is written. A round's search is then one fused pass over the keys: the
-positions whose key equals the context's, the longest n's newest first. Compared with the
-n tokens of every position, it reads a word a position and n, not n; the chosen occurrence's
-tokens are compared with the context's, so a key collision (about one in 2^31 positions)
-proposes nothing that round rather than another text. A ring of H tokens holds 16 bytes a
-token: a ring of a million tokens is 16 MB.
+where an output is written. Once a ring changes (an output written, not a round), the device
+sorts each n's keys with the positions' ages (`PastTokens.index_keys`, `index_ends`), and a
+round's search is a binary search per n: the last entry of the context's key is its newest
+occurrence. A round reads a few dozen words whatever the ring's size, not a word per
+position. The chosen occurrence's tokens are compared with the context's, so a key collision
+(about one in 2^31 positions) proposes nothing that round rather than another text. A ring
+holds 4 bytes a token on the host and 28 on the device with its index: a million tokens take
+28 MB of device memory.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 SEPARATOR = -1  # ends each output in the ring, and fills it before anything is written
 PAST_NGRAMS = (8, 6, 4)  # the n-gram lengths searched, longest first
 MIN_SIZE = max(PAST_NGRAMS) + 2  # the smallest ring: an n-gram, a token after it, a separator
-MAX_SIZE = 2**31 // (len(PAST_NGRAMS) + 1)  # the largest: `match_past`'s scores (rank x H + age) fit in int32
+MAX_SIZE = 2**30  # the largest: positions and ages are int32
 _MULTIPLIER = 0x01000193  # FNV's prime: the keys' polynomial over the n tokens
 _NO_TAIL = 2  # a context's key where it holds fewer than n tokens: even, so no position's (odd or 0)
 
@@ -54,7 +56,8 @@ class PastTokens:
   """The ring as a round reads it (on device)."""
 
   tokens: jax.Array  # [H] int32: outputs, each followed by SEPARATOR; the oldest overwritten first
-  keys: jax.Array  # [N, H] uint32: per n of PAST_NGRAMS, the key of the n tokens ending at each position (0: none)
+  index_keys: jax.Array  # [N, H] uint32: per n of PAST_NGRAMS, the positions' keys (`Past.keys`) ascending
+  index_ends: jax.Array  # [N, H] int32: the position each of them ends at, the oldest first among equal keys
   written: jax.Array  # [] int32: tokens written so far modulo H: where the next goes, the oldest sits
 
 
@@ -95,7 +98,20 @@ class Past:
       self.keys[row, ends] = np.where(whole, ngram_key(windows), np.uint32(0))
 
   def on_device(self) -> PastTokens:
-    return PastTokens(jnp.asarray(self.tokens), jnp.asarray(self.keys), jnp.int32(self.written))
+    """The ring as rounds read it, its keys sorted on the device (once a change)."""
+    written = jnp.int32(self.written)
+    return PastTokens(jnp.asarray(self.tokens), *_index(jnp.asarray(self.keys), written), written)
+
+
+@jax.jit
+def _index(keys: jax.Array, written: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """keys [N, H] -> (the keys ascending, the position of each), oldest first among equal
+  keys, per row."""
+  size = keys.shape[1]
+  ends = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), keys.shape)
+  age = (ends - written) % size  # 0: the oldest
+  index_keys, _, index_ends = jax.lax.sort((keys, age, ends), dimension=1, num_keys=2)
+  return index_keys, index_ends
 
 
 def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens: int):
@@ -109,21 +125,19 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   (0: none)."""
   size = past.tokens.shape[0]
   count = end + 1  # tokens in the context, root included
-  age = (jnp.arange(size, dtype=jnp.int32) - past.written) % size  # [H]: 0 the oldest
   longest = max(PAST_NGRAMS)
   tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - longest,), (longest,)))(
     jnp.pad(history, ((0, 0), (longest, 0))), count + longest
   )  # [B, L]: the context's last `longest` tokens (padding before a short context's)
-  # Each position's score: (the rank of its longest n matching, from 1) x H + its age; -1: none.
-  score = jnp.full((history.shape[0], size), -1, jnp.int32)
-  for row, n in reversed(list(enumerate(PAST_NGRAMS))):
+  matched = jnp.zeros(history.shape[:1], jnp.int32)  # [B]: the n found (0: none)
+  last = jnp.zeros(history.shape[:1], jnp.int32)  # [B]: the ring position its occurrence ends at
+  for row, n in reversed(list(enumerate(PAST_NGRAMS))):  # (shortest first: a longer n found replaces it)
     key = jnp.where(count >= n, ngram_key(tail[:, longest - n :]), jnp.uint32(_NO_TAIL))  # [B]
-    rank = len(PAST_NGRAMS) - row
-    score = jnp.where(past.keys[row][None, :] == key[:, None], rank * size + age[None, :], score)
-  best = jnp.max(score, axis=-1)  # [B]: one fused pass over the keys
-  rank = jnp.where(best >= 0, best // size, 0)
-  matched = jnp.asarray([0, *reversed(PAST_NGRAMS)], jnp.int32)[rank]  # [B]: the n of it (0: none)
-  last = (best % size + past.written) % size  # [B]: the ring position the occurrence ends at
+    # The last entry of `key` is its newest occurrence (unrolled: one fused pass, no loop).
+    at = jnp.searchsorted(past.index_keys[row], key, side="right", method="scan_unrolled") - 1  # [B]
+    found = (at >= 0) & (past.index_keys[row][jnp.maximum(at, 0)] == key)
+    matched = jnp.where(found, n, matched)
+    last = jnp.where(found, past.index_ends[row][jnp.maximum(at, 0)], last)
   # The occurrence's tokens against the context's (a key's collision: no occurrence).
   seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
   considered = jnp.arange(longest)[None, :] >= longest - matched[:, None]

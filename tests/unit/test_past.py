@@ -88,6 +88,20 @@ def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, voc
     assert not np.asarray(real[b])[len(expected) :].any()
 
 
+def test_the_device_index_lists_keys_ascending_the_oldest_first_among_equal_ones():
+  past = Past.empty(40)
+  for output in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7], [9] * 20, [1, 2, 3, 4, 5, 8]):
+    past.append(output)
+  device = past.on_device()
+  keys, ends = np.asarray(device.index_keys), np.asarray(device.index_ends)
+  age = (ends - past.written) % past.size
+  for row in range(len(PAST_NGRAMS)):
+    assert sorted(keys[row].tolist()) == sorted(past.keys[row].tolist())
+    assert (past.keys[row][ends[row]] == keys[row]).all()  # (each entry's position holds its key)
+    order = np.lexsort((age[row], keys[row]))
+    assert (order == np.arange(past.size)).all()  # (ascending by key, then by age)
+
+
 def test_an_output_repeated_is_proposed_whole_up_to_its_end():
   past = Past.empty(64)
   past.append([5, 6, 7, 8, 9, 10, 11, 12])
