@@ -92,7 +92,8 @@ class SamplingConfig:
       raise ValueError(f"{len(temperatures)} temperatures for {len(top_ps)} top-p values: give one a sequence.")
     for temperature, top_p in zip(temperatures, top_ps):
       dataclasses.replace(self, temperature=float(temperature), top_p=float(top_p))  # (raises UserError)
-    return RowSampling(jnp.asarray(temperatures, jnp.float32), jnp.asarray(top_ps, jnp.float32)).flagged()
+    temperatures, top_ps = np.asarray(temperatures, np.float32), np.asarray(top_ps, np.float32)
+    return RowSampling(jnp.asarray(temperatures), jnp.asarray(top_ps), *_flags(temperatures, top_ps))
 
 
 @jax.tree_util.register_dataclass
@@ -104,8 +105,8 @@ class RowSampling:
 
   `sampled` (some row draws) and `nucleus` (some drawing row cuts to its top-p) are static:
   the host knows them, and a batch without draws compiles without them. Deciding them on
-  the device instead (a `lax.cond` a round) made the host read the predicate between the
-  round's CUDA graphs, a stall in every round of a GPU."""
+  the device instead (a `lax.cond` a round) has a GPU's host read the predicate between the
+  round's CUDA graphs, every round."""
 
   temperature: jax.Array
   top_p: jax.Array
@@ -115,14 +116,20 @@ class RowSampling:
   def flagged(self, live: np.ndarray | None = None) -> RowSampling:
     """The same rows with `sampled` and `nucleus` read from their values (a host read), over
     the rows `live` [B] bool marks (default all: rows that emit nothing may draw or not)."""
-    temperature, top_p = np.asarray(self.temperature), np.asarray(self.top_p)
-    drawing = temperature > 0 if live is None else (temperature > 0) & live
-    return dataclasses.replace(self, sampled=bool(drawing.any()), nucleus=bool((drawing & (top_p < 1.0)).any()))
+    live = np.ones(self.temperature.shape, bool) if live is None else live
+    sampled, nucleus = _flags(np.asarray(self.temperature)[live], np.asarray(self.top_p)[live])
+    return dataclasses.replace(self, sampled=sampled, nucleus=nucleus)
 
   def at(self, ndim: int) -> tuple[jax.Array, jax.Array]:
     """(temperature, top_p) shaped [B, 1, ...] to broadcast against arrays of `ndim` axes."""
     shape = (-1,) + (1,) * (ndim - 1)
     return self.temperature.reshape(shape), self.top_p.reshape(shape)
+
+
+def _flags(temperatures: np.ndarray, top_ps: np.ndarray) -> tuple[bool, bool]:
+  """(`RowSampling.sampled`, `nucleus`) of rows with these settings."""
+  drawing = temperatures > 0
+  return bool(drawing.any()), bool((drawing & (top_ps < 1.0)).any())
 
 
 def penalize(logits: jax.Array, seen: jax.Array | None, config: SamplingConfig) -> jax.Array:
