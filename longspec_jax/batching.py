@@ -11,6 +11,11 @@ batch's. The rows of other slots are untouched, and a round's tokens for one row
 depend on the others (the engine's batch invariance), so under greedy decoding or draws
 keyed by position (the default) a request's tokens are those it gets alone.
 
+With `shrink` (a server's slots, whose load changes) a chunk of rounds computes only the
+rows up to the last busy slot, rounded up to a power of two: a lone request in eight slots
+computes one row a round, not eight. A row's bits then follow the count of rows only where
+they follow the batch size anyway (not under batch-invariant numerics).
+
 A slot's cache outlives its request: a prompt that begins with the tokens a free slot holds
 (the next turn of a chat: the conversation so far, the last answer included) is admitted
 there and prefills only what is new (`choose`, `admit`), except for a batch-invariant target,
