@@ -475,7 +475,11 @@ def main(argv=None) -> None:
   decoder.fill_past(args, loaded)
   reserved = verified_size(loaded.proposer)
   positions = -(-(context + reserved) // 128) * 128
-  print(f"compiling for {args.max_batch} slots of {context} positions ...", file=sys.stderr, flush=True)
+  print(
+    f"compiling for {args.max_batch} slots of {context} positions (a program for each count of busy rows) ...",
+    file=sys.stderr,
+    flush=True,
+  )
   slots = Slots.open(
     loaded.target.model,
     loaded.decoding,

@@ -433,11 +433,16 @@ class Slots:
       self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
     return out
 
+  @property
+  def row_counts(self) -> list[int]:
+    """The counts of rows a chunk may run (`live_rows`): with `shrink`, the powers of two
+    below the slots' count, then all of them; else all of them."""
+    slots = len(self.busy)
+    return [*([1 << i for i in range((slots - 1).bit_length())] if self.shrink else []), slots]
+
   def compile(self) -> None:
-    """Compiles the chunks' programs for every count of rows `run` may take (with `shrink`,
-    the powers of two below the slots', then all of them), running no round."""
-    counts = [1 << i for i in range((len(self.busy) - 1).bit_length())] if self.shrink else []
-    for rows in [*counts, len(self.busy)]:
+    """Compiles the chunks' programs for every count of `row_counts`, running no round."""
+    for rows in self.row_counts:
       if rows == len(self.busy):
         engine.compile_chunk(self.model, self.state, self.decoding, self.proposer_params)
         continue
