@@ -387,13 +387,12 @@ class Slots:
 
   @property
   def live_rows(self) -> int:
-    """The rows a chunk runs: with `shrink`, the fewest of a power of two (or every slot)
-    that reach the last busy slot; else every slot. The slots past them are free, and a
-    chunk leaves their state (a chat's cache kept for its next turn) as it is."""
+    """The rows a chunk runs: the fewest of `row_counts` that reach the last busy slot
+    (every slot where none is busy). The slots past them are free, and a chunk leaves
+    their state (a chat's cache kept for its next turn) as it is."""
     busy = np.flatnonzero(self.busy)
-    if not self.shrink or not len(busy):
-      return len(self.busy)
-    return min(1 << int(busy[-1]).bit_length(), len(self.busy))
+    last = int(busy[-1]) if len(busy) else len(self.busy) - 1
+    return next(rows for rows in self.row_counts if rows > last)
 
   def run(self, rounds: int, rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Up to `rounds` rounds over the first `rows` slots (default `live_rows`): (the new
@@ -443,12 +442,11 @@ class Slots:
   def compile(self) -> None:
     """Compiles the chunks' programs for every count of `row_counts`, running no round."""
     for rows in self.row_counts:
-      if rows == len(self.busy):
-        engine.compile_chunk(self.model, self.state, self.decoding, self.proposer_params)
-        continue
-      first = _first_rows(self.state, rows, self.axes)
-      engine.compile_chunk(self.model, first, self.decoding, self.proposer_params)
-      self.state = _with_first_rows(self.state, first, self.axes)  # (its program compiled too)
+      whole = rows == len(self.busy)
+      state = self.state if whole else _first_rows(self.state, rows, self.axes)
+      engine.compile_chunk(self.model, state, self.decoding, self.proposer_params)
+      if not whole:
+        self.state = _with_first_rows(self.state, state, self.axes)  # (its program compiled too)
 
   def sequence_stats(self, slot: int) -> dict:
     """The request in `slot`'s own stats so far (`engine.sequence_stats`)."""
