@@ -135,9 +135,10 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
     key = jnp.where(count >= n, ngram_key(tail[:, longest - n :]), jnp.uint32(_NO_TAIL))  # [B]
     # The last entry of `key` is its newest occurrence (unrolled: one fused pass, no loop).
     at = jnp.searchsorted(past.index_keys[row], key, side="right", method="scan_unrolled") - 1  # [B]
-    found = (at >= 0) & (past.index_keys[row][jnp.maximum(at, 0)] == key)
+    entry = jnp.maximum(at, 0)
+    found = (at >= 0) & (past.index_keys[row][entry] == key)
     matched = jnp.where(found, n, matched)
-    last = jnp.where(found, past.index_ends[row][jnp.maximum(at, 0)], last)
+    last = jnp.where(found, past.index_ends[row][entry], last)
   # The occurrence's tokens against the context's (a key's collision: no occurrence).
   seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
   considered = jnp.arange(longest)[None, :] >= longest - matched[:, None]
