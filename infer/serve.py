@@ -6,12 +6,12 @@ streaming as server-sent events with `stream: true`; `GET /v1/models`, `GET /hea
 the flags choose, a chunk of rounds computing the rows up to the last busy slot (a lone
 request pays for one row, not the batch's; each count of rows is compiled at startup, for
 greedy requests: the first to draw, or to cut to a top-p below 1, compiles that program
-for its count once). A request waits in a bounded queue (full: HTTP 429), joins a free slot between
-chunks of rounds, streams its text as each chunk ends, and leaves when it is done, when
-one of its `stop` strings appears, or when its client goes away. One thread runs the
-model; the HTTP side only queues requests and reads their text. A bad request gets HTTP
-400 and one sentence. On SIGTERM the server takes no new connections, finishes the
-requests it holds (for up to `--shutdown-seconds`) and exits 0. `max_tokens`,
+for its count once). A request waits in a bounded queue (full: HTTP 429), joins a free
+slot between chunks of rounds, streams its text as each chunk ends, and leaves when it is
+done, when one of its `stop` strings appears, or when its client goes away. One thread
+runs the model; the HTTP side only queues requests and reads their text. A bad request
+gets HTTP 400 and one sentence. On SIGTERM the server takes no new connections, finishes
+the requests it holds (for up to `--shutdown-seconds`) and exits 0. `max_tokens`,
 `temperature`, `top_p`, `seed` and `stop` are per request (the sampling flags give the
 defaults; draws are keyed by position, so a request's text is a function of its prompt,
 settings and seed whatever else the batch holds). A response's `usage` also holds the
