@@ -4,6 +4,7 @@ proposer options (`registry`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from flax import nnx
 
@@ -21,11 +22,19 @@ from longspec_jax.models.config import CapeConfig
 from longspec_jax.models.draft import Draft
 from longspec_jax.models.heads import Heads
 
-# Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: about
-# where a round's price starts growing with its rows. At 64 SmolLM2 sequences on an H200, in
-# one run over a batch file, `auto` with chains of 7 tokens (512 rows) ran at 1.74x AR, of 3
-# (256 rows) at 1.57x and of 15 (1,024 rows) at 1.51x (docs/results.md, "Many prompts at once").
-VERIFY_ROWS = 512
+# Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: where
+# a round's price starts growing with its rows. One SmolLM2 sequence on a GPU verifies the
+# 97-node trie at about an AR step's price (launch-bound); at 16 sequences on an H200 chains of
+# 15 tokens (256 rows) ran faster than of 24 (400 rows) or 10 on all six held-out sets, and at
+# 64, of 7 (512 rows) faster than of 3 or 15 (docs/results.md, "Many prompts at once"):
+# 64 rows times the batch's square root, through both, and never fewer than MIN_VERIFY_ROWS.
+ROWS_PER_ROOT_BATCH = 64
+MIN_VERIFY_ROWS = 128
+
+
+def verify_rows(batch: int) -> int:
+  """The rows `auto`'s copy rounds may verify for `batch` sequences (above)."""
+  return max(MIN_VERIFY_ROWS, int(ROWS_PER_ROOT_BATCH * math.sqrt(batch)))
 
 
 def auto_copies(batch: int = 1, tokens: int | None = None) -> tuple[int, int]:
@@ -38,10 +47,11 @@ def auto_copies(batch: int = 1, tokens: int | None = None) -> tuple[int, int]:
   contexts: 2.06 AR steps at Llama-3.1-8B's shape and 32k), `auto` runs its first
   continuation alone (`auto.Kind.CHAIN`). Elsewhere, where a round's cost grows with its
   nodes, prompt lookup's own one of 10. A batch shortens them and then drops all but the
-  first until its trie fits `VERIFY_ROWS` rows (a chain of one token at least)."""
+  first until its trie fits `verify_rows(batch)` rows (a chain of one token at least)."""
+  rows = verify_rows(batch)
   tokens, matches = (tokens or 24, 4) if backend.on_gpu() else (tokens or PromptLookup().num_tokens, 1)
-  tokens = max(1, min(tokens, VERIFY_ROWS // batch - 1))
-  return tokens, max(1, min(matches, VERIFY_ROWS // (batch * (tokens + 1))))
+  tokens = max(1, min(tokens, rows // batch - 1))
+  return tokens, max(1, min(matches, (rows // batch - 1) // tokens))
 
 
 def make_proposer(

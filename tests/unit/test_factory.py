@@ -3,7 +3,7 @@
 import pytest
 
 from longspec_jax import backend
-from longspec_jax.methods.factory import VERIFY_ROWS, auto_copies, make_proposer
+from longspec_jax.methods.factory import auto_copies, make_proposer, verify_rows
 from longspec_jax.methods.registry import ProposerOptions
 
 BATCHES = (1, 2, 3, 4, 8, 16, 17, 32, 64, 100, 128, 255, 256, 512)
@@ -24,10 +24,15 @@ def test_a_batch_shrinks_the_trie_into_the_row_budget_and_never_grows_it(platfor
   sizes = [auto_copies(batch, tokens) for batch in BATCHES]
   for batch, (length, matches) in zip(BATCHES, sizes):
     assert length >= 1 and matches >= 1
-    assert batch * (1 + length * matches) <= VERIFY_ROWS or (length, matches) == (1, 1)
+    assert batch * (1 + length * matches) <= verify_rows(batch) or (length, matches) == (1, 1)
   tries = [1 + length * matches for length, matches in sizes]
   assert tries == sorted(tries, reverse=True)
   assert sizes[-1] == (1, 1)  # (past the budget: a chain of one token, which `auto` weighs against AR)
+
+
+def test_the_measured_batches_get_the_measured_chains(platform):
+  if platform:
+    assert [auto_copies(batch)[0] for batch in (16, 64)] == [15, 7]
 
 
 def test_the_draft_copy_length_is_the_start_and_the_flags_are_kept(platform):
