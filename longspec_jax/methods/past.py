@@ -11,14 +11,18 @@ in a long history) and proposes what followed it there, up to a separator.
 
 The host keeps, beside each ring position and for each n, a 32-bit key of the n tokens
 ending there (`ngram_key`; 0 where they hold a separator or no token follows them), updated
-where an output is written. Once a ring changes (an output written, not a round), the device
-sorts each n's keys with the positions' ages (`PastTokens.index_keys`, `index_ends`), and a
-round's search is a binary search per n: the last entry of the context's key is its newest
-occurrence. A round reads a few dozen words whatever the ring's size, not a word per
-position. The chosen occurrence's tokens are compared with the context's, so a key collision
-(about one in 2^31 positions) proposes nothing that round rather than another text. A ring
-holds 4 bytes a token on the host and 28 on the device with its index: a million tokens take
-28 MB of device memory.
+where an output is written. The device holds each n's keys sorted with the positions' ages
+(`PastTokens.index_keys`, `index_ends`), and a round's search is a binary search per n: the
+last entry of the context's key is its newest occurrence. A round reads a few dozen words
+whatever the ring's size, not a word per position. Once outputs are written, the device
+takes out the entries of the positions they changed and merges their new keys in as the
+newest (`_update`: a few passes over the index, the tokens and keys written the only upload),
+instead of sorting the whole ring again: at a million tokens a sort and upload after every
+output cost ~14 ms on an H200 (docs/results.md, "Many prompts at once"). The chosen
+occurrence's tokens are compared with the context's, so a key collision (about one in 2^31
+positions) proposes nothing that round rather than another text. A ring holds 4 bytes a
+token on the host and 28 on the device with its index: a million tokens take 28 MB of
+device memory, twice while rounds read a copy.
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class Past:
   tokens: np.ndarray  # [H] int32
   keys: np.ndarray  # [N, H] uint32 (`PastTokens.keys`)
   written: int = 0
+  # The ring on the device as of `on_device`'s last call, and the tokens written since
+  # (`written` - `unsent` is where they start):
+  device: PastTokens | None = dataclasses.field(default=None, repr=False)
+  unsent: int = 0
 
   @classmethod
   def empty(cls, size: int) -> Past:
@@ -91,6 +99,7 @@ class Past:
     span = min(written.shape[0] + max(PAST_NGRAMS), self.size)
     ends = (self.written - 1 + np.arange(span)) % self.size  # [E]
     self.written = int((self.written + written.shape[0]) % self.size)
+    self.unsent += written.shape[0]
     followed = self.tokens[(ends + 1) % self.size] != SEPARATOR  # [E]
     for row, n in enumerate(PAST_NGRAMS):
       windows = self.tokens[(ends[:, None] - n + 1 + np.arange(n)[None, :]) % self.size]  # [E, n]
@@ -98,9 +107,30 @@ class Past:
       self.keys[row, ends] = np.where(whole, ngram_key(windows), np.uint32(0))
 
   def on_device(self) -> PastTokens:
-    """The ring as rounds read it, its keys sorted on the device (once a change)."""
-    written = jnp.int32(self.written)
-    return PastTokens(jnp.asarray(self.tokens), *_index(jnp.asarray(self.keys), written), written)
+    """The ring as rounds read it: the device's copy brought up to date with the outputs
+    written since the last call (the whole ring sorted again only the first time, or where
+    they changed about all of it), copied, since a decoding state's buffers may be donated
+    to the program that runs its rounds."""
+    span = self.unsent + max(PAST_NGRAMS)  # the positions whose keys changed, from the first written's predecessor
+    if self.device is None or 2 * span > self.size:
+      written = jnp.int32(self.written)
+      self.device = PastTokens(jnp.asarray(self.tokens), *_index(jnp.asarray(self.keys), written), written)
+    elif self.unsent:
+      first = (self.written - self.unsent - 1) % self.size
+      ends = (first + np.arange(_bucket(span))) % self.size  # [W]: the first `span` changed, the rest padding
+      self.device = _update(
+        self.device, jnp.int32(first), jnp.asarray([self.unsent + n for n in PAST_NGRAMS], jnp.int32),
+        jnp.asarray(ends, jnp.int32), jnp.asarray(self.tokens[ends]), jnp.asarray(self.keys[:, ends]),
+        jnp.int32(self.written),
+      )  # fmt: skip
+    self.unsent = 0
+    return jax.tree.map(jnp.copy, self.device)
+
+
+def _bucket(span: int) -> int:
+  """The width an update's arrays are padded to: a power of two, so that a few programs
+  serve every output length."""
+  return max(64, 1 << (span - 1).bit_length())
 
 
 @jax.jit
@@ -112,6 +142,45 @@ def _index(keys: jax.Array, written: jax.Array) -> tuple[jax.Array, jax.Array]:
   age = (ends - written) % size  # 0: the oldest
   index_keys, _, index_ends = jax.lax.sort((keys, age, ends), dimension=1, num_keys=2)
   return index_keys, index_ends
+
+
+@jax.jit
+def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> PastTokens:
+  """`device` with new tokens [W] and keys [N, W] at the ring positions `ends` [W] (`first`,
+  `first` + 1, ... mod H) and `written` the new write position. Row n's keys changed at
+  its first spans[n] positions (the tokens written, the position before them, and the
+  n-grams that reach into them), the tokens at all but the last n - 1 of those. Per n, the
+  entries of those positions leave the sorted index, which keeps its order, and their new
+  keys join it sorted, each after the equal keys already there: the positions written are
+  the ring's newest, so (key, age) order holds without sorting the rest. (The positions
+  after the written tokens, the oldest, now hold key 0, no n-gram, among whose entries
+  the order is not kept: no search asks for it.)"""
+  size = device.tokens.shape[0]
+  width = ends.shape[0]
+  written_tokens = jnp.arange(width) < spans[0] - PAST_NGRAMS[0] + 1  # the written ones and the one before
+  ring = device.tokens.at[jnp.where(written_tokens, ends, size)].set(tokens, mode="drop")
+  top = jnp.uint32(0xFFFFFFFF)
+
+  def row(index_keys, index_ends, new_keys, span):  # [H], [H], [W], []
+    keep = (index_ends - first) % size >= span  # [H]: not rewritten
+    kept = size - span
+    at = jnp.where(keep, jnp.cumsum(keep) - 1, size)  # [H]: place among those kept
+    kept_keys = jnp.full((size,), top, jnp.uint32).at[at].set(index_keys, mode="drop")  # [H]: first `kept` real
+    kept_ends = jnp.zeros((size,), jnp.int32).at[at].set(index_ends, mode="drop")
+    # The new entries by key, in position order (their ages') among equal keys; the padding last.
+    new_real = jnp.arange(width) < span
+    new_keys, order = jax.lax.sort((jnp.where(new_real, new_keys, top), jnp.arange(width)), num_keys=1, is_stable=True)
+    # Each kept entry moves up by the new keys below it, each new one by the kept keys up to its own.
+    kept_at = jnp.arange(size) + jnp.searchsorted(new_keys, kept_keys, side="left", method="scan_unrolled")
+    kept_at = jnp.where(jnp.arange(size) < kept, kept_at, size)
+    new_at = jnp.arange(width) + jnp.minimum(jnp.searchsorted(kept_keys, new_keys, side="right"), kept)
+    new_at = jnp.where(jnp.arange(width) < span, new_at, size)
+    index_keys = kept_keys.at[kept_at].set(kept_keys, mode="drop").at[new_at].set(new_keys, mode="drop")
+    index_ends = kept_ends.at[kept_at].set(kept_ends, mode="drop").at[new_at].set(ends[order], mode="drop")
+    return index_keys, index_ends
+
+  index_keys, index_ends = jax.vmap(row)(device.index_keys, device.index_ends, keys, spans)
+  return PastTokens(ring, index_keys, index_ends, written)
 
 
 def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens: int):

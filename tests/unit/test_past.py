@@ -69,6 +69,8 @@ def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, voc
   written = [rng.integers(0, vocab, rng.integers(0, 2 * size)).tolist() for _ in range(outputs)]
   for output in written:
     past.append(output)
+    if rng.random() < 0.5:  # (the device's copy brought up to date here, else after several)
+      past.on_device()
   ring = held(written, size)
   order = (np.arange(size) + past.written) % size  # ring positions, oldest first
   assert past.tokens[order].tolist() == ring
@@ -100,6 +102,30 @@ def test_the_device_index_lists_keys_ascending_the_oldest_first_among_equal_ones
     assert (past.keys[row][ends[row]] == keys[row]).all()  # (each entry's position holds its key)
     order = np.lexsort((age[row], keys[row]))
     assert (order == np.arange(past.size)).all()  # (ascending by key, then by age)
+
+
+@examples(40)
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  size=st.sampled_from([10, 40, 97, 300]),
+  outputs=st.integers(1, 12),
+)
+def test_the_index_updated_where_outputs_land_equals_the_index_sorted_whole(seed, size, outputs):
+  rng = np.random.default_rng(seed)
+  past = Past.empty(size)
+  for _ in range(outputs):
+    past.append(rng.integers(0, 3, rng.integers(0, size // 3 + 2)).tolist())
+    if rng.random() < 0.6:
+      past.on_device()
+  device = past.on_device()
+  whole = Past(past.tokens.copy(), past.keys.copy(), past.written).on_device()
+  assert (np.asarray(device.tokens) == past.tokens).all() and int(device.written) == past.written
+  for row in range(len(PAST_NGRAMS)):
+    keys, ends = np.asarray(device.index_keys[row]), np.asarray(device.index_ends[row])
+    want_keys, want_ends = np.asarray(whole.index_keys[row]), np.asarray(whole.index_ends[row])
+    assert (keys == want_keys).all()
+    some = keys != 0  # (the order among positions that hold no n-gram is not kept)
+    assert (ends[some] == want_ends[some]).all() and sorted(ends[~some]) == sorted(want_ends[~some])
 
 
 def test_an_output_repeated_is_proposed_whole_up_to_its_end():
