@@ -125,15 +125,12 @@ class Worker(threading.Thread):
     """Queued jobs into free slots, each into the one whose cache holds the most of its
     prompt (the conversation a chat's next turn extends: only the new turn is prefilled),
     prefilled in passes between which the running jobs go on (`Slots.choose`, `admit`);
-    but two or more jobs waiting that no slot holds part of start in one prefill call
-    (`Slots.admit_together`), whether or not others run: requests that come together
-    (clients sending at once, or arriving while the first of them is prefilled) then cost
-    one prefill, not one each with chunks of the running ones between (at eight slots and
-    eight clients on an H200 the server ran at 0.51x generate's one batch of the same
-    prompts, admitting them one at a time; docs/results.md, "Many prompts at once")."""
+    when none runs, the jobs waiting that no slot holds part of start in one prefill call
+    (`Slots.admit_together`)."""
     from longspec_jax.engine import prefill_chunk_tokens
 
-    self._admit_together()
+    if not self.running:
+      self._admit_together()
     while self.slots.free:
       job = self._next()
       if job is None:

@@ -5,8 +5,7 @@ streams each prompt's completion from it (`/v1/completions`, greedy unless the f
 otherwise, its usage in the last chunk): the time from the request to the first streamed
 text (the first token's time, prefill included) and the decode rate after it. One client
 at a time first, each prompt after a warm-up request; then, for each `--concurrency` C
-above one, C clients at once (prompts cycled), their tokens over the wall time, after a burst of
-other prompts (what its groups run compiled, the slots holding other prompts). The server
+above one, C clients at once (prompts cycled), their tokens over the wall time. The server
 is then stopped and the same prompts run through the library in this process, as
 `infer.generate` runs them with those flags (`engine.generate`, a warm-up first): one
 prompt at a time, and the C prompts as one batch; and one slot of `batching.Slots` driven
@@ -133,11 +132,8 @@ def measure_server(flags, context: int, warm_up: str, texts: list[str], new_toke
     together = {}
     for clients in (c for c in concurrency if c > 1):
       asks = [texts[i % len(texts)] for i in range(clients)]
+      started = time.perf_counter()
       with ThreadPoolExecutor(clients) as pool:
-        # A burst of other prompts first (each without its first eighth): it compiles what
-        # groups of its sizes run, and its prompts take the slots that held the measured ones.
-        list(pool.map(lambda text: stream(server.base, text[len(text) // 8 :], new_tokens), asks))
-        started = time.perf_counter()
         answers = list(pool.map(lambda text: stream(server.base, text, new_tokens), asks))
       together[clients] = (sum(a["tokens"] for a in answers), time.perf_counter() - started)
   finally:

@@ -116,16 +116,3 @@ def test_jobs_waiting_while_none_runs_start_together_up_to_one_a_slot_holds():
   worker._admit()
   assert worker.slots.calls == [("together", [0, 1], [5, 6]), ("alone", 3, 9), ("alone", 2, 7)]
   assert sorted(worker.running) == [0, 1, 2, 3]
-
-
-def test_jobs_waiting_while_others_run_start_together_too():
-  slots = Admitting()
-  slots.free = [1, 2, 3]
-  worker = Worker(slots, Letters(), eos_ids=(0,), max_queue=8)
-  worker.running[0] = job()[0]
-  for first in ([5], [6], [7]):
-    j = job()[0]
-    j.prompt = first
-    worker.submit(j)
-  worker._admit()
-  assert worker.slots.calls == [("together", [1, 2, 3], [5, 6, 7])]
