@@ -24,12 +24,15 @@ from longspec_jax.models.heads import Heads
 
 # Rows a round verifies, summed over the batch, up to which `auto`'s continuations grow: where
 # a round's price starts growing with its rows. One SmolLM2 sequence on a GPU verifies the
-# 97-node trie at about an AR step's price (launch-bound); at 16 sequences on an H200 chains of
-# 15 tokens (256 rows) ran faster than of 24 (400 rows) or 10 on all six held-out sets, and at
-# 64, of 7 (512 rows) faster than of 3 or 15 (docs/results.md, "Many prompts at once"):
-# 64 rows times the batch's square root, through both, and never fewer than MIN_VERIFY_ROWS.
+# 97-node trie at about an AR step's price (launch-bound), and two still gain by it: with
+# tries of two continuations instead (49 nodes), `auto` ran at 0.74x and 0.92x on two batch
+# files in two slots (H200, against the previous run's tries of four). At 16 sequences chains
+# of 15 tokens (256 rows) ran faster than of 24 (400 rows) or 10 on all six held-out sets,
+# and at 64, of 7 (512 rows) faster than of 3 or 15 (docs/results.md, "Many prompts at
+# once"): 64 rows times the batch's square root, through both, and never fewer than two
+# tries' MIN_VERIFY_ROWS.
 ROWS_PER_ROOT_BATCH = 64
-MIN_VERIFY_ROWS = 128
+MIN_VERIFY_ROWS = 194
 
 
 def verify_rows(batch: int) -> int:

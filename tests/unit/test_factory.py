@@ -32,7 +32,7 @@ def test_a_batch_shrinks_the_trie_into_the_row_budget_and_never_grows_it(platfor
 
 def test_the_measured_batches_get_the_measured_chains(platform):
   if platform:
-    assert [auto_copies(batch)[0] for batch in (16, 64)] == [15, 7]
+    assert [auto_copies(batch) for batch in (2, 16, 64)] == [(24, 4), (15, 1), (7, 1)]
 
 
 def test_the_draft_copy_length_is_the_start_and_the_flags_are_kept(platform):
