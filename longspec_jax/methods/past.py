@@ -28,6 +28,7 @@ device memory, twice while rounds read a copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -198,16 +199,19 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - longest,), (longest,)))(
     jnp.pad(history, ((0, 0), (longest, 0))), count + longest
   )  # [B, L]: the context's last `longest` tokens (padding before a short context's)
-  matched = jnp.zeros(history.shape[:1], jnp.int32)  # [B]: the n found (0: none)
-  last = jnp.zeros(history.shape[:1], jnp.int32)  # [B]: the ring position its occurrence ends at
-  for row, n in reversed(list(enumerate(PAST_NGRAMS))):  # (shortest first: a longer n found replaces it)
-    key = jnp.where(count >= n, ngram_key(tail[:, longest - n :]), jnp.uint32(_NO_TAIL))  # [B]
-    # The last entry of `key` is its newest occurrence (unrolled: one fused pass, no loop).
-    at = jnp.searchsorted(past.index_keys[row], key, side="right", method="scan_unrolled") - 1  # [B]
-    entry = jnp.maximum(at, 0)
-    found = (at >= 0) & (past.index_keys[row][entry] == key)
-    matched = jnp.where(found, n, matched)
-    last = jnp.where(found, past.index_ends[row][entry], last)
+  keys = jnp.stack(
+    [jnp.where(count >= n, ngram_key(tail[:, longest - n :]), jnp.uint32(_NO_TAIL)) for n in PAST_NGRAMS]
+  )  # [N, B]: the context's key per n
+  # The last entry of each key is its newest occurrence: every n's search in one pass (unrolled: no loop).
+  search = functools.partial(jnp.searchsorted, side="right", method="scan_unrolled")
+  at = jax.vmap(search)(past.index_keys, keys) - 1  # [N, B]
+  entry = jnp.maximum(at, 0)
+  found = (at >= 0) & (jnp.take_along_axis(past.index_keys, entry, axis=1) == keys)  # [N, B]
+  longest_found = jnp.argmax(found, axis=0)  # [B]: rows run longest n first
+  some = jnp.any(found, axis=0)
+  matched = jnp.where(some, jnp.asarray(PAST_NGRAMS, jnp.int32)[longest_found], 0)  # [B]: the n found (0: none)
+  last = jnp.take_along_axis(jnp.take_along_axis(past.index_ends, entry, axis=1), longest_found[None], axis=0)[0]
+  last = jnp.where(some, last, 0)  # [B]: the ring position its occurrence ends at
   # The occurrence's tokens against the context's (a key's collision: no occurrence).
   seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
   considered = jnp.arange(longest)[None, :] >= longest - matched[:, None]
