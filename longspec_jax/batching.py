@@ -146,7 +146,7 @@ class Slots:
   carried: dict | None
   tokens: list[list[int]]  # per slot: its request's prompt and the tokens emitted since
   prompted: np.ndarray  # [slots] int32: the length of each slot's prompt (where its output begins in `tokens`)
-  rounds: int = 1  # the next `step`'s chunk of rounds
+  round_time: float | None = None  # seconds a round took over the latest chunk (None: none ran yet)
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
   memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
   rounds_before: Any = 0  # `auto`'s rounds by kind when the slots opened (its calibration's)
@@ -420,16 +420,15 @@ class Slots:
     return tokens, np.asarray(self.state.done)
 
   def step(self, seconds: float) -> tuple[np.ndarray, np.ndarray]:
-    """`run` for a chunk of about `seconds`, sized by the time a round took in the chunk
-    before (over the rounds it ran: one that every request left early ran fewer than it
+    """`run` for a chunk of about `seconds`, sized by the time a round took in the latest
+    chunk (over the rounds it ran: one that every request left early ran fewer than it
     was given)."""
     before = int(self.state.rounds)
     started = time.perf_counter()
-    out = self.run(self.rounds)
+    out = self.run(engine.rounds_in(self.round_time, seconds))
     ran = int(self.state.rounds) - before
     if ran:
-      per_round = (time.perf_counter() - started) / ran
-      self.rounds = int(min(max(seconds / max(per_round, 1e-6), 1), engine.MAX_ROUNDS_PER_CHUNK))
+      self.round_time = (time.perf_counter() - started) / ran
     return out
 
   @property

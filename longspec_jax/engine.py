@@ -796,10 +796,12 @@ class _Chunk:
     return cls(state, tokens, finished, rounds, started, time.perf_counter() if ready else None)
 
 
-def _rounds_in(per_round: float | None) -> int:
-  """Rounds for a chunk of about `CHUNK_SECONDS` at `per_round` seconds a round (one
-  while the pace is unknown)."""
-  return 1 if per_round is None else int(np.clip(CHUNK_SECONDS / per_round, 1, MAX_ROUNDS_PER_CHUNK))
+def rounds_in(per_round: float | None, seconds: float | None = None) -> int:
+  """Rounds for a chunk of about `seconds` (default `CHUNK_SECONDS`) at `per_round`
+  seconds a round (one while the pace is unknown)."""
+  if per_round is None:
+    return 1
+  return int(np.clip((CHUNK_SECONDS if seconds is None else seconds) / max(per_round, 1e-9), 1, MAX_ROUNDS_PER_CHUNK))
 
 
 def generate(
@@ -877,7 +879,7 @@ def generate(
     t1 = time.perf_counter()
     chunks = [first[:, None]]
     pace_key = (decoding, len(prompts), model.config)
-    rounds = rounds_per_chunk or _rounds_in(memory.pace.get(pace_key))
+    rounds = rounds_per_chunk or rounds_in(memory.pace.get(pace_key))
     dispatched, pending, ready_at, max_gap = 0, None, first_at, 0.0
     previous_done = t1
     round_seconds, calibration_seconds = None, 0.0
@@ -912,7 +914,7 @@ def generate(
       finished = bool(chunk.finished)
       if not finished:  # (a chunk that finished may have run fewer rounds than it was given)
         memory.pace[pace_key] = max(done_at - max(chunk.started, previous_done), 1e-6) / chunk.rounds
-        rounds = rounds_per_chunk or _rounds_in(memory.pace[pace_key])
+        rounds = rounds_per_chunk or rounds_in(memory.pace[pace_key])
       previous_done = done_at
       emit(tokens)
       return finished

@@ -155,16 +155,18 @@ def test_autos_next_request_starts_from_the_gains_the_slots_learnt(tiny, tmp_pat
 
 def test_a_chunk_is_sized_by_the_rounds_the_last_one_ran(tiny, monkeypatch):
   """A chunk of ten rounds whose request ends after three took (by a fake clock) a second:
-  a round is a third of a second, so a two-second chunk is six rounds (not twenty)."""
-  from longspec_jax import batching
+  a round is a third of a second, so a two-second chunk is six rounds (not twenty), and
+  a chunk asked for less than a round runs one."""
+  from longspec_jax import batching, engine
 
   slots = Slots.open(tiny, Decoding(), None, slots=1, positions=128)
   slots.admit(0, list(range(3, 20)), 4)  # (its first token, then three rounds of one)
-  slots.rounds = 10
+  slots.round_time = 0.2
   clock = iter([0.0, 1.0])
   monkeypatch.setattr(batching.time, "perf_counter", lambda: next(clock))
   slots.step(2.0)
-  assert int(slots.state.rounds) == 3 and slots.rounds == 6
+  assert int(slots.state.rounds) == 3 and slots.round_time == 1 / 3
+  assert engine.rounds_in(slots.round_time, 2.0) == 6 and engine.rounds_in(slots.round_time, 0.1) == 1
 
 
 def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
