@@ -87,6 +87,41 @@ def scope_of(op_name: str | None) -> str:
   return next((part for part in parts if part in SCOPES), "unattributed")
 
 
+# A round's parts, in the order tables list them: the verify pass's and the draft's
+# products, heads, attention kernels and the rest, and the walk over the tree and the
+# commit (with what no scope claims).
+PARTS = (
+  "verify_matmul",
+  "verify_head",
+  "verify_attention",
+  "verify_other",
+  "draft_matmul",
+  "draft_head",
+  "draft_attention",
+  "draft_other",
+  "accept_commit",
+)
+_ATTENTION = ("hybrid_attention", "flash_decode", "tree_attention", "sparse_decode")
+_HEAD = ("...e,ev->...v", "...e,ve->...v", "head_top_k")  # the LM head's product (either layout), its fused top-k
+
+
+def part_of(hlo_op: str, op_name: str | None) -> str:
+  """The part of a round (`PARTS`) an op's device time belongs to: by its scope, then by
+  what it is (a GEMM, cuBLAS's or the Pallas matmul; the LM head's product; a Pallas
+  attention kernel; anything else)."""
+  scope, name = scope_of(op_name), op_name or ""
+  if scope not in ("verify", "propose"):
+    return "accept_commit"
+  side = "verify" if scope == "verify" else "draft"
+  if any(head in name for head in _HEAD):
+    return f"{side}_head"
+  if hlo_op.startswith(("custom-call", "cublas")) or "matmul/pallas_call" in name:
+    return f"{side}_matmul"
+  if any(kernel in name for kernel in _ATTENTION):
+    return f"{side}_attention"
+  return f"{side}_other"
+
+
 def device_events(data):
   """(start ns, duration ns, hlo op, kernel name) of every device event of the decode
   loop in a trace (`jax.profiler.ProfileData`). Device planes on an accelerator; the
@@ -189,9 +224,10 @@ def summarize(events: list, names: dict[str, str], top: int, updates: dict[str, 
     if hlo_op.startswith(GRAPH):
       graphs[hlo_op][scope_of(names.get(op))] += duration
   total = sum(d for d, _ in by_op.values()) or 1.0
-  by_scope = collections.Counter()
+  by_scope, by_part = collections.Counter(), collections.Counter({part: 0.0 for part in PARTS})
   for op, (duration, _) in by_op.items():
     by_scope[scope_of(names.get(op))] += duration
+    by_part[part_of(op, names.get(op))] += duration
   span = (max(s + d for s, d, *_ in events) - min(s for s, *_ in events)) if events else 0.0
   updates = updates or {}
   ranked = sorted(by_op.items(), key=lambda item: -item[1][0])[:top]
@@ -200,6 +236,7 @@ def summarize(events: list, names: dict[str, str], top: int, updates: dict[str, 
     "span_ms": span / 1e6,
     "idle_share_of_span": 1 - busy_ns(events) / span if span else 0.0,
     "by_scope": {scope: {"ms": ns / 1e6, "share": ns / total} for scope, ns in by_scope.most_common()},
+    "by_part_ms": {part: by_part[part] / 1e6 for part in PARTS},
     "top_ops": [
       {
         "hlo_op": op,
@@ -374,6 +411,9 @@ def main(argv=None):
     "device": jax.devices()[0].device_kind,
     "jax": jax.__version__,
     "method": args.method.value,
+    "label": args.method.value
+    + (f"[{','.join(map(str, widths))}]" if widths else "")
+    + (f"+vocab{args.draft_vocab}" if args.draft_vocab is not None else ""),
     "target": target_name,
     "set": None if args.shape else args.set,
     "batch": args.batch,
@@ -402,6 +442,9 @@ def main(argv=None):
         f"{index:10d} | {row['decode_ms']:9.1f} | {row['rounds']:6d} | {row['tau']:4.2f} |"
         f" {row['graph_launches']:14d} | {row['graph_updates']:7d} | {row['update_ms']:9.2f}"
       )
+  print("part             | us per round")
+  for part, ms in summary["by_part_ms"].items():
+    print(f"{part:16} | {1e3 * ms / rounds:12.1f}")
   print("scope    | ms per round | share")
   for scope, row in summary["by_scope"].items():
     print(f"{scope:8} | {row['ms'] / rounds:12.3f} | {100 * row['share']:4.1f}%")
