@@ -41,6 +41,7 @@ COMMANDS = {
     "lab.trace_auto",
     "lab.replay_auto",
     "lab.profile",
+    "lab.profile_table",
     "lab.check_invariance",
     "lab.sparse_quality",
     "lab.docs",
