@@ -36,6 +36,10 @@ import numpy as np
 
 SEPARATOR = -1  # ends each output in the ring, and fills it before anything is written
 PAST_NGRAMS = (8, 6, 4)  # the n-gram lengths searched, longest first
+# Occurrences looked at per continuation sought, and how many of a continuation's first
+# tokens its rank counts the agreement of (`match_past`).
+CANDIDATES_PER_MATCH = 4
+RANKED_PREFIX = 4
 MIN_SIZE = max(PAST_NGRAMS) + 2  # the smallest ring: an n-gram, a token after it, a separator
 MAX_SIZE = 2**30  # the largest: positions and ages are int32
 _MULTIPLIER = 0x01000193  # FNV's prime: the keys' polynomial over the n tokens
@@ -184,16 +188,24 @@ def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> Pa
   return PastTokens(ring, index_keys, index_ends, written)
 
 
-def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens: int):
-  """Each sequence's continuation from the ring: the tokens that followed the most recent
-  earlier occurrence there of the context's last n tokens (history [B, S] holds each
-  sequence's tokens up to and including index `end [B]`), n the longest of `PAST_NGRAMS`
-  that occurs. An occurrence is a run of ring positions that holds no separator (so never
-  wraps past the oldest token: the newest is a separator) and that a token follows; its
-  continuation stops at a separator or at the oldest token. Returns tokens [B, G], which
-  are real [B, G] (G = `num_tokens`; none without an occurrence) and the n matched [B]
-  (0: none)."""
+def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens: int, matches: int = 1):
+  """Each sequence's continuations from the ring: what followed the earlier occurrences
+  there of the context's last n tokens (history [B, S] holds each sequence's tokens up to
+  and including index `end [B]`), n the longest of `PAST_NGRAMS` that occurs.
+  An occurrence is a run of ring positions that holds no separator (so never wraps past
+  the oldest token: the newest is a separator) and that a token follows; its continuation
+  stops at a separator or at the oldest token.
+
+  Of the `CANDIDATES_PER_MATCH` x `matches` most recent occurrences, the continuations
+  come ranked as SuffixDecoding ranks them, by how often they followed: by the number of
+  candidates that share their first token, then their first two, ... up to
+  `RANKED_PREFIX` tokens, then by recency (one occurrence: the most recent). One that a
+  continuation ranked before it holds whole (its tokens a prefix of that one's) adds
+  nothing and is dropped. Returns tokens [B, M, G] (G = `num_tokens`, M = `matches`,
+  best first), which are real [B, M, G] (none where fewer were found) and the n matched
+  [B] (0: none)."""
   size = past.tokens.shape[0]
+  batch = history.shape[0]
   count = end + 1  # tokens in the context, root included
   longest = max(PAST_NGRAMS)
   tail = jax.vmap(lambda h, c: jax.lax.dynamic_slice(h, (c - longest,), (longest,)))(
@@ -205,23 +217,46 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   # The last entry of each key is its newest occurrence: every n's search in one pass (unrolled: no loop).
   search = functools.partial(jnp.searchsorted, side="right", method="scan_unrolled")
   at = jax.vmap(search)(past.index_keys, keys) - 1  # [N, B]
-  entry = jnp.maximum(at, 0)
-  found = (at >= 0) & (jnp.take_along_axis(past.index_keys, entry, axis=1) == keys)  # [N, B]
-  longest_found = jnp.argmax(found, axis=0)  # [B]: rows run longest n first
-  some = jnp.any(found, axis=0)
-  matched = jnp.where(some, jnp.asarray(PAST_NGRAMS, jnp.int32)[longest_found], 0)  # [B]: the n found (0: none)
-  last = jnp.take_along_axis(jnp.take_along_axis(past.index_ends, entry, axis=1), longest_found[None], axis=0)[0]
-  last = jnp.where(some, last, 0)  # [B]: the ring position its occurrence ends at
-  # The occurrence's tokens against the context's (a key's collision: no occurrence).
-  seen = past.tokens[(last[:, None] - longest + 1 + jnp.arange(longest)[None, :]) % size]  # [B, L]
-  considered = jnp.arange(longest)[None, :] >= longest - matched[:, None]
-  matched = jnp.where(jnp.all((seen == tail) | ~considered, axis=-1), matched, 0)
-  best_start = jnp.where(matched > 0, (last + 1) % size, -1)
-  offsets = best_start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]  # [B, G]
-  tokens = past.tokens[offsets % size]
+  found = (at >= 0) & (jnp.take_along_axis(past.index_keys, jnp.maximum(at, 0), axis=1) == keys)  # [N, B]
+  row = jnp.argmax(found, axis=0)  # [B]: the longest n found (rows run longest first)
+  matched = jnp.where(jnp.any(found, axis=0), jnp.asarray(PAST_NGRAMS, jnp.int32)[row], 0)  # [B]
+  # The candidates: the newest entries of the key, at, at - 1, ... while the key holds.
+  candidates = CANDIDATES_PER_MATCH * matches
+  entry = at[row, jnp.arange(batch)][:, None] - jnp.arange(candidates)[None, :]  # [B, C]
+  safe = jnp.maximum(entry, 0)
+  key = keys[row, jnp.arange(batch)]  # [B]
+  last = past.index_ends[row[:, None], safe]  # [B, C]: the ring position each occurrence ends at
+  # Each occurrence's tokens against the context's (a key's collision: no occurrence).
+  seen = past.tokens[(last[:, :, None] - longest + 1 + jnp.arange(longest)) % size]  # [B, C, L]
+  considered = jnp.arange(longest) >= longest - matched[:, None, None]
+  occurs = (
+    (matched[:, None] > 0)
+    & (entry >= 0)
+    & (past.index_keys[row[:, None], safe] == key[:, None])
+    & jnp.all((seen == tail[:, None, :]) | ~considered, axis=-1)
+  )  # [B, C]
+  start = (last + 1) % size
+  tokens = past.tokens[(start[:, :, None] + jnp.arange(num_tokens)) % size]  # [B, C, G]
   # Real until the first separator or the oldest token (age 0: the ring's end of recency).
-  within = (jnp.arange(num_tokens)[None, :] < size - ((best_start - past.written) % size)[:, None]) & (
-    best_start[:, None] >= 0
-  )
-  real = jnp.cumprod((within & (tokens != SEPARATOR)).astype(jnp.int32), axis=1).astype(bool)
-  return tokens, real, matched
+  within = jnp.arange(num_tokens) < (size - (start - past.written) % size)[:, :, None]
+  real = jnp.cumprod(within & (tokens != SEPARATOR), axis=-1).astype(bool) & occurs[:, :, None]  # [B, C, G]
+  # How often each one's first k tokens followed, k = 1 .. RANKED_PREFIX, as one integer, then recency.
+  same = jnp.cumprod(
+    (tokens[:, :, None, :] == tokens[:, None, :, :]) & real[:, :, None, :] & real[:, None, :, :], axis=-1
+  )[..., :RANKED_PREFIX]  # [B, C, C', K]: C and C' agree on their first k + 1 real tokens
+  shared = jnp.sum(same, axis=2)  # [B, C, K]
+  ranked = shared.shape[-1]
+  score = jnp.sum(shared * (candidates + 1) ** jnp.arange(ranked - 1, -1, -1), axis=-1)  # [B, C]
+  score = jnp.where(real[:, :, 0], score, -1)
+  order = jnp.argsort(-score, axis=1, stable=True)  # [B, C]: best first, the newest first among equals
+  tokens, real = (jnp.take_along_axis(x, order[:, :, None], axis=1) for x in (tokens, real))
+  holds = jnp.all(~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])), -1)
+  earlier = jnp.arange(candidates)[:, None] > jnp.arange(candidates)[None, :]
+  kept = real[:, :, 0] & ~jnp.any(holds & earlier, axis=-1)  # [B, C]
+  rank = jnp.cumsum(kept, axis=1) - 1
+  chosen = kept[:, None, :] & (rank[:, None, :] == jnp.arange(matches)[None, :, None])  # [B, M, C]
+  pick = jnp.argmax(chosen, axis=-1)  # [B, M]
+  some = jnp.any(chosen, axis=-1)  # [B, M]
+  tokens = jnp.take_along_axis(tokens, pick[:, :, None], axis=1)
+  real = jnp.take_along_axis(real, pick[:, :, None], axis=1) & some[:, :, None]
+  return tokens, real, jnp.where(some[:, 0], matched, 0)

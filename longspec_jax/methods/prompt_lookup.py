@@ -15,11 +15,11 @@ about the same for 97 nodes as for 11 (launch-bound): four of 24 ran 0.74-1.92x 
 a CPU a round's cost grows with its nodes.
 
 With `past_tokens`, the outputs of earlier generations in the process are searched too
-(`past.match_past`): their continuation takes the first slot the context's matches leave
-empty, so that it adds a proposal where the request's own text has none and never takes
-one's place. (Put first wherever its n-gram was the longer, a past 4-gram displaced the
-context's 3-gram: on code edits it cut prompt lookup's tokens a round from 2.87 to 2.21,
-docs/results.md, "Many prompts at once".)
+(`past.match_past`): their continuations, ranked by how often they followed, take the
+slots the context's matches leave empty, in order, so that they add proposals where the
+request's own text has none and never take one's place. (Put first wherever its n-gram
+was the longer, a past 4-gram displaced the context's 3-gram: on code edits it cut prompt
+lookup's tokens a round from 2.87 to 2.21, docs/results.md, "Many prompts at once".)
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class PromptLookup:
   def match(
     self, history: jax.Array, end: jax.Array, past: PastTokens | None = None
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`lookup` (with `past`, its continuation in the first slot the context leaves empty),
+    """`lookup` (with `past`, its continuations in the slots the context leaves empty),
     and the evidence of the first continuation [B] int32: the length of the n-gram it
     matched in the context, or `max_ngram` + the rank of the past's n-gram length among
     `PAST_NGRAMS` (shortest 1) where the context has none; 0: none (`auto.Adaptive`
@@ -126,11 +126,12 @@ class PromptLookup:
     drafted, valid, ngram = self._match_context(history, end)
     if past is None:
       return drafted, valid, ngram
-    tokens, real, matched = match_past(past, history, end, self.num_tokens)  # [B, G], [B, G], [B]
+    tokens, real, matched = match_past(past, history, end, self.num_tokens, self.matches)  # [B, M, G] x2, [B]
     empty = ~valid[:, :, 0]  # [B, M]: slots without a continuation of the context's
-    into = (jnp.cumsum(empty, axis=1) == 1) & empty & (matched > 0)[:, None]  # [B, M]: the first of them
-    drafted = jnp.where(into[:, :, None], tokens[:, None, :], drafted)
-    valid = jnp.where(into[:, :, None], real[:, None, :], valid)
+    nth = jnp.cumsum(empty, axis=1) - 1  # [B, M]: which empty slot each is; the past's n-th best goes there
+    into = empty & jnp.take_along_axis(real[:, :, 0], jnp.maximum(nth, 0), axis=1)  # [B, M]
+    drafted = jnp.where(into[:, :, None], jnp.take_along_axis(tokens, jnp.maximum(nth, 0)[:, :, None], axis=1), drafted)
+    valid = jnp.where(into[:, :, None], jnp.take_along_axis(real, jnp.maximum(nth, 0)[:, :, None], axis=1), valid)
     rank = jnp.searchsorted(jnp.asarray(sorted(PAST_NGRAMS)), matched) + 1  # [B]: 1 = the shortest
     return drafted, valid, jnp.where(into[:, 0], self.max_ngram + rank, ngram)
 

@@ -8,11 +8,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from longspec_jax.methods.past import MAX_SIZE, MIN_SIZE, PAST_NGRAMS, SEPARATOR, Past, match_past, ngram_key
+from longspec_jax.methods.past import (
+  CANDIDATES_PER_MATCH,
+  MAX_SIZE,
+  MIN_SIZE,
+  PAST_NGRAMS,
+  RANKED_PREFIX,
+  SEPARATOR,
+  Past,
+  match_past,
+  ngram_key,
+)
 
 from helpers import examples
 
-match = jax.jit(match_past, static_argnums=3)
+match = jax.jit(match_past, static_argnums=(3, 4))
 
 
 def held(outputs: list[list[int]], size: int) -> list[int]:
@@ -24,22 +34,41 @@ def held(outputs: list[list[int]], size: int) -> list[int]:
   return stream[-size:]
 
 
-def reference_match(ring: list[int], context: list[int], gamma: int) -> tuple[list[int], int]:
-  """The continuation after the most recent occurrence in `ring` (oldest first) of the
-  context's last n tokens that a token follows, n the longest of PAST_NGRAMS found; up to
-  a separator."""
+def reference_match(ring: list[int], context: list[int], gamma: int, matches: int) -> tuple[list[list[int]], int]:
+  """The continuations (up to a separator) after the CANDIDATES_PER_MATCH x `matches` most
+  recent occurrences in `ring` (oldest first) of the context's last n tokens that a token
+  follows, n the longest of PAST_NGRAMS found: ranked by how many of them share their first
+  1, 2, ... RANKED_PREFIX tokens, then by recency, those held whole by one ranked before
+  them dropped, the first `matches`."""
   for n in PAST_NGRAMS:
     if len(context) < n:
       continue
     tail = context[-n:]
-    for s in range(len(ring) - n - 1, -1, -1):  # most recent first
-      if ring[s : s + n] == tail and ring[s + n] != SEPARATOR:  # (a separator never equals a context token)
-        continuation = []
-        for token in ring[s + n : s + n + gamma]:
-          if token == SEPARATOR:
-            break
-          continuation.append(token)
-        return continuation, n
+    occurrences = [s for s in range(len(ring) - n - 1, -1, -1) if ring[s : s + n] == tail and ring[s + n] != SEPARATOR]
+    if not occurrences:
+      continue
+    continuations = []
+    for s in occurrences[: CANDIDATES_PER_MATCH * matches]:
+      continuation = []
+      for token in ring[s + n : s + n + gamma]:
+        if token == SEPARATOR:
+          break
+        continuation.append(token)
+      continuations.append(continuation)
+
+    def shared(c, k):
+      return sum(len(c) >= k and len(d) >= k and d[:k] == c[:k] for d in continuations)
+
+    order = sorted(
+      range(len(continuations)),
+      key=lambda i: (tuple(-shared(continuations[i], k) for k in range(1, RANKED_PREFIX + 1)), i),
+    )
+    kept = []
+    for i in order:
+      c = continuations[i]
+      if not any(c == k[: len(c)] for k in kept):
+        kept.append(c)
+    return kept[:matches], n
   return [], 0
 
 
@@ -62,8 +91,9 @@ def keys_of(tokens: np.ndarray) -> np.ndarray:
   size=st.sampled_from([10, 13, 40, 97]),
   outputs=st.integers(0, 6),
   gamma=st.sampled_from([1, 5, 12]),
+  matches=st.sampled_from([1, 3]),
 )
-def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, vocab, size, outputs, gamma):
+def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, vocab, size, outputs, gamma, matches):
   rng = np.random.default_rng(seed)
   past = Past.empty(size)
   written = [rng.integers(0, vocab, rng.integers(0, 2 * size)).tolist() for _ in range(outputs)]
@@ -79,15 +109,18 @@ def test_the_ring_holds_the_latest_outputs_and_is_searched_like_a_list(seed, voc
   history = rng.integers(0, vocab, (batch, length))
   end = rng.integers(0, length, batch)  # the root's index
   history[0, : end[0] + 1] = (ring[-12:] * 3)[: end[0] + 1] if ring[-12:] else history[0, : end[0] + 1]
-  tokens, real, ngram = match(past.on_device(), jnp.asarray(history, jnp.int32), jnp.asarray(end, jnp.int32), gamma)
-  assert tokens.shape == real.shape == (batch, gamma)
+  device = past.on_device()
+  tokens, real, ngram = match(device, jnp.asarray(history, jnp.int32), jnp.asarray(end, jnp.int32), gamma, matches)
+  assert tokens.shape == real.shape == (batch, matches, gamma)
   for b in range(batch):
     context = history[b, : end[b] + 1].tolist()
     if SEPARATOR in context:
       continue  # (a context holds real tokens only)
-    expected, n = reference_match(ring, context, gamma)
-    assert np.asarray(tokens[b])[np.asarray(real[b])].tolist() == expected and int(ngram[b]) == n
-    assert not np.asarray(real[b])[len(expected) :].any()
+    expected, n = reference_match(ring, context, gamma, matches)
+    got = [np.asarray(tokens[b, m])[np.asarray(real[b, m])].tolist() for m in range(matches)]
+    assert got == expected + [[]] * (matches - len(expected)) and int(ngram[b]) == (n if expected else 0)
+    for m in range(matches):
+      assert not np.asarray(real[b, m])[len(got[m]) :].any()  # (real up to where it stops)
 
 
 def test_the_device_index_lists_keys_ascending_the_oldest_first_among_equal_ones():
@@ -133,9 +166,20 @@ def test_an_output_repeated_is_proposed_whole_up_to_its_end():
   past.append([5, 6, 7, 8, 9, 10, 11, 12])
   past.append([20, 21, 22, 23, 24])
   history = jnp.asarray([[1, 2, 5, 6, 7, 8, 0, 0], [1, 2, 3, 21, 22, 23, 24, 0]], jnp.int32)
-  tokens, real, ngram = match(past.on_device(), history, jnp.asarray([5, 6], jnp.int32), 6)
-  assert np.asarray(tokens[0])[np.asarray(real[0])].tolist() == [9, 10, 11, 12] and int(ngram[0]) == 4
+  tokens, real, ngram = match(past.on_device(), history, jnp.asarray([5, 6], jnp.int32), 6, 1)
+  assert np.asarray(tokens[0, 0])[np.asarray(real[0, 0])].tolist() == [9, 10, 11, 12] and int(ngram[0]) == 4
   assert not np.asarray(real[1]).any() and int(ngram[1]) == 0  # (nothing followed 21-24 but its end)
+
+
+def test_continuations_are_ranked_by_how_often_they_followed_then_by_recency():
+  past = Past.empty(64)
+  for output in ([1, 2, 3, 4, 10, 11], [1, 2, 3, 4, 20, 21], [1, 2, 3, 4, 20, 22], [1, 2, 3, 4, 30]):
+    past.append(output)
+  history = jnp.asarray([[9, 1, 2, 3, 4]], jnp.int32)
+  tokens, real, ngram = match(past.on_device(), history, jnp.asarray([4], jnp.int32), 2, 3)
+  got = [np.asarray(tokens[0, m])[np.asarray(real[0, m])].tolist() for m in range(3)]
+  # (20 followed twice, the newer of them first; then what agrees with itself for two tokens)
+  assert got == [[20, 22], [20, 21], [10, 11]] and int(ngram[0]) == 4
 
 
 def test_a_ring_too_small_for_an_ngram_or_too_large_for_its_scores_is_refused():
