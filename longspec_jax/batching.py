@@ -148,6 +148,10 @@ class Slots:
   prompted: np.ndarray  # [slots] int32: the length of each slot's prompt (where its output begins in `tokens`)
   round_time: float | None = None  # seconds a round took over the latest chunk (None: none ran yet)
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
+  # With `shrink`, `auto`'s prices for each count of rows a chunk may run (`row_counts`), and
+  # the count whose prices the state holds now:
+  seconds_by_rows: dict[int, tuple] = dataclasses.field(default_factory=dict)
+  priced_rows: int = 0
   memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
   rounds_before: Any = 0  # `auto`'s rounds by kind when the slots opened (its calibration's)
   shrink: bool = False  # a chunk runs only the rows up to the last busy slot (`live_rows`)
@@ -208,6 +212,16 @@ class Slots:
         table = opened.measure_prices(table)
         memory.prices.remember(key, table)
       opened.round_seconds = table.seconds
+      opened.priced_rows = slots
+      # A chunk of fewer rows (`shrink`) pays what that many sequences pay, not all of them.
+      for rows in opened.row_counts[:-1]:
+        key = prices.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, rows, positions)
+        table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
+        if not table.complete:
+          table = opened.measure_prices(table, rows)
+          memory.prices.remember(key, table)
+        opened.seconds_by_rows[rows] = table.seconds
+      opened.seconds_by_rows[slots] = opened.round_seconds
       opened.rounds_before = np.asarray(opened.state.proposal.rounds_by_kind)
     return opened
 
@@ -216,29 +230,33 @@ class Slots:
     {} for other proposers."""
     return engine.kind_stats(self.decoding, self.state.proposal, self.round_seconds, self.rounds_before)
 
-  def measure_prices(self, table: prices.Prices) -> prices.Prices:
-    """`auto`'s prices of a round of each kind (and of a change of kind) at these slots'
-    shape, those `table` lacks, measured by rounds of a prompt that repeats itself (so that
-    copying rounds run whole) in every slot (`prices.calibrate`); every slot is free after.
-    No token ends a slot's rounds here: a real target may well answer such a prompt with an
-    EOS at once, and its rounds, whatever they emit, are what is timed. Returns the table
-    (complete unless the rounds ran out first)."""
+  def measure_prices(self, table: prices.Prices, rows: int | None = None) -> prices.Prices:
+    """`auto`'s prices of a round of each kind (and of a change of kind) over the first
+    `rows` slots (default: all of them), those `table` lacks, measured by rounds of a
+    prompt that repeats itself (so that copying rounds run whole) in each of them
+    (`prices.calibrate`); every slot is free after. No token ends a slot's rounds here: a
+    real target may well answer such a prompt with an EOS at once, and its rounds,
+    whatever they emit, are what is timed. Returns the table (complete unless the rounds
+    ran out first)."""
+    rows = rows or len(self.busy)
     prompt = [3 + i % 61 for i in range(min(128, self.positions // 4))]
     room = min(
       self.positions - engine.verified_size(self.decoding.proposer), self.model.config.max_position_embeddings
     ) - len(prompt)
     for slot in self.free:
-      self.admit(slot, prompt, room)
-    eos = self.state.eos
-    endless = dataclasses.replace(
-      self.state, done=jnp.zeros_like(self.state.done), eos=jnp.full_like(eos, engine.PAD_ID)
-    )
+      if slot < rows:
+        self.admit(slot, prompt, room)
+    whole = rows == len(self.busy)
+    state = self.state if whole else _first_rows(self.state, rows, self.axes)
+    eos = state.eos
+    endless = dataclasses.replace(state, done=jnp.zeros_like(state.done), eos=jnp.full_like(eos, engine.PAD_ID))
     run = lambda state, rounds: engine.decode_chunk(
-      self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits.tolist(), rounds=rounds
+      self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits[:rows].tolist(), rounds=rounds
     )
     measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
     # Every slot freed, learning nothing: the repeated prompt's gains are no request's.
-    self.state = dataclasses.replace(measured.state, eos=eos, done=jnp.ones_like(measured.state.done))
+    state = dataclasses.replace(measured.state, eos=eos, done=jnp.ones_like(measured.state.done))
+    self.state = state if whole else _with_first_rows(self.state, state, self.axes)
     self.busy[:] = False
     self._flag_rows()
     return measured.prices
@@ -398,6 +416,9 @@ class Slots:
     """Up to `rounds` rounds over the first `rows` slots (default `live_rows`): (the new
     tokens [slots, n], PAD_ID where a slot has none; which slots are done)."""
     rows = rows or self.live_rows
+    if self.seconds_by_rows and rows != self.priced_rows:  # (`auto` weighs its kinds at this many rows' prices)
+      proposal = self.decoding.proposer.with_costs(self.state.proposal, self.seconds_by_rows[rows])
+      self.state, self.priced_rows = dataclasses.replace(self.state, proposal=proposal), rows
     run = lambda state: engine.decode_chunk(
       self.model,
       state,

@@ -298,6 +298,30 @@ def test_slots_that_shrink_run_the_rows_up_to_the_last_busy_one(tiny, method):
   np.testing.assert_array_equal(np.asarray(slots.state.cache.k)[:, 3], kept)
 
 
+def test_slots_that_shrink_weigh_autos_kinds_at_the_prices_of_the_rows_they_run(tiny, tmp_path):
+  """`auto` in slots that shrink has prices for each count of rows a chunk may run, measured
+  when they open, and a chunk of one row chooses by one row's prices, of all four by four's."""
+  from longspec_jax import engine
+  from longspec_jax.methods import prices
+
+  proposer_, params = proposer(tiny, Method.AUTO)
+  memory = engine.Memory(prices=prices.PriceBook(directory=tmp_path))  # (none measured before)
+  slots = Slots.open(tiny, Decoding(proposer=proposer_), params, slots=4, positions=128, memory=memory, shrink=True)
+  assert sorted(slots.seconds_by_rows) == [1, 2, 4] and len(memory.prices.measured) == 3 and slots.free == [0, 1, 2, 3]
+
+  def priced(rows):
+    seconds = slots.seconds_by_rows[rows]
+    np.testing.assert_allclose(np.asarray(slots.state.proposal.costs), np.float32(seconds[:-1]))
+    np.testing.assert_allclose(float(slots.state.proposal.switch), np.float32(seconds[-1]))
+
+  slots.admit(0, list(range(5, 20)), 6)
+  slots.run(1)
+  priced(1)
+  slots.admit(3, list(range(9, 30)), 6)
+  slots.run(1)
+  priced(4)
+
+
 def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_slot(tiny):
   """Prompt lookup over past outputs in two slots: each released request's output goes into
   the ring in the order they end (a ring of 40 tokens: the oldest dropped), the running
