@@ -174,7 +174,9 @@ class Slots:
     `per_sequence_sampling`, each request may bring its own temperature and top-p
     (`admit`). With `shrink`, a chunk computes only the rows up to the last busy slot
     (`live_rows`): a server's load changes, and a lone request in a slot of eight would
-    pay for eight rows a round; each count of rows is a program of its own (`compile`)."""
+    pay for eight rows a round; each count of rows is a program of its own (`compile`)
+    and `auto`'s prices of its own (`seconds_by_rows`, measured here where `memory` has
+    none)."""
     memory = engine.MEMORY if memory is None else memory
     key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
     temperature = decoding.sampling.temperature
