@@ -191,16 +191,19 @@ def add_copy_flags(p: argparse.ArgumentParser, many: bool = False) -> None:
   )
 
 
-def add_past_flag(p: argparse.ArgumentParser) -> None:
-  """--past-tokens: the ring of earlier outputs prompt lookup searches (`methods.past`)."""
+def add_past_flag(p: argparse.ArgumentParser, corpus: bool = True) -> None:
+  """--past-tokens: the ring of earlier outputs prompt lookup searches (`methods.past`), and
+  (`corpus`) --corpus, files written into it first."""
   p.add_argument(
     "--past-tokens",
     type=nonnegative_int,
     default=0,
     help="pld and auto: prompt lookup also searches the latest N tokens that earlier requests of this"
-    " process wrote (a batch file's records, the server's requests) for continuations, and proposes"
-    " theirs where they match a longer n-gram than the context does (default 0: off)",
+    " process wrote (a batch file's records, the server's requests), and proposes what followed there"
+    " in the continuations the context's own matches leave empty (default 0: off)",
   )
+  if not corpus:
+    return
   p.add_argument(
     "--corpus",
     type=Path,

@@ -37,7 +37,7 @@ import re
 import sys
 from pathlib import Path
 
-from infer.cli import add_copy_flags, add_sampling_flags, add_tree_flags, sampling_config, tree_choice
+from infer.cli import add_copy_flags, add_past_flag, add_sampling_flags, add_tree_flags, sampling_config, tree_choice
 from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from lab.shapes import SHAPES
@@ -282,6 +282,7 @@ def main(argv=None):
   )
   add_tree_flags(p)
   add_copy_flags(p)
+  add_past_flag(p, corpus=False)
   p.add_argument("--set", default="code", choices=SETS, help="prompt set")
   p.add_argument("--length", type=positive_int, default=4096, help="prefill tokens")
   p.add_argument("--new-tokens", type=number_type(int, lambda x: x >= 2, "an integer >= 2"), default=128)
@@ -361,6 +362,7 @@ def main(argv=None):
       copy_tokens=args.copy_tokens,
       cape=cape,
       copy_matches=args.copy_matches,
+      past_tokens=args.past_tokens,
       sampling=sampling,
       batch=args.batch,
     ),
