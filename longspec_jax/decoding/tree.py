@@ -152,6 +152,23 @@ def graft_chains(tree: Tree, drafted: jax.Array, valid: jax.Array) -> Tree:
   )
 
 
+def distinct_continuations(tokens: jax.Array, real: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+  """Of candidate continuations tokens [B, C, G] (which are real: [B, C, G]), best first,
+  the first `count` that add something to a trie of those before them: each with a real
+  first token, and not held whole by an earlier candidate (its real tokens a prefix of
+  that one's). Returns their indices into C [B, count] and whether each was found."""
+  kept = real[:, :, 0]  # [B, C]
+  if count > 1:
+    holds = jnp.all(
+      ~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])), axis=-1
+    )  # [B, C, C']: C's tokens are a prefix of C''s
+    earlier = jnp.arange(kept.shape[1])[:, None] > jnp.arange(kept.shape[1])[None, :]
+    kept &= ~jnp.any(holds & earlier[None], axis=-1)
+  rank = jnp.cumsum(kept, axis=1) - 1  # [B, C]
+  chosen = kept[:, None, :] & (rank[:, None, :] == jnp.arange(count)[None, :, None])  # [B, count, C]
+  return jnp.argmax(chosen, axis=-1), jnp.any(chosen, axis=-1)
+
+
 def copy_tree(root: jax.Array, drafted: jax.Array, valid: jax.Array) -> Tree:
   """Prompt lookup's tree: root [B], then its M continuations [B, M, G] merged as a trie
   (`graft_chains`); one continuation is a plain chain."""

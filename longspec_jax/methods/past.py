@@ -5,9 +5,10 @@ each round's prompt lookup (`match_past`), SuffixDecoding-style.
 Prompt lookup searches the request's own context; what a process wrote before (the answer
 a user asks again after a small change, records of one schema one after another) is not
 there. The ring holds the latest `size` tokens of outputs, each followed by a separator;
-a round looks for the most recent earlier occurrence of the context's last n tokens (n
-from `PAST_NGRAMS`' longest down; at least 4 tokens, since a short n-gram recurs by chance
-in a long history) and proposes what followed it there, up to a separator.
+a round looks for the latest earlier occurrences of the context's last n tokens (n from
+`PAST_NGRAMS`' longest down; at least 4 tokens, since a short n-gram recurs by chance in a
+long history) and proposes what followed them there, up to a separator, ranked by how often
+it followed (`match_past`).
 
 The host keeps, beside each ring position and for each n, a 32-bit key of the n tokens
 ending there (`ngram_key`; 0 where they hold a separator or no token follows them), updated
@@ -33,6 +34,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from longspec_jax.decoding.tree import distinct_continuations
 
 SEPARATOR = -1  # ends each output in the ring, and fills it before anything is written
 PAST_NGRAMS = (8, 6, 4)  # the n-gram lengths searched, longest first
@@ -250,13 +253,7 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   score = jnp.where(real[:, :, 0], score, -1)
   order = jnp.argsort(-score, axis=1, stable=True)  # [B, C]: best first, the newest first among equals
   tokens, real = (jnp.take_along_axis(x, order[:, :, None], axis=1) for x in (tokens, real))
-  holds = jnp.all(~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])), -1)
-  earlier = jnp.arange(candidates)[:, None] > jnp.arange(candidates)[None, :]
-  kept = real[:, :, 0] & ~jnp.any(holds & earlier, axis=-1)  # [B, C]
-  rank = jnp.cumsum(kept, axis=1) - 1
-  chosen = kept[:, None, :] & (rank[:, None, :] == jnp.arange(matches)[None, :, None])  # [B, M, C]
-  pick = jnp.argmax(chosen, axis=-1)  # [B, M]
-  some = jnp.any(chosen, axis=-1)  # [B, M]
+  pick, some = distinct_continuations(tokens, real, matches)  # [B, M] x2
   tokens = jnp.take_along_axis(tokens, pick[:, :, None], axis=1)
   real = jnp.take_along_axis(real, pick[:, :, None], axis=1) & some[:, :, None]
   return tokens, real, jnp.where(some[:, 0], matched, 0)

@@ -29,7 +29,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from longspec_jax.decoding.tree import Tree, copy_tree
+from longspec_jax.decoding.tree import Tree, copy_tree, distinct_continuations
 from longspec_jax.methods.past import PAST_NGRAMS, PastTokens, match_past
 
 # Earlier occurrences of each n-gram length looked at per continuation sought: repeated
@@ -155,17 +155,7 @@ class PromptLookup:
     offsets = start[:, :, None] + jnp.arange(self.num_tokens)[None, None, :]  # [B, C, gamma]
     tokens = jnp.take_along_axis(history[:, None, :], jnp.clip(offsets, 0, size - 1), axis=2)
     real = (start >= 0)[:, :, None] & (offsets < count[:, None, None])
-    kept = real[:, :, 0]  # [B, C]
-    if self.matches > 1:  # a continuation that an earlier one already holds adds nothing
-      holds = jnp.all(
-        ~real[:, :, None, :] | (real[:, None, :, :] & (tokens[:, :, None, :] == tokens[:, None, :, :])), axis=-1
-      )  # [B, C, C']: C's tokens are a prefix of C''s
-      earlier = jnp.arange(kept.shape[1])[:, None] > jnp.arange(kept.shape[1])[None, :]
-      kept &= ~jnp.any(holds & earlier[None], axis=-1)
-    rank = jnp.cumsum(kept, axis=1) - 1  # [B, C]
-    chosen = kept[:, None, :] & (rank[:, None, :] == jnp.arange(self.matches)[None, :, None])  # [B, M, C]
-    pick = jnp.argmax(chosen, axis=-1)  # [B, M]
-    found = jnp.any(chosen, axis=-1)  # [B, M]
+    pick, found = distinct_continuations(tokens, real, self.matches)  # [B, M] x2
     drafted = jnp.take_along_axis(tokens, pick[:, :, None], axis=1)  # [B, M, gamma]
     valid = jnp.take_along_axis(real, pick[:, :, None], axis=1) & found[:, :, None]
     return drafted, valid, jnp.where(found[:, 0], jnp.take_along_axis(ngram, pick[:, :1], axis=1)[:, 0], 0)
