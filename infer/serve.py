@@ -48,8 +48,9 @@ from longspec_jax.weights import default
 CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
 # The same while a slot is free: a request that comes while others run waits for the chunk
 # to end before its prefill. With eight slots, eight clients sending at once ran at 0.51x
-# generate's one batch of their prompts on an H200, the first admitted decoding a 0.1 s
-# chunk alone while the other seven waited (docs/results.md, "Many prompts at once").
+# generate's one batch of their prompts on an H200, about what the first admitted decoding a
+# 0.1 s chunk alone while the other seven waited comes to (docs/results.md, "Many prompts at
+# once").
 CHUNK_SECONDS_WITH_FREE_SLOTS = 0.02
 # Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
 PREFILL_CHUNK = 2048
