@@ -5,7 +5,8 @@ streams each prompt's completion from it (`/v1/completions`, greedy unless the f
 otherwise, its usage in the last chunk): the time from the request to the first streamed
 text (the first token's time, prefill included) and the decode rate after it. One client
 at a time first, each prompt after a warm-up request; then, for each `--concurrency` C
-above one, C clients at once (prompts cycled), their tokens over the wall time. The server
+above one, C clients at once (prompts cycled), their tokens over the wall time, after C
+clients with other prompts of the same length (what their groups run compiled). The server
 is then stopped and the same prompts run through the library in this process, as
 `infer.generate` runs them with those flags (`engine.generate`, a warm-up first): one
 prompt at a time, and the C prompts as one batch; and one slot of `batching.Slots` driven
@@ -121,10 +122,14 @@ class Server:
         self.process.kill()
 
 
-def measure_server(flags, context: int, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int]):
+def measure_server(
+  flags, context: int, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int], others: list[str]
+):
   """Per prompt one client's `stream`; per C > 1, C clients at once: (tokens, wall seconds).
   `warm_up` runs first, a prompt of its own (a slot holding a measured prompt would serve
-  it again from its cache)."""
+  it again from its cache); before C clients, C others at once with prompts of their own
+  of the same length (`others`): the programs their groups' prefills run are compiled then,
+  as generate's batch is warmed up before it is timed."""
   server = Server(flags, context)
   try:
     stream(server.base, warm_up, new_tokens)  # (the first request's compilations)
@@ -132,8 +137,9 @@ def measure_server(flags, context: int, warm_up: str, texts: list[str], new_toke
     together = {}
     for clients in (c for c in concurrency if c > 1):
       asks = [texts[i % len(texts)] for i in range(clients)]
-      started = time.perf_counter()
       with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda text: stream(server.base, text, new_tokens), others[:clients]))
+        started = time.perf_counter()
         answers = list(pool.map(lambda text: stream(server.base, text, new_tokens), asks))
       together[clients] = (sum(a["tokens"] for a in answers), time.perf_counter() - started)
   finally:
@@ -223,12 +229,15 @@ def main(argv=None):
   rows, totals = [], []
   for set_name in args.sets:
     # Text both sides tokenize alike: the set's prompts decoded, then read back as the server reads them.
-    prompts = PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts + 1)  # (the last: the warm-up)
-    *texts, warm_up = [tokenizer.decode(ids) for ids in prompts]
-    context = max(len(tokenizer(text).input_ids) for text in [*texts, warm_up]) + args.new_tokens
+    # The set's prompts, then the warm-up's, then those of the bursts before the timed ones.
+    others = max(args.concurrency) if max(args.concurrency) > 1 else 0
+    prompts = PROMPT_SETS[set_name](tokenizer, args.length, args.num_prompts + 1 + others)
+    decoded = [tokenizer.decode(ids) for ids in prompts]
+    texts, warm_up, bursts = decoded[: args.num_prompts], decoded[args.num_prompts], decoded[args.num_prompts + 1 :]
+    context = max(len(tokenizer(text).input_ids) for text in decoded) + args.new_tokens
     measured = (warm_up, texts, args.new_tokens, args.concurrency)
     print(f"[{set_name}] the server ...", file=sys.stderr, flush=True)
-    served, served_together = measure_server(flags, context, *measured)
+    served, served_together = measure_server(flags, context, *measured, bursts)
     print(f"[{set_name}] the library ...", file=sys.stderr, flush=True)
     alone, slots_alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
     for index, (server, result, slots_rate) in enumerate(zip(served, alone, slots_alone)):
