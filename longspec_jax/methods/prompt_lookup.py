@@ -128,12 +128,13 @@ class PromptLookup:
       return drafted, valid, ngram
     tokens, real, matched = match_past(past, history, end, self.num_tokens, self.matches)  # [B, M, G] x2, [B]
     empty = ~valid[:, :, 0]  # [B, M]: slots without a continuation of the context's
-    nth = jnp.cumsum(empty, axis=1) - 1  # [B, M]: which empty slot each is; the past's n-th best goes there
-    into = empty & jnp.take_along_axis(real[:, :, 0], jnp.maximum(nth, 0), axis=1)  # [B, M]
-    drafted = jnp.where(into[:, :, None], jnp.take_along_axis(tokens, jnp.maximum(nth, 0)[:, :, None], axis=1), drafted)
-    valid = jnp.where(into[:, :, None], jnp.take_along_axis(real, jnp.maximum(nth, 0)[:, :, None], axis=1), valid)
+    # [B, M, 1]: the past's n-th best continuation goes into the n-th empty slot
+    nth = jnp.maximum(jnp.cumsum(empty, axis=1) - 1, 0)[:, :, None]
+    into = empty[:, :, None] & jnp.take_along_axis(real[:, :, :1], nth, axis=1)  # [B, M, 1]
+    drafted = jnp.where(into, jnp.take_along_axis(tokens, nth, axis=1), drafted)
+    valid = jnp.where(into, jnp.take_along_axis(real, nth, axis=1), valid)
     rank = jnp.searchsorted(jnp.asarray(sorted(PAST_NGRAMS)), matched) + 1  # [B]: 1 = the shortest
-    return drafted, valid, jnp.where(into[:, 0], self.max_ngram + rank, ngram)
+    return drafted, valid, jnp.where(into[:, 0, 0], self.max_ngram + rank, ngram)
 
   def _match_context(self, history: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`match` within each sequence's own context."""
