@@ -148,8 +148,8 @@ class Slots:
   prompted: np.ndarray  # [slots] int32: the length of each slot's prompt (where its output begins in `tokens`)
   round_time: float | None = None  # seconds a round took over the latest chunk (None: none ran yet)
   round_seconds: tuple | None = None  # `auto`'s prices (`prices.Prices.seconds`); None for other proposers
-  # With `shrink`, `auto`'s prices for each count of rows a chunk may run (`row_counts`), and
-  # the count whose prices the state holds now:
+  # `auto`'s prices for each count of rows a chunk may run (`row_counts`), and the count whose
+  # prices the state holds now (0: none that `run` set yet):
   seconds_by_rows: dict[int, tuple] = dataclasses.field(default_factory=dict)
   priced_rows: int = 0
   memory: engine.Memory | None = None  # where `auto`'s gains are left for later slots and generations
@@ -178,7 +178,7 @@ class Slots:
     and `auto`'s prices of its own (`seconds_by_rows`, measured here where `memory` has
     none)."""
     memory = engine.MEMORY if memory is None else memory
-    key, table, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
+    _, _, carried = engine.carried_state(memory, model, decoding, proposer_params, slots, positions)
     temperature = decoding.sampling.temperature
     empty = lambda batch: (
       engine.start(
@@ -210,20 +210,15 @@ class Slots:
     )
     opened._flag_rows()
     if decoding.multi_kind:
-      if not table.complete:
-        table = opened.measure_prices(table)
-        memory.prices.remember(key, table)
-      opened.round_seconds = table.seconds
-      opened.priced_rows = slots
       # A chunk of fewer rows (`shrink`) pays what that many sequences pay, not all of them.
-      for rows in opened.row_counts[:-1]:
+      for rows in opened.row_counts:  # (all of them last: the state then holds their prices)
         key = prices.cost_key(model, decoding.proposer, proposer_params, decoding.sampling, rows, positions)
         table = memory.prices.known(key) or prices.Prices.none(len(decoding.proposer.kinds) + 1)
         if not table.complete:
           table = opened.measure_prices(table, rows)
           memory.prices.remember(key, table)
         opened.seconds_by_rows[rows] = table.seconds
-      opened.seconds_by_rows[slots] = opened.round_seconds
+      opened.round_seconds = opened.seconds_by_rows[slots]
       opened.rounds_before = np.asarray(opened.state.proposal.rounds_by_kind)
     return opened
 
@@ -232,15 +227,13 @@ class Slots:
     {} for other proposers."""
     return engine.kind_stats(self.decoding, self.state.proposal, self.round_seconds, self.rounds_before)
 
-  def measure_prices(self, table: prices.Prices, rows: int | None = None) -> prices.Prices:
+  def measure_prices(self, table: prices.Prices, rows: int) -> prices.Prices:
     """`auto`'s prices of a round of each kind (and of a change of kind) over the first
-    `rows` slots (default: all of them), those `table` lacks, measured by rounds of a
-    prompt that repeats itself (so that copying rounds run whole) in each of them
-    (`prices.calibrate`); every slot is free after. No token ends a slot's rounds here: a
-    real target may well answer such a prompt with an EOS at once, and its rounds,
-    whatever they emit, are what is timed. Returns the table (complete unless the rounds
-    ran out first)."""
-    rows = rows or len(self.busy)
+    `rows` slots, those `table` lacks, measured by rounds of a prompt that repeats itself
+    (so that copying rounds run whole) in each of them (`prices.calibrate`); every slot is
+    free after. No token ends a slot's rounds here: a real target may well answer such a
+    prompt with an EOS at once, and its rounds, whatever they emit, are what is timed.
+    Returns the table (complete unless the rounds ran out first)."""
     prompt = [3 + i % 61 for i in range(min(128, self.positions // 4))]
     room = min(
       self.positions - engine.verified_size(self.decoding.proposer), self.model.config.max_position_embeddings
@@ -248,20 +241,20 @@ class Slots:
     for slot in self.free:
       if slot < rows:
         self.admit(slot, prompt, room)
-    whole = rows == len(self.busy)
-    state = self.state if whole else _first_rows(self.state, rows, self.axes)
-    eos = state.eos
-    endless = dataclasses.replace(state, done=jnp.zeros_like(state.done), eos=jnp.full_like(eos, engine.PAD_ID))
     run = lambda state, rounds: engine.decode_chunk(
       self.model, state, self.decoding, self.proposer_params, max_new_tokens=self.limits[:rows].tolist(), rounds=rounds
     )
-    measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
-    # Every slot freed, learning nothing: the repeated prompt's gains are no request's.
-    state = dataclasses.replace(measured.state, eos=eos, done=jnp.ones_like(measured.state.done))
-    self.state = state if whole else _with_first_rows(self.state, state, self.axes)
+
+    def calibrated(state):
+      endless = dataclasses.replace(state, done=jnp.zeros_like(state.done), eos=jnp.full_like(state.eos, engine.PAD_ID))
+      measured = prices.calibrate(self.decoding.proposer, run, endless, lambda tokens: None, table)
+      # Every slot freed, learning nothing: the repeated prompt's gains are no request's.
+      return dataclasses.replace(measured.state, eos=state.eos, done=jnp.ones_like(state.done)), measured.prices
+
+    table = self._on_rows(rows, calibrated)
     self.busy[:] = False
     self._flag_rows()
-    return measured.prices
+    return table
 
   def _flag_rows(self) -> None:
     """Whether the busy slots' requests draw or cut to a top-p, as the rounds' programs
@@ -429,15 +422,9 @@ class Slots:
       max_new_tokens=self.limits[:rows].tolist(),
       rounds=rounds,
     )
-    if rows == len(self.busy):
-      self.state, tokens, _ = run(self.state)
-      tokens = np.asarray(tokens)
-    else:  # (the rows copied out and back once a chunk, not a round)
-      first, ran, _ = run(_first_rows(self.state, rows, self.axes))
-      self.state = _with_first_rows(self.state, first, self.axes)
-      ran = np.asarray(ran)
-      tokens = np.full((len(self.busy), ran.shape[1]), engine.PAD_ID, ran.dtype)
-      tokens[:rows] = ran
+    ran = np.asarray(self._on_rows(rows, lambda state: run(state)[:2]))
+    tokens = np.full((len(self.busy), ran.shape[1]), engine.PAD_ID, ran.dtype)  # (PAD_ID past the rows that ran)
+    tokens[:rows] = ran
     for slot in np.flatnonzero(self.busy):
       self.tokens[slot] += [int(t) for t in tokens[slot] if t != engine.PAD_ID]
     return tokens, np.asarray(self.state.done)
@@ -462,13 +449,23 @@ class Slots:
     return [*([1 << i for i in range((slots - 1).bit_length())] if self.shrink else []), slots]
 
   def compile(self) -> None:
-    """Compiles the chunks' programs for every count of `row_counts`, running no round."""
+    """Compiles the chunks' programs for every count of `row_counts` (and the copies of rows
+    out and back), running no round."""
     for rows in self.row_counts:
-      whole = rows == len(self.busy)
-      state = self.state if whole else _first_rows(self.state, rows, self.axes)
-      engine.compile_chunk(self.model, state, self.decoding, self.proposer_params)
-      if not whole:
-        self.state = _with_first_rows(self.state, state, self.axes)  # (its program compiled too)
+      self._on_rows(
+        rows, lambda state: (state, engine.compile_chunk(self.model, state, self.decoding, self.proposer_params))
+      )
+
+  def _on_rows(self, rows: int, work: Callable[[DecodeState], tuple[DecodeState, Any]]) -> Any:
+    """`work` (state -> (state after, a result)) on the state's first `rows` rows: the whole
+    state, or its rows copied out and written back (once a chunk, not a round), what the
+    batch shares taken from the rows that ran. Returns the result."""
+    if rows == len(self.busy):
+      self.state, result = work(self.state)
+      return result
+    first, result = work(_first_rows(self.state, rows, self.axes))
+    self.state = _with_first_rows(self.state, first, self.axes)
+    return result
 
   def sequence_stats(self, slot: int) -> dict:
     """The request in `slot`'s own stats so far (`engine.sequence_stats`)."""
