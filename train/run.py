@@ -48,7 +48,7 @@ from longspec_jax.cli import (
   run_main,
 )
 from longspec_jax.errors import UserError
-from longspec_jax.models.config import DraftKind, HeadsConfig
+from longspec_jax.models.config import DraftKind, HeadsConfig, default_feature_layers
 from train import Labels, Positions
 
 
@@ -83,6 +83,40 @@ def delay_weights(text: str) -> tuple[float, ...]:
   if weights == (0.0,) or (weights and all(w >= 0 and w < float("inf") for w in weights) and any(weights)):
     return weights
   raise argparse.ArgumentTypeError(f"expected weights of delays 1, 2, ... like 1,1,1 (or 0 for none), got {text!r}")
+
+
+def feature_layers(text: str) -> tuple[int, ...] | str:
+  """--feature-layers: comma-separated target layers, or 'default'."""
+  if text == "default":
+    return text
+  try:
+    return tuple(int(x) for x in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected target layers like 2,15,27 (or 'default'), got {text!r}") from None
+
+
+def requested_features(value: tuple[int, ...] | str, target_config) -> tuple[int, ...]:
+  """--feature-layers' target layers ('default': EAGLE-3's), checked against the target."""
+  layers = default_feature_layers(target_config.num_layers) if value == "default" else value
+  if not all(-target_config.num_layers <= layer < target_config.num_layers for layer in layers):
+    raise UserError(
+      f"--feature-layers {','.join(map(str, layers))}: the target has layers 0 .. {target_config.num_layers - 1}."
+    )
+  return tuple(layer % target_config.num_layers for layer in layers)
+
+
+def add_features(draft, layers: tuple[int, ...]):
+  """--init-draft's draft reading `layers`' fused features: as it is where it reads them
+  already, with a zero projection where it reads none."""
+  from longspec_jax.models.draft import with_features
+
+  held = draft.config.feature_layers
+  if held and held != layers:
+    raise UserError(
+      f"--init-draft reads features of target layers {','.join(map(str, held))}, not"
+      f" {','.join(map(str, layers))}; leave out --feature-layers to keep its own."
+    )
+  return draft if held else with_features(draft, layers)
 
 
 def parse_args(argv=None):
@@ -171,6 +205,14 @@ def parse_args(argv=None):
     action="store_true",
     help="a new draft without cross-attention: the ablation of GLIDE's section 5.2",
   )
+  p.add_argument(
+    "--feature-layers",
+    type=feature_layers,
+    help="fused target features (a block draft): each token's input also gets the target's cached values of"
+    " these layers at the position before it, where committed, through a learned projection (e.g. 2,15,27;"
+    " 'default': layers 2, L/2 and L-3, EAGLE-3's). With --init-draft, added to a draft without them, their"
+    " projection zero so that training starts from what the draft computes",
+  )
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1, help="a new draft's blocks")
   p.add_argument("--draft-intermediate-size", type=positive_int, help="a new draft's MLP width (default: the target's)")
@@ -210,6 +252,8 @@ def parse_args(argv=None):
     p.error("--rollout-depth delays each pass's cross-attention by its depth; give it or --delays, not both")
   if args.rollout_depth and args.draft_kind != DraftKind.LONGSPEC.value:
     p.error("--rollout-depth trains a LongSpec draft (--draft-kind longspec)")
+  if args.feature_layers and args.draft_kind == DraftKind.TOKENSWIFT.value:
+    p.error("--feature-layers is a block draft's input; TokenSwift's heads read the target's final state")
   return args
 
 
@@ -339,6 +383,8 @@ def prepare(args, sources, eval_sources) -> Run:
     draft = load_draft(
       args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind, vocab_subset=subset
     )
+    if args.feature_layers:
+      draft = add_features(draft, requested_features(args.feature_layers, target.config))
   elif kind is DraftKind.TOKENSWIFT:
     draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:
@@ -352,6 +398,7 @@ def prepare(args, sources, eval_sources) -> Run:
         cross_layer=args.cross_layer,
         cross_attention=not args.no_cross_attention,
         intermediate_size=width,
+        feature_layers=requested_features(args.feature_layers, target.config) if args.feature_layers else (),
       ),
       jnp.float32,
       seed=args.seed,

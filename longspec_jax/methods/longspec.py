@@ -219,7 +219,7 @@ class LongSpecDraft:
           ring_limit=lengths + 1,
           buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width))),
         ),
-        CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width))),
+        CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width)), fuse=False),
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     return Tree(
@@ -255,7 +255,7 @@ class LongSpecDraft:
           ring_limit=lengths + 1,
           buffer=(*buffer, jnp.full((batch, 1), depth)),
         ),
-        CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None]),
+        CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None], fuse=False),
       )
     return cape_tree(root, jnp.stack(tops, axis=1), jnp.stack(confidence, axis=1), cape)
 

@@ -182,6 +182,11 @@ class DraftConfig(BlockConfig):
   # the ranking is saved with the draft); 0: the whole vocabulary. The target still
   # verifies against every token, so the output is unchanged.
   vocab_subset: int = 0
+  # Fused target features (EAGLE-3's multi-layer fusion, read from the target's cache):
+  # the target layers whose cached values at the position before each draft token, where
+  # that position is committed, the draft adds to the token's embedding through a learned
+  # projection (`Draft.target_features`); (): none.
+  feature_layers: tuple[int, ...] = ()
 
   def __post_init__(self):
     super().__post_init__()
@@ -244,6 +249,17 @@ class DraftConfig(BlockConfig):
       if mine != theirs:
         raise UserError(f"the draft does not match the target: its {name} is {mine}, the target's is {theirs}.")
     self.target_layers(target.num_layers)
+    self.feature_indices(target.num_layers)
+
+  def feature_indices(self, num_target_layers: int) -> tuple[int, ...]:
+    """The target layers (0-based) whose cached values the draft fuses into its input.
+    Raises UserError where one lies outside the target's `num_target_layers`."""
+    if not all(-num_target_layers <= layer < num_target_layers for layer in self.feature_layers):
+      raise UserError(
+        f"the draft reads features of target layers {', '.join(map(str, self.feature_layers))}, but the target"
+        f" has {num_target_layers} layers."
+      )
+    return tuple(layer % num_target_layers for layer in self.feature_layers)
 
   def to_dict(self) -> dict:
     return {**dataclasses.asdict(self), "kind": self.kind.value}
@@ -266,9 +282,16 @@ class DraftConfig(BlockConfig):
         **d,
         "kind": kind,
         "rope": RopeConfig(**rope),
-        **({"tree_widths": tuple(d["tree_widths"])} if "tree_widths" in d else {}),
+        **{name: tuple(d[name]) for name in ("tree_widths", "feature_layers") if name in d},
       }
     )
+
+
+def default_feature_layers(num_target_layers: int) -> tuple[int, ...]:
+  """EAGLE-3's features (the inputs of target layers 2, L / 2 and L - 3, as SGLang captures
+  them for Llama-3.1-8B: 2, 16, 29): a layer's cached values are a projection of its input."""
+  low, high = min(2, num_target_layers - 1), max(num_target_layers - 3, 0)
+  return tuple(sorted({low, num_target_layers // 2, high}))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,9 @@ RMSNorm -> self-attention over the draft's own cache -> RMSNorm -> cross-attenti
 keys and values are the target's cached K/V of one layer -> RMSNorm -> SwiGLU MLP, then a
 final RMSNorm. The input embedding and the LM head are the target's arrays, passed in,
 never copied: the draft's parameters are only its blocks, and its state only its cache.
+With `feature_layers`, each token's embedding also gets the target's cached values of a
+few layers at the position before it, where that position is committed, fused by a
+learned projection (EAGLE-3's multi-layer features, read from the cache, not recomputed).
 The two kinds differ only in what the attentions see (`config.DraftKind`): LongSpec's
 self-attention the latest `window` positions (a ring buffer) and every layer the same
 target layer; GLIDE's every earlier position (a cache as long as the target's) and
@@ -82,6 +85,20 @@ class CrossAttend:
   limits: jax.Array | None  # [B, T] int32; None: by `delay` or `block`
   delay: jax.Array | None = None  # [B] int32
   block: int | None = None
+  # False where no query's previous position can be committed (a tree's nodes): the
+  # fused target features (`Draft.target_features`), all zero there, are not computed.
+  fuse: bool = True
+
+  def seen(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each query's slot in k/v [B, T] (its position at inference; in training, with
+    `delay` or `block`, its index in the sequence, the K/V being those of the same tokens)
+    and how many slots from 0 it sees [B, T]."""
+    if self.limits is not None:
+      return positions, self.limits
+    slots = jnp.broadcast_to(jnp.arange(positions.shape[1], dtype=jnp.int32), positions.shape)
+    if self.block is not None:
+      return slots, slots // self.block * self.block
+    return slots, slots - self.delay[:, None] + 1
 
 
 class DraftLayer(DecoderLayer):
@@ -150,6 +167,10 @@ class Draft(nnx.Module):
       self.vocab = VocabSubset(
         jnp.arange(n, dtype=jnp.int32) if ranking is None else jnp.asarray(ranking[:n], jnp.int32)
       )
+    if config.feature_layers:
+      n, k, d = len(config.feature_layers), config.num_kv_heads, config.head_dim
+      self.feature_norm = nnx.Param(jnp.ones((n, k, d), dtype))
+      self.feature_proj = nnx.Param(init_weight(rngs.params(), (n, k, d, config.hidden_size), dtype))
 
   @property
   def vocab_rows(self) -> int | None:
@@ -159,6 +180,25 @@ class Draft(nnx.Module):
   def subset_tokens(self) -> jax.Array | None:
     """The tokens the draft scores, ascending ids [N] (None: every token)."""
     return None if self.vocab_rows is None else jnp.sort(self.vocab[...])
+
+  def target_features(self, target: Transformer, positions: jax.Array, cross: CrossAttend) -> jax.Array:
+    """The fused target features [B, T, E] each query adds to its token's embedding: the
+    target's cached values at the slot before its own in `config.feature_layers`, each
+    layer's RMS-normed, projected together, where the query's cross-attention sees that
+    slot (a committed position), else zero (a tree node's parent is never committed). At
+    inference they are a few rows of the cache the cross-attention reads anyway."""
+    c = self.config
+    slots, seen = cross.seen(positions)  # [B, T]
+    present = (slots >= 1) & (seen >= slots)
+    layers = jnp.asarray(c.feature_indices(target.config.num_layers), jnp.int32)
+    rows = jnp.arange(slots.shape[0])[None, :, None]
+    before = jnp.clip(slots - 1, 0, cross.v.shape[2] - 1)[None]
+    values = cross.v[layers[:, None, None], rows, before].astype(self.feature_proj.dtype)  # [N, B, T, K, D]
+    v32 = values.astype(jnp.float32)
+    normed = v32 * jax.lax.rsqrt(jnp.mean(v32 * v32, axis=(-2, -1), keepdims=True) + c.rms_norm_eps)
+    normed = normed.astype(values.dtype) * self.feature_norm[...][:, None, None]
+    fused = jnp.einsum("nbtkd,nkde->bte", normed, self.feature_proj[...])
+    return jnp.where(present[..., None], fused, 0)
 
   def __call__(
     self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend, cross: CrossAttend
@@ -185,6 +225,8 @@ class Draft(nnx.Module):
     draft's stands for every target layer); None without."""
     c = self.config
     x = embed_tokens(target.embed[...], tokens).astype(self.final_norm.dtype)  # [B, T, E]
+    if c.feature_layers and cross.fuse:
+      x = x + self.target_features(target, positions, cross).astype(x.dtype)
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     ring = own.ring
@@ -229,6 +271,17 @@ class Draft(nnx.Module):
     rollout = None if r is None else (r.far_k, r.far_v, r.near_k, r.near_v)
     x, (k, v, mass) = jax.lax.scan(step, x, (layer_state, *ring_kv, block_k, block_v, scanned_layers, rollout))
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), (k, v), None if mass is None else mass.sum(axis=0)
+
+
+def with_features(draft: Draft, layers: tuple[int, ...]) -> Draft:
+  """`draft` reading fused target features of `layers` besides, their projection zero, so
+  that it computes what `draft` does until training moves it."""
+  config = dataclasses.replace(draft.config, feature_layers=tuple(layers))
+  dtype = draft.final_norm.dtype
+  fused = Draft(config, dtype, rngs=nnx.Rngs(0), attention=draft.attention)
+  nnx.update(fused, nnx.state(draft))
+  fused.feature_proj[...] = jnp.zeros_like(fused.feature_proj[...])
+  return fused
 
 
 def random_draft(config: DraftConfig, dtype, seed: int = 0, attention: Impl | None = None) -> Draft:

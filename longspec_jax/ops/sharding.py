@@ -61,6 +61,9 @@ PARAM_AXES = {
   "cross_norm": ("embed",),
   "cross_q": ("embed", "heads", "head_dim"),
   "cross_o": ("heads", "head_dim", "embed"),
+  # the draft's fused target features: per feature layer, the cache's values' shape
+  "feature_norm": ("features", "kv_heads", "head_dim"),
+  "feature_proj": ("features", "kv_heads", "head_dim", "embed"),
   # TokenSwift's heads: one residual linear map per token ahead (small: replicated)
   "input_norm": ("ahead", "embed"),
   "linear": ("ahead", "embed", "embed_out"),

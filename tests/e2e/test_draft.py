@@ -10,7 +10,7 @@ from flax import nnx
 
 from longspec_jax.errors import UserError
 from longspec_jax.models.config import DraftConfig, DraftKind, RopeConfig, TargetConfig
-from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft
+from longspec_jax.models.draft import CrossAttend, SelfAttend, random_draft, with_features
 from longspec_jax.models.target import random_model
 from longspec_jax.ops.attention import causal_block_mask
 
@@ -160,3 +160,54 @@ def test_the_draft_says_where_its_cross_attention_looked():
     assert mass.shape == (2, 2, 3)  # [B, K, ceil(40 / 16)]
     np.testing.assert_allclose(np.asarray(mass.sum(-1)), layers * 4 * group, rtol=1e-5)
     assert float(jnp.abs(mass[1, :, 2]).max()) == 0 and float(jnp.abs(mass[1, :, 1]).sum()) > 0  # limit 17
+
+
+def test_fused_features_are_the_committed_previous_positions_values():
+  """Each query adds the target's cached values of the feature layers at the slot before
+  its own, each layer RMS-normed, projected together, where its cross-attention sees that
+  slot; zero elsewhere (training's delays and blocks give the same rule as inference's
+  limits)."""
+  target = random_model(TARGET, jnp.float32, seed=1)
+  draft = random_draft(DraftConfig.for_target(TARGET, feature_layers=(0, -1)), jnp.float32, seed=2)
+  rng = np.random.default_rng(3)
+  shape = (TARGET.num_layers, 2, 32, 2, 8)
+  k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in "kv")
+  positions = jnp.asarray([[20, 21, 22, 23], [0, 1, 2, 3]])
+  limits = jnp.asarray([[20, 21, 21, 21], [0, 1, 2, 2]])
+
+  def expected(b, slot):
+    parts = []
+    for n, layer in enumerate((0, TARGET.num_layers - 1)):
+      x = np.asarray(v[layer, b, slot - 1])
+      x = x / np.sqrt(np.mean(x * x) + TARGET.rms_norm_eps) * np.asarray(draft.feature_norm[n])
+      parts.append(np.einsum("kd,kde->e", x, np.asarray(draft.feature_proj[n])))
+    return sum(parts)
+
+  got = np.asarray(draft.target_features(target, positions, CrossAttend(k, v, limits)))
+  for b in range(2):
+    for t in range(4):
+      slot, seen = int(positions[b, t]), int(limits[b, t])
+      want = expected(b, slot) if slot >= 1 and seen >= slot else np.zeros(TARGET.hidden_size)
+      np.testing.assert_allclose(got[b, t], want, rtol=1e-5, atol=1e-6)
+  # Training: query i at delay j sees slots 0 .. i - j, so only delays 0 and 1 read features.
+  steps = jnp.broadcast_to(jnp.arange(4), (2, 4))
+  for delay in (0, 1, 2):
+    trained = draft.target_features(target, steps, CrossAttend(k, v, None, delay=jnp.full((2,), delay)))
+    np.testing.assert_array_equal(np.any(np.asarray(trained) != 0, axis=-1), np.asarray((steps >= 1) & (delay <= 1)))
+
+
+def test_a_draft_given_features_computes_what_it_did_until_trained():
+  target = random_model(TARGET, jnp.float32, seed=1)
+  draft = random_draft(DraftConfig.for_target(TARGET, num_layers=2), jnp.float32, seed=2)
+  fused = with_features(draft, (0, 2))
+  assert fused.config.feature_layers == (0, 2) and fused.feature_proj.shape == (2, 2, 8, TARGET.hidden_size)
+  rng = np.random.default_rng(4)
+  tokens = jnp.asarray(rng.integers(0, 97, size=(1, 6)))
+  positions = jnp.arange(6)[None]
+  k, v = (jnp.asarray(rng.standard_normal((TARGET.num_layers, 1, 8, 2, 8)), jnp.float32) for _ in "kv")
+  own = SelfAttend(mask=causal_block_mask(positions, jnp.ones((1, 6), bool)))
+  cross = CrossAttend(k=k, v=v, limits=positions)
+  np.testing.assert_array_equal(
+    np.asarray(fused(target, tokens, positions, own, cross)[0]),
+    np.asarray(draft(target, tokens, positions, own, cross)[0]),
+  )

@@ -32,8 +32,11 @@ WIDTHS = (2, 3, 3)
 def models(tmp_path_factory, request):
   target = tiny_target("llama")
   # Two layers, so that ring K/V depend on the cross-attention too; a window shorter than
-  # the prompts, so that LongSpec's ring wraps (GLIDE's self-attention sees everything).
-  config = DraftConfig.for_target(target.config, num_layers=2, window=8, kind=request.param)
+  # the prompts, so that LongSpec's ring wraps (GLIDE's self-attention sees everything);
+  # fused target features, which committed tokens read and tree nodes do not.
+  config = DraftConfig.for_target(
+    target.config, num_layers=2, window=8, kind=request.param, feature_layers=(0, target.config.num_layers - 1)
+  )
   return target, random_draft(config, jnp.float32, seed=3)
 
 

@@ -181,11 +181,16 @@ def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, 
     "--init-draft",
     str(out / "draft"),
   ]
-  assert run(common + ["--out", str(tmp_path / "next"), "--draft-kind", "glide"]) == 0, capsys.readouterr().err
+  next_run = ["--out", str(tmp_path / "next"), "--draft-kind", "glide", "--feature-layers", "default"]
+  assert run(common + next_run) == 0, capsys.readouterr().err
+  fused = json.loads((tmp_path / "next" / "draft" / "draft_config.json").read_text())
+  assert fused["kind"] == "glide" and fused["feature_layers"]  # (added to a draft without them)
   assert run(common + ["--out", str(tmp_path / "wrong")]) == 2
   assert "holds glide's draft, where longspec's is needed" in capsys.readouterr().err
   assert run(common[:-2] + ["--out", str(tmp_path / "high"), "--draft-kind", "glide", "--cross-layer", "40"]) == 2
   assert "cross-attends to target layers 40, but the target has" in capsys.readouterr().err
+  assert run(common[:-2] + ["--out", str(tmp_path / "deep"), "--feature-layers", "0,40"]) == 2
+  assert "--feature-layers 0,40: the target has layers 0 .." in capsys.readouterr().err
 
 
 def test_tokenswift_heads_train_and_report_each_head(tiny_with_tokenizer, tmp_path, capsys):
@@ -298,6 +303,8 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     (base + out + ["--resume", "--overwrite"], "give one"),
     (base + out + ["--rollout-depth", "3", "--delays", "1,1"], "give it or --delays, not both"),
     (base + out + ["--rollout-depth", "3", "--draft-kind", "glide"], "--rollout-depth trains a LongSpec draft"),
+    (base + out + ["--feature-layers", "low"], "expected target layers like 2,15,27"),
+    (base + out + ["--feature-layers", "1", "--draft-kind", "tokenswift"], "TokenSwift's heads read the target's"),
     (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
     (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
     (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),

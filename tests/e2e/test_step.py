@@ -67,21 +67,22 @@ TARGET = TargetConfig(
 
 
 @pytest.mark.parametrize(
-  "positions,labels,kind,rollout",
+  "positions,labels,kind,rollout,features",
   [
-    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 0),
-    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC, 0),
-    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE, 0),
-    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 3),
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 0, ()),
+    (Positions.VANILLA, Labels.DATA, DraftKind.LONGSPEC, 0, ()),
+    (Positions.VANILLA, Labels.TARGET, DraftKind.GLIDE, 0, (0, 1)),
+    (Positions.ANCHOR_OFFSET, Labels.TARGET, DraftKind.LONGSPEC, 3, (0, 1)),
   ],
 )
-def test_a_few_real_steps_reduce_the_loss(positions, labels, kind, rollout):
+def test_a_few_real_steps_reduce_the_loss(positions, labels, kind, rollout, features):
   """LongSpec's draft with flash noisy training or with the training-time test (a pass a
   depth, each depth's tokens from its round's root on), GLIDE's (two layers: each reads
-  its own target layer) with its block-wise cross mask."""
+  its own target layer) with its block-wise cross mask; fused target features in two."""
   target = random_model(TARGET, jnp.float32, seed=0)
   layers = 2 if kind is DraftKind.GLIDE else 1
-  draft = random_draft(DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers), jnp.float32, seed=1)
+  config = DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers, feature_layers=features)
+  draft = random_draft(config, jnp.float32, seed=1)
   draft_graphdef, draft_params = nnx.split(draft)
   target_graphdef, target_params = nnx.split(target)
   text = real_texts(limit=1)[0].encode()
@@ -232,9 +233,10 @@ def test_each_rollout_pass_computes_what_inference_computes_at_its_depth(depth):
   inference computes for the tree node at depth d - 1 of a round whose root sits at
   i - d + 1, each node in turn (its cross-attention over the target's cache below the
   root; its self-attention over the ring, the first pass's K/V up to the root within the
-  window, and over the K/V its ancestors got in their own inference passes)."""
+  window, and over the K/V its ancestors got in their own inference passes), fused
+  target features included (the first pass's, which the ring holds; no node has them)."""
   target = tiny_target("llama")
-  config = DraftConfig.for_target(target.config, num_layers=2, window=6)
+  config = DraftConfig.for_target(target.config, num_layers=2, window=6, feature_layers=(0, 2))
   draft = random_draft(config, jnp.float32)
   batch, length = 2, 17
   tokens = jnp.asarray(np.random.default_rng(depth).integers(3, 200, (batch, length)), jnp.int32)
