@@ -46,12 +46,6 @@ from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
 CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
-# The same while a slot is free: a request that comes while others run waits for the chunk
-# to end before its prefill. With eight slots, eight clients sending at once ran at 0.51x
-# generate's one batch of their prompts on an H200, about what the first admitted decoding a
-# 0.1 s chunk alone while the other seven waited comes to (docs/results.md, "Many prompts at
-# once").
-CHUNK_SECONDS_WITH_FREE_SLOTS = 0.02
 # Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
 PREFILL_CHUNK = 2048
 
@@ -116,10 +110,9 @@ class Worker(threading.Thread):
       self._step()
 
   def _step(self) -> None:
-    """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS` (less
-    while a slot is free, so that a request arriving meanwhile starts soon)."""
+    """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS`."""
     try:
-      tokens, done = self.slots.step(CHUNK_SECONDS_WITH_FREE_SLOTS if self.slots.free else CHUNK_SECONDS)
+      tokens, done = self.slots.step(CHUNK_SECONDS)
     except Exception as e:  # (the model failed: every running job is told, the server goes on)
       for slot, job in list(self.running.items()):
         self._finish(slot, job, f"error: {e}")
