@@ -105,18 +105,19 @@ def requested_features(value: tuple[int, ...] | str, target_config) -> tuple[int
   return tuple(layer % target_config.num_layers for layer in layers)
 
 
-def add_features(draft, layers: tuple[int, ...]):
-  """--init-draft's draft reading `layers`' fused features: as it is where it reads them
-  already, with a zero projection where it reads none."""
+def add_features(draft, layers: tuple[int, ...], parents: bool):
+  """--init-draft's draft reading `layers`' fused features and, with `parents`, its
+  parents' outputs: what it reads already stays, what it lacks comes with a zero
+  projection."""
   from longspec_jax.models.draft import with_features
 
   held = draft.config.feature_layers
-  if held and held != layers:
+  if held and layers and held != layers:
     raise UserError(
       f"--init-draft reads features of target layers {','.join(map(str, held))}, not"
       f" {','.join(map(str, layers))}; leave out --feature-layers to keep its own."
     )
-  return draft if held else with_features(draft, layers)
+  return with_features(draft, () if held else layers, parents and not draft.config.parent_features)
 
 
 def parse_args(argv=None):
@@ -213,6 +214,13 @@ def parse_args(argv=None):
     " 'default': layers 2, L/2 and L-3, EAGLE-3's). With --init-draft, added to a draft without them, their"
     " projection zero so that training starts from what the draft computes",
   )
+  p.add_argument(
+    "--parent-features",
+    action="store_true",
+    help="a LongSpec draft trained with --rollout-depth: a tree node's input also gets its parent's own output"
+    " through a learned projection, where the target's features do not exist (EAGLE-3's training-time test)."
+    " With --init-draft, added to a draft without it, the projection zero",
+  )
   p.add_argument("--window", type=positive_int, default=512, help="LongSpec: the self-attention's window")
   p.add_argument("--draft-layers", type=positive_int, default=1, help="a new draft's blocks")
   p.add_argument("--draft-intermediate-size", type=positive_int, help="a new draft's MLP width (default: the target's)")
@@ -252,6 +260,8 @@ def parse_args(argv=None):
     p.error("--rollout-depth delays each pass's cross-attention by its depth; give it or --delays, not both")
   if args.rollout_depth and args.draft_kind != DraftKind.LONGSPEC.value:
     p.error("--rollout-depth trains a LongSpec draft (--draft-kind longspec)")
+  if args.parent_features and args.rollout_depth < 2:
+    p.error("--parent-features is learned from the training-time test's passes: give --rollout-depth 2 or more")
   if args.feature_layers and args.draft_kind == DraftKind.TOKENSWIFT.value:
     p.error("--feature-layers is a block draft's input; TokenSwift's heads read the target's final state")
   return args
@@ -383,8 +393,9 @@ def prepare(args, sources, eval_sources) -> Run:
     draft = load_draft(
       args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind, vocab_subset=subset
     )
-    if args.feature_layers:
-      draft = add_features(draft, requested_features(args.feature_layers, target.config))
+    if args.feature_layers or args.parent_features:
+      layers = requested_features(args.feature_layers, target.config) if args.feature_layers else ()
+      draft = add_features(draft, layers, args.parent_features)
   elif kind is DraftKind.TOKENSWIFT:
     draft = random_heads(HeadsConfig.for_target(target.config), jnp.float32, seed=args.seed)
   else:
@@ -399,6 +410,7 @@ def prepare(args, sources, eval_sources) -> Run:
         cross_attention=not args.no_cross_attention,
         intermediate_size=width,
         feature_layers=requested_features(args.feature_layers, target.config) if args.feature_layers else (),
+        parent_features=args.parent_features,
       ),
       jnp.float32,
       seed=args.seed,
@@ -677,18 +689,25 @@ def depth_report(run: Run) -> dict:
   from flax import nnx
 
   from longspec_jax.models.heads import Heads
-  from train.step import eval_step
+  from train.step import eval_rollout_step, eval_step
 
+  model = nnx.merge(run.draft_graphdef, run.params)
+  heads = isinstance(model, Heads)
+  # A draft reading its parents' outputs is scored by the training-time test's passes, which
+  # give them; every other by one pass delayed by the depth (traced: one compilation).
+  rollout = not heads and model.config.parent_features
   if run.eval_fn is None:
+    step, static = (eval_rollout_step, {"depth": run.tree_depth}) if rollout else (eval_step, {})
     run.eval_fn = jax.jit(
       functools.partial(
-        eval_step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef, config=run.config
+        step, draft_graphdef=run.draft_graphdef, target_graphdef=run.target_graphdef, config=run.config, **static
       )
     )
-  # (the delay traced: one compilation serves every depth)
-  heads = isinstance(nnx.merge(run.draft_graphdef, run.params), Heads)
 
   def token_losses(rows, d):
+    if rollout:
+      loss, hit = run.eval_fn(run.params, rows, run.target_params)
+      return loss[:, d - 1], hit[:, d - 1]
     loss, hit = run.eval_fn(run.params, rows, run.target_params, delay=jnp.int32(d))
     return (loss[:, : loss.shape[1] - d], hit[:, : hit.shape[1] - d]) if heads else (loss, hit)
 

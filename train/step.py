@@ -108,14 +108,22 @@ def frozen_target(target_graphdef, target_params):
 
 
 def draft_token_losses(
-  draft_params, draft_graphdef, target, tokens, positions, delays, config: TrainConfig, training: bool = True
+  draft_params,
+  draft_graphdef,
+  target,
+  tokens,
+  positions,
+  delays,
+  config: TrainConfig,
+  training: bool = True,
+  eval_rollout: int = 0,
 ):
   """Per-token losses [B, T - 1] of the draft predicting each next token of tokens [B, T],
   and hits [B, T - 1]: the draft's argmax is the label (the target's argmax). The
   cross-attention is delayed by `delays` [B], or in `training` a GLIDE draft's sees the
   blocks before each token's (`TrainConfig.cross_block`). In `training` with
   `config.rollout_depth`, a block draft's [B, D, T - 1] of each depth's pass instead
-  (`rollout_passes`)."""
+  (`rollout_passes`); out of training, those of `eval_rollout` depths where it is given."""
   dtype = jnp.dtype(config.compute_dtype)
   draft = nnx.merge(draft_graphdef, jax.tree.map(lambda p: p.astype(dtype), draft_params))
   if draft.attention is Impl.PALLAS:
@@ -127,8 +135,8 @@ def draft_token_losses(
   target_k, target_v = jax.lax.stop_gradient((k_all, v_all))
   blockwise = training and draft.config.kind is DraftKind.GLIDE
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
-  if config.rollout_depth and training and not blockwise:
-    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, config.rollout_depth)
+  if rollout_depth := (config.rollout_depth if training and not blockwise else eval_rollout):
+    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, rollout_depth)
     runs = [chunked_token_losses(h[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher) for h in passes]
     return tuple(jnp.stack(x, axis=1) for x in zip(*runs))
   own = SelfAttend(mask=None, window=draft.config.self_window)
@@ -149,14 +157,16 @@ def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: 
   sits at i - d + 1, predicting depth d) sees the target's K/V before the root (its
   cross-attention delayed by d), the first pass's K/V up to the root (the ring: committed
   tokens as the draft's first pass wrote them), and its ancestors' K/V as their own
-  depths' passes wrote them (`attention.rollout_attention`), as at inference. Returns each
+  depths' passes wrote them (`attention.rollout_attention`), and its parent's output as the
+  pass before left it (`DraftConfig.parent_features`), as at inference. Returns each
   pass's hidden states [B, T, E], depth 1 first; positions i < d - 1 have no such root."""
   batch, length = tokens.shape
   window = draft.config.self_window
 
-  def run(d: int, rollout: Rollout | None):
+  def run(d: int, rollout: Rollout | None, parents=None):
     cross = CrossAttend(k=target_k, v=target_v, limits=None, delay=jnp.full((batch,), d, jnp.int32))
-    return draft(target, tokens, positions, SelfAttend(mask=None, window=window, rollout=rollout), cross)
+    own = SelfAttend(mask=None, window=window, rollout=rollout)
+    return draft(target, tokens, positions, own, cross, parents=parents)
 
   first, (ring_k, ring_v) = run(1, None)
   hidden, keys, values = [first], [ring_k], [ring_v]  # each pass's K/V [L, B, T, K, D], depth 1 first
@@ -167,7 +177,9 @@ def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: 
       near = [jnp.zeros((*ring_k.shape[:3], 0, *ring_k.shape[3:]), ring_k.dtype)] * 2
     else:
       near = [jnp.stack([behind(x[d - u - 1], u) for u in range(1, d - 1)], axis=3) for x in (keys, values)]
-    out, (k, v) = run(d, Rollout(ring_k, ring_v, *near, delay=d - 1))
+    # The parent (position i - 1, at depth d - 1 of the same round) as its own pass left it.
+    parents = jnp.pad(hidden[-1], ((0, 0), (1, 0), (0, 0)))[:, :length]
+    out, (k, v) = run(d, Rollout(ring_k, ring_v, *near, delay=d - 1), parents)
     hidden.append(out)
     keys.append(k)
     values.append(v)
@@ -264,6 +276,19 @@ def eval_step(draft_params, tokens, target_params, *, draft_graphdef, target_gra
     return head_token_losses(target, tokens, hidden, states, config, delay)
   delays = jnp.full((batch,), delay, jnp.int32)
   return draft_token_losses(draft_params, draft_graphdef, target, tokens, positions, delays, config, training=False)
+
+
+def eval_rollout_step(draft_params, tokens, target_params, *, draft_graphdef, target_graphdef, config, depth: int):
+  """Per-token (loss, hit) [B, D, T - 1] on held-out tokens [B, T] at tree depths 1 ..
+  `depth`, each as the training-time test's pass of that depth computes it (vanilla
+  positions): what inference computes there, a draft reading its parents' outputs
+  (`DraftConfig.parent_features`) included, which `eval_step`'s one delayed pass lacks."""
+  target = frozen_target(target_graphdef, target_params)
+  batch, length = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  return draft_token_losses(
+    draft_params, draft_graphdef, target, tokens, positions, None, config, training=False, eval_rollout=depth
+  )
 
 
 def make_train_step(draft_graphdef, target_graphdef, optimizer, config: TrainConfig, shardings=None):

@@ -162,10 +162,10 @@ class LongSpecDraft:
     carrying the chunks its verification reads)."""
     looked = []  # each pass's cross-attention mass [B, K, C], with `sparse`
 
-    def run(*args):
+    def run(*args, parents):
       if self.sparse is None:
-        return draft(target, *args)
-      hidden, block_kv, mass = draft.forward(target, *args, chunk=self.sparse.chunk)
+        return draft(target, *args, parents=parents)
+      hidden, block_kv, mass = draft.forward(target, *args, chunk=self.sparse.chunk, parents=parents)
       looked.append(mass)
       return hidden, block_kv
 
@@ -186,7 +186,7 @@ class LongSpecDraft:
   def _beam_tree(self, run, top, cfg, cache, ring: RingCache, root, root_hidden) -> Tree:
     """Per depth, the frontier's best children by cumulative log-prob (`top(hidden, k)`:
     the draft's top k), then one draft pass over them (`run(tokens, positions, own,
-    cross)`, the draft's)."""
+    cross, parents=their parents' outputs)`, the draft's)."""
     lengths = cache.lengths
     batch = root.shape[0]
     offsets = beam_offsets(self.widths)
@@ -220,6 +220,7 @@ class LongSpecDraft:
           buffer=(*buffer, jnp.broadcast_to(nodes, (batch, width))),
         ),
         CrossAttend(k=cache.k, v=cache.v, limits=jnp.broadcast_to(lengths[:, None], (batch, width)), fuse=False),
+        parents=jnp.take_along_axis(hidden, rank[:, :, None], axis=1),  # each new node's parent's output
       )
     depths = jnp.asarray([d for d, w in enumerate((1,) + self.widths) for _ in range(w)], jnp.int32)
     return Tree(
@@ -256,6 +257,7 @@ class LongSpecDraft:
           buffer=(*buffer, jnp.full((batch, 1), depth)),
         ),
         CrossAttend(k=cache.k, v=cache.v, limits=lengths[:, None], fuse=False),
+        parents=hidden,
       )
     return cape_tree(root, jnp.stack(tops, axis=1), jnp.stack(confidence, axis=1), cape)
 

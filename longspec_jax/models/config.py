@@ -187,6 +187,10 @@ class DraftConfig(BlockConfig):
   # that position is committed, the draft adds to the token's embedding through a learned
   # projection (`Draft.target_features`); (): none.
   feature_layers: tuple[int, ...] = ()
+  # EAGLE-3's stand-in at drafted positions: a query whose previous position is a drafted
+  # parent (a tree node's) adds the parent's own output state through a learned
+  # projection instead; trained by the training-time test, whose passes supply it.
+  parent_features: bool = False
 
   def __post_init__(self):
     super().__post_init__()

@@ -171,6 +171,9 @@ class Draft(nnx.Module):
       n, k, d = len(config.feature_layers), config.num_kv_heads, config.head_dim
       self.feature_norm = nnx.Param(jnp.ones((n, k, d), dtype))
       self.feature_proj = nnx.Param(init_weight(rngs.params(), (n, k, d, config.hidden_size), dtype))
+    if config.parent_features:
+      e = config.hidden_size
+      self.parent_proj = nnx.Param(init_weight(rngs.params(), (e, e), dtype))
 
   @property
   def vocab_rows(self) -> int | None:
@@ -181,6 +184,14 @@ class Draft(nnx.Module):
     """The tokens the draft scores, ascending ids [N] (None: every token)."""
     return None if self.vocab_rows is None else jnp.sort(self.vocab[...])
 
+  def committed_before(self, positions: jax.Array, cross: CrossAttend) -> jax.Array:
+    """Whether each query's previous position is committed [B, T]: its cross-attention
+    sees that slot (never so for a tree's nodes, `cross.fuse` False)."""
+    if not cross.fuse:
+      return jnp.zeros(positions.shape, bool)
+    slots, seen = cross.seen(positions)
+    return (slots >= 1) & (seen >= slots)
+
   def target_features(self, target: Transformer, positions: jax.Array, cross: CrossAttend) -> jax.Array:
     """The fused target features [B, T, E] each query adds to its token's embedding: the
     target's cached values at the slot before its own in `config.feature_layers`, each
@@ -188,8 +199,7 @@ class Draft(nnx.Module):
     slot (a committed position), else zero (a tree node's parent is never committed). At
     inference they are a few rows of the cache the cross-attention reads anyway."""
     c = self.config
-    slots, seen = cross.seen(positions)  # [B, T]
-    present = (slots >= 1) & (seen >= slots)
+    slots, _ = cross.seen(positions)  # [B, T]
     layers = jnp.asarray(c.feature_indices(target.config.num_layers), jnp.int32)
     rows = jnp.arange(slots.shape[0])[None, :, None]
     before = jnp.clip(slots - 1, 0, cross.v.shape[2] - 1)[None]
@@ -198,15 +208,37 @@ class Draft(nnx.Module):
     normed = v32 * jax.lax.rsqrt(jnp.mean(v32 * v32, axis=(-2, -1), keepdims=True) + c.rms_norm_eps)
     normed = normed.astype(values.dtype) * self.feature_norm[...][:, None, None]
     fused = jnp.einsum("nbtkd,nkde->bte", normed, self.feature_proj[...])
-    return jnp.where(present[..., None], fused, 0)
+    return jnp.where(self.committed_before(positions, cross)[..., None], fused, 0)
+
+  def inputs(self, target: Transformer, tokens, positions, cross: CrossAttend, parents: jax.Array | None):
+    """The first layer's input [B, T, E]: each token's embedding, plus what the config
+    adds about its previous position: the target's fused features where that position is
+    committed, the draft's own output there (`parents` [B, T, E], final-normed) where it
+    is a drafted parent."""
+    c = self.config
+    x = embed_tokens(target.embed[...], tokens).astype(self.final_norm.dtype)  # [B, T, E]
+    if c.feature_layers and cross.fuse:
+      x = x + self.target_features(target, positions, cross).astype(x.dtype)
+    if c.parent_features and parents is not None:
+      drafted = ~self.committed_before(positions, cross)
+      own = jnp.einsum("bte,ef->btf", parents.astype(x.dtype), self.parent_proj[...])
+      x = x + jnp.where(drafted[..., None], own, 0).astype(x.dtype)
+    return x
 
   def __call__(
-    self, target: Transformer, tokens: jax.Array, positions: jax.Array, own: SelfAttend, cross: CrossAttend
+    self,
+    target: Transformer,
+    tokens: jax.Array,
+    positions: jax.Array,
+    own: SelfAttend,
+    cross: CrossAttend,
+    parents: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """tokens, positions [B, T] -> (hidden [B, T, E] final-normed, block K/V [L, B, N, K, D],
     this call's included). The self-attention sees what `own` names, the
-    cross-attention what `cross` names."""
-    hidden, block_kv, _ = self.forward(target, tokens, positions, own, cross)
+    cross-attention what `cross` names; `parents` [B, T, E]: each query's parent's
+    output, read with `config.parent_features` where the parent is drafted."""
+    hidden, block_kv, _ = self.forward(target, tokens, positions, own, cross, parents=parents)
     return hidden, block_kv
 
   def forward(
@@ -217,6 +249,7 @@ class Draft(nnx.Module):
     own: SelfAttend,
     cross: CrossAttend,
     chunk: int = 0,
+    parents: jax.Array | None = None,
   ):
     """`__call__`, and with `chunk` also where its cross-attention looked (cross.limits
     given): its mass per chunk of `chunk` slots of the target's cache and per KV head, [B,
@@ -224,9 +257,7 @@ class Draft(nnx.Module):
     draft's layers (SpecAttn's signal for which chunks the target reads; a one-layer
     draft's stands for every target layer); None without."""
     c = self.config
-    x = embed_tokens(target.embed[...], tokens).astype(self.final_norm.dtype)  # [B, T, E]
-    if c.feature_layers and cross.fuse:
-      x = x + self.target_features(target, positions, cross).astype(x.dtype)
+    x = self.inputs(target, tokens, positions, cross, parents)  # [B, T, E]
     inv_freq, scale = inverse_frequencies(c.rope, c.head_dim)
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     ring = own.ring
@@ -273,14 +304,23 @@ class Draft(nnx.Module):
     return rms_norm(x, self.final_norm[...], c.rms_norm_eps), (k, v), None if mass is None else mass.sum(axis=0)
 
 
-def with_features(draft: Draft, layers: tuple[int, ...]) -> Draft:
-  """`draft` reading fused target features of `layers` besides, their projection zero, so
-  that it computes what `draft` does until training moves it."""
-  config = dataclasses.replace(draft.config, feature_layers=tuple(layers))
-  dtype = draft.final_norm.dtype
-  fused = Draft(config, dtype, rngs=nnx.Rngs(0), attention=draft.attention)
+def with_features(draft: Draft, layers: tuple[int, ...] = (), parents: bool = False) -> Draft:
+  """`draft` reading fused target features of `layers` (and, with `parents`, its parents'
+  own outputs) besides, their projections zero, so that it computes what `draft` does
+  until training moves it."""
+  config = dataclasses.replace(
+    draft.config,
+    feature_layers=tuple(layers) or draft.config.feature_layers,
+    parent_features=parents or draft.config.parent_features,
+  )
+  fused = Draft(config, draft.final_norm.dtype, rngs=nnx.Rngs(0), attention=draft.attention)
   nnx.update(fused, nnx.state(draft))
-  fused.feature_proj[...] = jnp.zeros_like(fused.feature_proj[...])
+  for name, added in (
+    ("feature_proj", layers and not draft.config.feature_layers),
+    ("parent_proj", parents and not draft.config.parent_features),
+  ):
+    if added:
+      getattr(fused, name)[...] = jnp.zeros_like(getattr(fused, name)[...])
   return fused
 
 

@@ -64,6 +64,7 @@ PARAM_AXES = {
   # the draft's fused target features: per feature layer, the cache's values' shape
   "feature_norm": ("features", "kv_heads", "head_dim"),
   "feature_proj": ("features", "kv_heads", "head_dim", "embed"),
+  "parent_proj": ("embed", "embed_out"),
   # TokenSwift's heads: one residual linear map per token ahead (small: replicated)
   "input_norm": ("ahead", "embed"),
   "linear": ("ahead", "embed", "embed_out"),

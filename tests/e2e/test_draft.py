@@ -166,7 +166,7 @@ def test_fused_features_are_the_committed_previous_positions_values():
   """Each query adds the target's cached values of the feature layers at the slot before
   its own, each layer RMS-normed, projected together, where its cross-attention sees that
   slot; zero elsewhere (training's delays and blocks give the same rule as inference's
-  limits)."""
+  limits), where a draft reading its parents' outputs reads them instead."""
   target = random_model(TARGET, jnp.float32, seed=1)
   draft = random_draft(DraftConfig.for_target(TARGET, feature_layers=(0, -1)), jnp.float32, seed=2)
   rng = np.random.default_rng(3)
@@ -189,6 +189,14 @@ def test_fused_features_are_the_committed_previous_positions_values():
       slot, seen = int(positions[b, t]), int(limits[b, t])
       want = expected(b, slot) if slot >= 1 and seen >= slot else np.zeros(TARGET.hidden_size)
       np.testing.assert_allclose(got[b, t], want, rtol=1e-5, atol=1e-6)
+  # Parents' outputs: read exactly where the previous position is not committed.
+  with_parents = random_draft(DraftConfig.for_target(TARGET, parent_features=True), jnp.float32, seed=5)
+  cross = CrossAttend(k, v, limits)
+  parents = jnp.asarray(rng.standard_normal((2, 4, TARGET.hidden_size)), jnp.float32)
+  moved = with_parents.inputs(target, positions, positions, cross, parents) != with_parents.inputs(
+    target, positions, positions, cross, None
+  )
+  np.testing.assert_array_equal(np.any(np.asarray(moved), axis=-1), ~((positions >= 1) & (limits >= positions)))
   # Training: query i at delay j sees slots 0 .. i - j, so only delays 0 and 1 read features.
   steps = jnp.broadcast_to(jnp.arange(4), (2, 4))
   for delay in (0, 1, 2):
@@ -199,15 +207,17 @@ def test_fused_features_are_the_committed_previous_positions_values():
 def test_a_draft_given_features_computes_what_it_did_until_trained():
   target = random_model(TARGET, jnp.float32, seed=1)
   draft = random_draft(DraftConfig.for_target(TARGET, num_layers=2), jnp.float32, seed=2)
-  fused = with_features(draft, (0, 2))
+  fused = with_features(draft, (0, 2), parents=True)
   assert fused.config.feature_layers == (0, 2) and fused.feature_proj.shape == (2, 2, 8, TARGET.hidden_size)
+  assert fused.config.parent_features and fused.parent_proj.shape == (TARGET.hidden_size,) * 2
   rng = np.random.default_rng(4)
   tokens = jnp.asarray(rng.integers(0, 97, size=(1, 6)))
   positions = jnp.arange(6)[None]
   k, v = (jnp.asarray(rng.standard_normal((TARGET.num_layers, 1, 8, 2, 8)), jnp.float32) for _ in "kv")
   own = SelfAttend(mask=causal_block_mask(positions, jnp.ones((1, 6), bool)))
   cross = CrossAttend(k=k, v=v, limits=positions)
+  parents = jnp.asarray(rng.standard_normal((1, 6, TARGET.hidden_size)), jnp.float32)
   np.testing.assert_array_equal(
-    np.asarray(fused(target, tokens, positions, own, cross)[0]),
+    np.asarray(fused(target, tokens, positions, own, cross, parents)[0]),
     np.asarray(draft(target, tokens, positions, own, cross)[0]),
   )

@@ -233,14 +233,15 @@ CAPE = CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))
   ids=["longspec-beam", "longspec-cape", "glide-beam", "glide-cape", "glide-no-cross-cape"],
 )
 def test_a_random_draft_is_lossless(tiny, kind, cape, cross):
-  """Either draft with either tree (and GLIDE's ablation without cross-attention) emits
-  the AR tokens; GLIDE's own cache holds every position of the context (it never wraps,
+  """Either draft with either tree (and GLIDE's ablation without cross-attention), reading
+  fused target features and its parents' outputs, emits the AR tokens; GLIDE's own cache holds every position of the context (it never wraps,
   where LongSpec's ring of 8 does)."""
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids
   eos = reference[1][6]
-  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape, kind=kind, cross_attention=cross)
+  inputs = dict(feature_layers=(0, tiny.config.num_layers - 1), parent_features=True)
+  proposer, params = longspec(tiny, num_layers=2, window=8, cape=cape, kind=kind, cross_attention=cross, **inputs)
   result = generate(tiny, prompts, 24, Decoding(proposer=proposer, eos_ids=(eos,)), params, rounds_per_chunk=5)
   assert result.token_ids == [r[: r.index(eos) + 1] if eos in r else r for r in reference]
   ring, cache = result.state.proposal.ring, result.state.cache

@@ -33,9 +33,15 @@ def models(tmp_path_factory, request):
   target = tiny_target("llama")
   # Two layers, so that ring K/V depend on the cross-attention too; a window shorter than
   # the prompts, so that LongSpec's ring wraps (GLIDE's self-attention sees everything);
-  # fused target features, which committed tokens read and tree nodes do not.
+  # fused target features, which committed tokens read, and parents' outputs, which tree
+  # nodes read instead.
   config = DraftConfig.for_target(
-    target.config, num_layers=2, window=8, kind=request.param, feature_layers=(0, target.config.num_layers - 1)
+    target.config,
+    num_layers=2,
+    window=8,
+    kind=request.param,
+    feature_layers=(0, target.config.num_layers - 1),
+    parent_features=True,
   )
   return target, random_draft(config, jnp.float32, seed=3)
 
@@ -63,9 +69,12 @@ def reference_log_probs(target, draft, cache, b, tokens, padded: int = 32):
 def _reference_log_probs(target, draft, tokens, last, k, v, length):
   positions = jnp.arange(tokens.shape[1])[None]
   mask = causal_block_mask(positions, jnp.ones_like(positions, bool), draft.config.self_window)
-  hidden, _ = draft(
-    target, tokens, positions, SelfAttend(mask=mask), CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length))
-  )
+  own, cross = SelfAttend(mask=mask), CrossAttend(k=k, v=v, limits=jnp.minimum(positions, length))
+  hidden, _ = draft(target, tokens, positions, own, cross)
+  # A drafted token reads its parent's output, which rests on its own parent's: one more
+  # pass per tree depth settles every path.
+  for _ in WIDTHS if draft.config.parent_features else ():
+    hidden, _ = draft(target, tokens, positions, own, cross, parents=jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :-1])
   return jax.nn.log_softmax(target.logits(hidden[0, last]))
 
 

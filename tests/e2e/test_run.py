@@ -48,9 +48,12 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
     "3000",
     "--draft-intermediate-size",
     "80",
+    "--feature-layers",
+    "default",
   ]
   assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
-  assert json.loads((out / "draft" / "draft_config.json").read_text())["intermediate_size"] == 80  # (a wider MLP)
+  config = json.loads((out / "draft" / "draft_config.json").read_text())
+  assert config["intermediate_size"] == 80 and config["feature_layers"]  # (a wider MLP, fused features)
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] > 0 for r in records)
   assert (out / "loss.png").stat().st_size > 0
@@ -304,6 +307,7 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     (base + out + ["--rollout-depth", "3", "--delays", "1,1"], "give it or --delays, not both"),
     (base + out + ["--rollout-depth", "3", "--draft-kind", "glide"], "--rollout-depth trains a LongSpec draft"),
     (base + out + ["--feature-layers", "low"], "expected target layers like 2,15,27"),
+    (base + out + ["--parent-features"], "give --rollout-depth 2 or more"),
     (base + out + ["--feature-layers", "1", "--draft-kind", "tokenswift"], "TokenSwift's heads read the target's"),
     (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
     (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
@@ -437,3 +441,29 @@ def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
   # other way: a few such weights, each off by at most the steps' learning rates.
   off = np.abs(a - b) > 2e-5
   assert off.mean() < 0.01 and np.abs(a - b).max() <= 3 * 2 * 5e-4, (off.sum(), np.abs(a - b).max())  # (pretrain lr)
+
+
+def test_init_draft_gains_the_inputs_it_lacks_and_keeps_those_it_has():
+  """--feature-layers and --parent-features on --init-draft's draft: what it lacks comes
+  with a zero projection, the same layers again change nothing, other layers are refused."""
+  import jax.numpy as jnp
+
+  from longspec_jax.errors import UserError
+  from longspec_jax.models.config import DraftConfig
+  from longspec_jax.models.draft import random_draft
+  from train.run import add_features, requested_features
+
+  from helpers import tiny_target
+
+  target = tiny_target("llama")
+  layers = requested_features("default", target.config)
+  assert layers == requested_features(tuple(x - target.config.num_layers for x in layers), target.config)
+  with pytest.raises(UserError, match="the target has layers 0 .."):
+    requested_features((target.config.num_layers,), target.config)
+  plain = random_draft(DraftConfig.for_target(target.config), jnp.float32)
+  both = add_features(plain, layers, True)
+  assert both.config.feature_layers == layers and both.config.parent_features
+  assert not jnp.any(both.feature_proj[...]) and not jnp.any(both.parent_proj[...])
+  assert add_features(both, layers, True).config == both.config
+  with pytest.raises(UserError, match="leave out --feature-layers"):
+    add_features(both, (0,), False)

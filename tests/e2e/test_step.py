@@ -16,7 +16,16 @@ from longspec_jax.models.heads import random_heads
 from longspec_jax.models.target import random_model
 from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention_reference
 from train import Labels, Positions
-from train.step import TrainConfig, make_optimizer, make_train_step, noisy_delays, rollout_passes, tree_delays
+from train.step import (
+  TrainConfig,
+  eval_rollout_step,
+  eval_step,
+  make_optimizer,
+  make_train_step,
+  noisy_delays,
+  rollout_passes,
+  tree_delays,
+)
 
 from helpers import real_texts, tiny_target
 
@@ -78,10 +87,13 @@ TARGET = TargetConfig(
 def test_a_few_real_steps_reduce_the_loss(positions, labels, kind, rollout, features):
   """LongSpec's draft with flash noisy training or with the training-time test (a pass a
   depth, each depth's tokens from its round's root on), GLIDE's (two layers: each reads
-  its own target layer) with its block-wise cross mask; fused target features in two."""
+  its own target layer) with its block-wise cross mask; fused target features in two, the
+  training-time test's with its parents' outputs."""
   target = random_model(TARGET, jnp.float32, seed=0)
   layers = 2 if kind is DraftKind.GLIDE else 1
-  config = DraftConfig.for_target(TARGET, window=16, kind=kind, num_layers=layers, feature_layers=features)
+  config = DraftConfig.for_target(
+    TARGET, window=16, kind=kind, num_layers=layers, feature_layers=features, parent_features=rollout > 0
+  )
   draft = random_draft(config, jnp.float32, seed=1)
   draft_graphdef, draft_params = nnx.split(draft)
   target_graphdef, target_params = nnx.split(target)
@@ -234,9 +246,10 @@ def test_each_rollout_pass_computes_what_inference_computes_at_its_depth(depth):
   i - d + 1, each node in turn (its cross-attention over the target's cache below the
   root; its self-attention over the ring, the first pass's K/V up to the root within the
   window, and over the K/V its ancestors got in their own inference passes), fused
-  target features included (the first pass's, which the ring holds; no node has them)."""
+  target features included (the first pass's, which the ring holds; no node has them),
+  and each node's parent's output (the pass before's)."""
   target = tiny_target("llama")
-  config = DraftConfig.for_target(target.config, num_layers=2, window=6, feature_layers=(0, 2))
+  config = DraftConfig.for_target(target.config, num_layers=2, window=6, feature_layers=(0, 2), parent_features=True)
   draft = random_draft(config, jnp.float32)
   batch, length = 2, 17
   tokens = jnp.asarray(np.random.default_rng(depth).integers(3, 200, (batch, length)), jnp.int32)
@@ -255,9 +268,10 @@ def test_each_rollout_pass_computes_what_inference_computes_at_its_depth(depth):
     )
     ring = ring.write(ring_k[:, :, held[0]], ring_v[:, :, held[0]], held, jnp.ones(held.shape, bool))
     buffer = [jnp.zeros((config.num_layers, batch, depth, config.num_kv_heads, config.head_dim))] * 2
+    parent = first[:, root : root + 1]  # the root's output, from the catch-up pass
     for node in range(1, depth):  # the node at depth `node`, position root + node
       at = root + node
-      hidden, buffer = draft(
+      parent, buffer = draft(
         target,
         tokens[:, at : at + 1],
         positions[:, at : at + 1],
@@ -268,5 +282,25 @@ def test_each_rollout_pass_computes_what_inference_computes_at_its_depth(depth):
           buffer=(*buffer, jnp.full((batch, 1), node)),
         ),
         CrossAttend(target_k, target_v, limits=jnp.full((batch, 1), root)),
+        parents=parent,
       )
-      np.testing.assert_allclose(np.asarray(passes[node][:, at]), np.asarray(hidden[:, 0]), atol=1e-5)
+      np.testing.assert_allclose(np.asarray(passes[node][:, at]), np.asarray(parent[:, 0]), atol=1e-5)
+
+
+def test_held_out_scoring_of_a_draft_reading_its_parents_runs_the_rollout_passes():
+  """A draft reading its parents' outputs is scored at depth d by the training-time test's
+  pass d (`eval_rollout_step`), which gives them: its depth 1 is the one delayed pass's,
+  its depth 2 not (that pass has no parents)."""
+  target = random_model(TARGET, jnp.float32, seed=0)
+  config = DraftConfig.for_target(TARGET, window=16, feature_layers=(0, 1), parent_features=True)
+  draft_graphdef, draft_params = nnx.split(random_draft(config, jnp.float32, seed=1))
+  target_graphdef, target_params = nnx.split(target)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(3, 200, (2, 24)), jnp.int32)
+  common = dict(
+    draft_graphdef=draft_graphdef, target_graphdef=target_graphdef, config=TrainConfig(compute_dtype="float32")
+  )
+  losses, _ = eval_rollout_step(draft_params, tokens, target_params, depth=2, **common)
+  assert losses.shape == (2, 2, 23)
+  delayed = [eval_step(draft_params, tokens, target_params, delay=d, **common)[0] for d in (1, 2)]
+  np.testing.assert_allclose(np.asarray(losses[:, 0]), np.asarray(delayed[0]), rtol=1e-5)
+  assert not np.allclose(np.asarray(losses[:, 1, 2:]), np.asarray(delayed[1][:, 2:]))
