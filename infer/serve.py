@@ -46,6 +46,10 @@ from longspec_jax.methods.registry import Method
 from longspec_jax.weights import default
 
 CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
+# Requests sent at once reach an idle server's queue some milliseconds apart (each parsed
+# in turn): the first waits this long for the rest, so that they start in one prefill call
+# (`Slots.admit_together`) instead of one after another, each behind a chunk of the others.
+GATHER_SECONDS = 0.01
 # Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
 PREFILL_CHUNK = 2048
 
@@ -102,12 +106,23 @@ class Worker(threading.Thread):
     while not self.stopping.is_set():
       self._admit()
       if not self.running:
-        try:
-          self.waiting.append(self.queue.get(timeout=0.05))
-        except queue.Empty:
-          pass
+        self._wait_for_work()
         continue
       self._step()
+
+  def _wait_for_work(self) -> None:
+    """Idle: the next job, then those arriving within `GATHER_SECONDS` of it, up to a
+    free slot each (at most 50 ms when none comes, to look at `stopping`)."""
+    try:
+      self.waiting.append(self.queue.get(timeout=0.05))
+    except queue.Empty:
+      return
+    deadline = time.monotonic() + GATHER_SECONDS
+    while len(self.waiting) < len(self.slots.free) and (left := deadline - time.monotonic()) > 0:
+      try:
+        self.waiting.append(self.queue.get(timeout=left))
+      except queue.Empty:
+        return
 
   def _step(self) -> None:
     """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS`."""

@@ -234,8 +234,8 @@ CAPE = CapeConfig(gamma=4, edges=(0.005, 0.01), sizes=(3, 2, 1))
 )
 def test_a_random_draft_is_lossless(tiny, kind, cape, cross):
   """Either draft with either tree (and GLIDE's ablation without cross-attention), reading
-  fused target features and its parents' outputs, emits the AR tokens; GLIDE's own cache holds every position of the context (it never wraps,
-  where LongSpec's ring of 8 does)."""
+  fused target features and its parents' outputs, emits the AR tokens; GLIDE's own cache
+  holds every position of the context (it never wraps, where LongSpec's ring of 8 does)."""
   rng = np.random.default_rng(9)
   prompts = [rng.integers(3, 211, size=n).tolist() for n in (30, 9, 21)]
   reference = generate(tiny, prompts, 24).token_ids

@@ -2,8 +2,9 @@
 stop string may be starting, cut at one, and a full queue refused."""
 
 import asyncio
+import queue
 
-from infer.serve import Job, Worker
+from infer.serve import GATHER_SECONDS, Job, Worker
 from longspec_jax import batching
 
 
@@ -116,3 +117,29 @@ def test_jobs_waiting_while_none_runs_start_together_up_to_one_a_slot_holds():
   worker._admit()
   assert worker.slots.calls == [("together", [0, 1], [5, 6]), ("alone", 3, 9), ("alone", 2, 7)]
   assert sorted(worker.running) == [0, 1, 2, 3]
+
+
+class Arrivals:
+  """A queue that hands out its jobs one a call, then is empty; the timeouts it was given."""
+
+  def __init__(self, jobs):
+    self.jobs, self.timeouts = list(jobs), []
+
+  def get(self, timeout):
+    self.timeouts.append(timeout)
+    if not self.jobs:
+      raise queue.Empty
+    return self.jobs.pop(0)
+
+
+def test_an_idle_worker_gathers_the_jobs_arriving_just_after_the_first_up_to_its_free_slots():
+  worker = Worker(Admitting(), Letters(), eos_ids=(0,), max_queue=8)
+  jobs = [job()[0] for _ in range(6)]
+  worker.queue = Arrivals(jobs)
+  worker._wait_for_work()
+  assert list(worker.waiting) == jobs[:4]  # (four free slots)
+  assert worker.queue.timeouts[0] == 0.05 and all(0 < t <= GATHER_SECONDS for t in worker.queue.timeouts[1:])
+  worker.waiting.clear()
+  worker.queue = Arrivals(jobs[:2])
+  worker._wait_for_work()
+  assert list(worker.waiting) == jobs[:2] and len(worker.queue.timeouts) == 3  # (then none came)
