@@ -137,8 +137,9 @@ def draft_token_losses(
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   if rollout_depth := (config.rollout_depth if training and not blockwise else eval_rollout):
     passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, rollout_depth)
-    runs = [chunked_token_losses(h[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher) for h in passes]
-    return tuple(jnp.stack(x, axis=1) for x in zip(*runs))
+    hidden = jnp.stack([h[:, :-1] for h in passes])  # [D, B, T - 1, E]
+    scored = chunked_token_losses(hidden, target.logits, tokens[:, 1:], config.loss_chunk, teacher)
+    return tuple(jnp.moveaxis(x, 0, 1) for x in scored)
   own = SelfAttend(mask=None, window=draft.config.self_window)
   cross = CrossAttend(
     k=target_k,

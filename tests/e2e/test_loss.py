@@ -51,3 +51,27 @@ def test_hits_are_argmax_agreement(inputs):
   np.testing.assert_array_equal(np.asarray(hit), np.arange(T)[None, :].repeat(B, 0) % 2 == 1)
   _, hit = chunked_token_losses(hidden, lambda h: h @ head, labels, 4, teacher)
   np.testing.assert_array_equal(np.asarray(hit), np.asarray(argmax == jnp.argmax(teacher @ head, -1)))
+
+
+@pytest.mark.parametrize("distill", [False, True])
+def test_passes_scored_together_equal_each_scored_alone(inputs, distill):
+  """Three passes over the same tokens in one call (the teacher's logits computed once a
+  chunk for all): each pass's losses, hits and gradients as one call of its own gives."""
+  hidden, teacher, head, labels, weights = inputs
+  passes = jnp.stack([hidden, 0.5 * hidden + 1.0, -hidden])  # [P, B, T, E]
+  teacher = teacher if distill else None
+
+  def together(passes, head):
+    loss, hit = chunked_token_losses(passes, lambda h: h @ head, labels, 6, teacher)
+    return jnp.sum(loss * weights), hit
+
+  def alone(passes, head):
+    runs = [chunked_token_losses(p, lambda h: h @ head, labels, 2, teacher) for p in passes]
+    return sum(jnp.sum(loss * weights) for loss, _ in runs), jnp.stack([hit for _, hit in runs])
+
+  (got, got_hit), got_grads = jax.value_and_grad(together, (0, 1), has_aux=True)(passes, head)
+  (want, want_hit), want_grads = jax.value_and_grad(alone, (0, 1), has_aux=True)(passes, head)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(got_hit), np.asarray(want_hit))
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
