@@ -234,7 +234,8 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   from longspec_jax.methods.factory import make_proposer
   from longspec_jax.methods.longspec import LongSpecDraft
   from longspec_jax.methods.registry import ProposerOptions
-  from longspec_jax.models.config import DraftKind
+  from longspec_jax.models.config import DraftKind, default_feature_layers
+  from longspec_jax.models.draft import with_features
   from longspec_jax.models.target import random_model
   from longspec_jax.weights.drafts import load_draft, target_shape
 
@@ -244,23 +245,30 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
   names = {m for m, _, _ in args.methods}
   # The drafts by method and vocabulary subset (0: the whole vocabulary).
   drafts = {}
-  for vocab in args.draft_vocab if Method.LONGSPEC in names else ():
-    drafts[Method.LONGSPEC, vocab] = load_draft("random", config, dtype, attention=impl, vocab_subset=vocab)
+  for vocab, inputs in itertools.product(args.draft_vocab, args.draft_inputs) if Method.LONGSPEC in names else ():
+    draft = load_draft("random", config, dtype, attention=impl, vocab_subset=vocab)
+    fused = inputs == "fused"
+    drafts[Method.LONGSPEC, vocab, inputs] = (
+      with_features(draft, default_feature_layers(config.num_layers), parents=True) if fused else draft
+    )
   if Method.TOKENSWIFT in names:
-    drafts[Method.TOKENSWIFT, 0] = load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT)
+    drafts[Method.TOKENSWIFT, 0, "plain"] = load_draft("random", config, dtype, kind=DraftKind.TOKENSWIFT)
   proposers = {}  # label -> (proposer, its params, its draft), e.g. "pld:24x4": four continuations of 24 tokens
   for method, copies, matches in args.methods:
     longspec = method is Method.LONGSPEC
-    for vocab, tree in itertools.product(
-      args.draft_vocab if longspec else [0], (args.trees or [None]) if longspec else [None]
+    for vocab, tree, inputs in itertools.product(
+      args.draft_vocab if longspec else [0],
+      (args.trees or [None]) if longspec else [None],
+      args.draft_inputs if longspec else ["plain"],
     ):
       label = (
         method.value
         + (f":{copies}x{matches}" if copies else "")
         + (f"[{tree.label}]" if tree else "")
         + (f"+vocab{vocab}" if vocab else "")
+        + ("+fused" if inputs == "fused" else "")
       )
-      draft = drafts.get((method, vocab))
+      draft = drafts.get((method, vocab, inputs))
       options = ProposerOptions(
         tree_widths=tree and tree.widths, copy_tokens=(tree and tree.copy_tokens) or copies, copy_matches=matches
       )
@@ -353,6 +361,7 @@ def _floor_rows(args, config, dtype, impl, rates: dict, peers: dict) -> dict:
     "devices": args.devices,
     **rates,
     "draft_vocab": args.draft_vocab,
+    "draft_inputs": args.draft_inputs,
     "attention": args.attention,
     "gemm": model.gemm.value,
     "steps_per_measure": steps,
@@ -542,6 +551,14 @@ def main(argv=None):
     default=[0],
     help="--suite floor: longspec's random draft scores this many tokens of the vocabulary (FR-Spec's subset;"
     " 0: all); several: one row each",
+  )
+  p.add_argument(
+    "--draft-inputs",
+    choices=("plain", "fused"),
+    nargs="+",
+    default=["plain"],
+    help="--suite floor: longspec's random draft as it is, or also reading fused target features (layers 2, L/2,"
+    " L-3) and its parents' outputs (+fused); several: one row each",
   )
   p.add_argument(
     "--trees",
