@@ -215,6 +215,12 @@ def parse_args(argv=None):
     " projection zero so that training starts from what the draft computes",
   )
   p.add_argument(
+    "--rollout-rows",
+    type=positive_int,
+    help="with --rollout-depth: the passes beyond the first run over only this many rows of each micro-batch"
+    " (default: all), trading deep samples a step for throughput",
+  )
+  p.add_argument(
     "--parent-features",
     action="store_true",
     help="a LongSpec draft trained with --rollout-depth: a tree node's input also gets its parent's own output"
@@ -260,6 +266,8 @@ def parse_args(argv=None):
     p.error("--rollout-depth delays each pass's cross-attention by its depth; give it or --delays, not both")
   if args.rollout_depth and args.draft_kind != DraftKind.LONGSPEC.value:
     p.error("--rollout-depth trains a LongSpec draft (--draft-kind longspec)")
+  if args.rollout_rows and not args.rollout_depth:
+    p.error("--rollout-rows sets how many rows the training-time test's deeper passes take: give --rollout-depth")
   if args.parent_features and args.rollout_depth < 2:
     p.error("--parent-features is learned from the training-time test's passes: give --rollout-depth 2 or more")
   if args.feature_layers and args.draft_kind == DraftKind.TOKENSWIFT.value:
@@ -433,6 +441,7 @@ def prepare(args, sources, eval_sources) -> Run:
     max_position=context,
     delay_weights=args.delays or tree_delays(len(draft.config.tree_widths)),
     rollout_depth=args.rollout_depth,
+    rollout_rows=args.rollout_rows or 0,
   )
   print(f"data: tokenizing {args.data} ...", file=sys.stderr, flush=True)
   eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]

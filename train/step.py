@@ -58,6 +58,9 @@ class TrainConfig:
   # query of that depth's pass as inference runs it (`rollout_passes`), the loss at every
   # depth; 0: one pass, its cross-attention delayed by `delay_weights`.
   rollout_depth: int = 0
+  # The rows of each micro-batch (the first ones) that the training-time test's passes beyond
+  # the first run over; 0: every row. Fewer buy throughput with fewer deep samples a step.
+  rollout_rows: int = 0
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -136,9 +139,21 @@ def draft_token_losses(
   blockwise = training and draft.config.kind is DraftKind.GLIDE
   teacher = jax.lax.stop_gradient(target_hidden[:, :-1]) if config.labels is Labels.TARGET else None
   if rollout_depth := (config.rollout_depth if training and not blockwise else eval_rollout):
-    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, rollout_depth)
-    hidden = jnp.stack([h[:, :-1] for h in passes])  # [D, B, T - 1, E]
-    scored = chunked_token_losses(hidden, target.logits, tokens[:, 1:], config.loss_chunk, teacher)
+    batch = tokens.shape[0]
+    rows = min(config.rollout_rows or batch, batch) if training else batch
+    passes = rollout_passes(draft, target, tokens, positions, target_k, target_v, rollout_depth, rows)
+
+    def score(hidden, n):  # passes over the first n sequences -> (loss, hit) [P, n, T - 1]
+      labels, soft = tokens[:n, 1:], None if teacher is None else teacher[:n]
+      return chunked_token_losses(
+        jnp.stack([h[:, :-1] for h in hidden]), target.logits, labels, config.loss_chunk, soft
+      )
+
+    if rows == batch:  # (one call: the teacher's logits once for every pass)
+      scored = score(passes, batch)
+    else:  # (the deeper passes' rows past `rows` scored as nothing: `draft_loss` weighs them 0)
+      pad = lambda x: jnp.pad(x, ((0, 0), (0, batch - rows), (0, 0)))
+      scored = [jnp.concatenate([a, pad(b)]) for a, b in zip(score(passes[:1], batch), score(passes[1:], rows))]
     return tuple(jnp.moveaxis(x, 0, 1) for x in scored)
   own = SelfAttend(mask=None, window=draft.config.self_window)
   cross = CrossAttend(
@@ -152,7 +167,7 @@ def draft_token_losses(
   return chunked_token_losses(hidden[:, :-1], target.logits, tokens[:, 1:], config.loss_chunk, teacher)
 
 
-def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: int) -> list:
+def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: int, rows: int | None = None) -> list:
   """The draft's passes at tree depths 1 .. `depth` over tokens [B, T], every position i the
   query of each: the query of depth d's pass (a node at depth d - 1 of a round whose root
   sits at i - d + 1, predicting depth d) sees the target's K/V before the root (its
@@ -160,16 +175,20 @@ def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: 
   tokens as the draft's first pass wrote them), and its ancestors' K/V as their own
   depths' passes wrote them (`attention.rollout_attention`), and its parent's output as the
   pass before left it (`DraftConfig.parent_features`), as at inference. Returns each
-  pass's hidden states [B, T, E], depth 1 first; positions i < d - 1 have no such root."""
+  pass's hidden states [B, T, E], depth 1 first; positions i < d - 1 have no such root.
+  With `rows`, the passes beyond the first run over the first `rows` sequences only (their
+  hidden states [rows, T, E])."""
   batch, length = tokens.shape
+  rows = batch if rows is None else rows
   window = draft.config.self_window
 
-  def run(d: int, rollout: Rollout | None, parents=None):
-    cross = CrossAttend(k=target_k, v=target_v, limits=None, delay=jnp.full((batch,), d, jnp.int32))
+  def run(d: int, n: int, rollout: Rollout | None, parents=None):  # over the first n sequences
+    cross = CrossAttend(k=target_k[:, :n], v=target_v[:, :n], limits=None, delay=jnp.full((n,), d, jnp.int32))
     own = SelfAttend(mask=None, window=window, rollout=rollout)
-    return draft(target, tokens, positions, own, cross, parents=parents)
+    return draft(target, tokens[:n], positions[:n], own, cross, parents=parents)
 
-  first, (ring_k, ring_v) = run(1, None)
+  first, (ring_k, ring_v) = run(1, batch, None)
+  ring_k, ring_v = ring_k[:, :rows], ring_v[:, :rows]
   hidden, keys, values = [first], [ring_k], [ring_v]  # each pass's K/V [L, B, T, K, D], depth 1 first
   behind = lambda x, u: jnp.pad(x, ((0, 0), (0, 0), (u, 0), (0, 0), (0, 0)))[:, :, :length]  # position i: x at i - u
   for d in range(2, depth + 1):
@@ -179,8 +198,8 @@ def rollout_passes(draft, target, tokens, positions, target_k, target_v, depth: 
     else:
       near = [jnp.stack([behind(x[d - u - 1], u) for u in range(1, d - 1)], axis=3) for x in (keys, values)]
     # The parent (position i - 1, at depth d - 1 of the same round) as its own pass left it.
-    parents = jnp.pad(hidden[-1], ((0, 0), (1, 0), (0, 0)))[:, :length]
-    out, (k, v) = run(d, Rollout(ring_k, ring_v, *near, delay=d - 1), parents)
+    parents = jnp.pad(hidden[-1][:rows], ((0, 0), (1, 0), (0, 0)))[:, :length]
+    out, (k, v) = run(d, rows, Rollout(ring_k, ring_v, *near, delay=d - 1), parents)
     hidden.append(out)
     keys.append(k)
     values.append(v)
@@ -219,7 +238,10 @@ def draft_loss(draft_params, draft_graphdef, target, tokens, loss_mask, position
     weights = loss_mask[:, 1:].astype(jnp.float32)
     if losses.ndim == 3:  # [B, D, T - 1]: each depth's pass (training-time test), from the root on
       rooted = jnp.arange(losses.shape[2])[None, :] >= jnp.arange(losses.shape[1])[:, None]
-      weights = weights[:, None, :] * rooted[None]
+      batch, depth = losses.shape[:2]
+      deep_rows = jnp.arange(batch) < (config.rollout_rows or batch)  # the rows the deeper passes ran over
+      ran = (jnp.arange(depth) == 0)[None, :] | deep_rows[:, None]  # [B, D]
+      weights = weights[:, None, :] * rooted[None] * ran[:, :, None]
   else:
     gamma = model.config.gamma
     hidden, states = heads_states(draft_params, draft_graphdef, target, tokens, positions, config)

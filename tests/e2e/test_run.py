@@ -308,6 +308,7 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     (base + out + ["--rollout-depth", "3", "--draft-kind", "glide"], "--rollout-depth trains a LongSpec draft"),
     (base + out + ["--feature-layers", "low"], "expected target layers like 2,15,27"),
     (base + out + ["--parent-features"], "give --rollout-depth 2 or more"),
+    (base + out + ["--rollout-rows", "2"], "--rollout-rows sets how many rows"),
     (base + out + ["--feature-layers", "1", "--draft-kind", "tokenswift"], "TokenSwift's heads read the target's"),
     (base + ["--out", str(tmp_path / "notes.txt")], "is a file; give a directory"),
     (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),

@@ -18,6 +18,8 @@ from longspec_jax.ops.attention import Impl, delayed_attention, prefix_attention
 from train import Labels, Positions
 from train.step import (
   TrainConfig,
+  draft_loss,
+  draft_token_losses,
   eval_rollout_step,
   eval_step,
   make_optimizer,
@@ -304,3 +306,24 @@ def test_held_out_scoring_of_a_draft_reading_its_parents_runs_the_rollout_passes
   delayed = [eval_step(draft_params, tokens, target_params, delay=d, **common)[0] for d in (1, 2)]
   np.testing.assert_allclose(np.asarray(losses[:, 0]), np.asarray(delayed[0]), rtol=1e-5)
   assert not np.allclose(np.asarray(losses[:, 1, 2:]), np.asarray(delayed[1][:, 2:]))
+
+
+def test_the_deeper_passes_on_fewer_rows_score_those_rows_as_all_rows_do():
+  """`rollout_rows`: passes 2 .. D run over the first rows only; their losses there, and
+  every row's first pass, are what the passes over every row give, and the other rows'
+  deeper losses weigh nothing."""
+  target = random_model(TARGET, jnp.float32, seed=0)
+  config = DraftConfig.for_target(TARGET, window=16, parent_features=True)
+  draft_graphdef, draft_params = nnx.split(random_draft(config, jnp.float32, seed=1))
+  tokens = jnp.asarray(np.random.default_rng(2).integers(3, 200, (4, 20)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(20), (4, 20))
+  every = TrainConfig(compute_dtype="float32", rollout_depth=3)
+  some = dataclasses.replace(every, rollout_rows=2)
+  args = (draft_params, draft_graphdef, target, tokens)
+  full, _ = draft_token_losses(*args, positions, None, every)
+  part, _ = draft_token_losses(*args, positions, None, some)
+  np.testing.assert_allclose(np.asarray(part[:2]), np.asarray(full[:2]), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(part[2:, 0]), np.asarray(full[2:, 0]), rtol=1e-5)
+  mask = jnp.ones_like(tokens)
+  _, (count, _) = draft_loss(*args, mask, positions, None, some)
+  assert int(count) == 4 * 19 + 2 * (18 + 17)  # (the first pass everywhere; the deeper ones on two rows, from a root)
