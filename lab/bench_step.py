@@ -22,6 +22,7 @@ writes JSON (`--out`) and a plot beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import platform
@@ -46,6 +47,20 @@ def batch_by_length(text: str) -> tuple[int, int]:
   return sizes
 
 
+def rollout_spec(text: str) -> tuple[int, int]:
+  """--rollout: D (the training-time test's passes) or DxR (the deeper ones over R rows)."""
+  depth, _, rows = text.partition("x")
+  try:
+    parsed = int(depth), int(rows or 0)
+  except ValueError:
+    parsed = (0, -1)
+  if parsed[0] < 2 or parsed[1] < 0:
+    raise argparse.ArgumentTypeError(
+      f"expected passes like 5 or 5x4 (5 passes, the deeper ones over 4 rows), got {text!r}"
+    )
+  return parsed
+
+
 def parse_args(argv=None):
   p = ArgumentParser(prog="python -m lab.bench_step", description=__doc__.splitlines()[0])
   p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="the target's shape (random weights)")
@@ -58,6 +73,13 @@ def parse_args(argv=None):
   )
   p.add_argument("--draft-intermediate-size", type=positive_int, help="the draft's MLP width (default: the target's)")
   p.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: bf16 on GPU)")
+  p.add_argument(
+    "--rollout",
+    nargs="+",
+    type=rollout_spec,
+    default=[],
+    help="also time the training-time test's step: D passes, or DxR with the deeper ones over R rows (one row each)",
+  )
   p.add_argument("--iters", type=positive_int, default=10, help="timed calls of each, after two warm-ups")
   p.add_argument("--out", type=Path, help="JSON of the rows (and a PNG beside it)")
   args = p.parse_args(argv)
@@ -124,7 +146,12 @@ def measure(args) -> dict:
     delay_weights=tree_delays(len(draft_config.tree_widths)),
   )
   optimizer = make_optimizer(config)
-  step = make_train_step(draft_graphdef, target_graphdef, optimizer, config)
+  steps = {  # the step by its passes a depth (0: one pass, delayed) and the rows the deeper ones take
+    (depth, rows): make_train_step(
+      draft_graphdef, target_graphdef, optimizer, dataclasses.replace(config, rollout_depth=depth, rollout_rows=rows)
+    )
+    for depth, rows in [(0, 0), *args.rollout]
+  }
   floor = jax.jit(jax.grad(functools.partial(floor_loss, target_graphdef=target_graphdef, config=config)))
   forward = jax.jit(functools.partial(target_forward, target_graphdef=target_graphdef))
   peak = PEAK_FLOPS.get(jax.devices()[0].device_kind)
@@ -134,21 +161,27 @@ def measure(args) -> dict:
     tokens = jnp.asarray(rng.integers(0, target_config.vocab_size, (batch, length)), jnp.int32)
     mask = jnp.ones((batch, length), bool)
     positions = training_positions(jax.random.key(0), config, batch, length)
-    state = {"params": jax.tree.map(jnp.copy, fresh)}
-    state["opt"] = optimizer.init(state["params"])
 
-    def one_step(state=state, tokens=tokens, mask=mask):  # (params and optimizer state are donated: thread them)
-      state["params"], state["opt"], metrics = step(
-        state["params"], state["opt"], jax.random.key(1), tokens, mask, target_params
-      )
-      return metrics["loss"]
+    def timed(step):
+      state = {"params": jax.tree.map(jnp.copy, fresh)}
+      state["opt"] = optimizer.init(state["params"])
+
+      def one_step():  # (params and optimizer state are donated: thread them)
+        state["params"], state["opt"], metrics = step(
+          state["params"], state["opt"], jax.random.key(1), tokens, mask, target_params
+        )
+        return metrics["loss"]
+
+      return median_seconds(one_step, iters=args.iters)
 
     delta = jnp.zeros((target_config.hidden_size,), jnp.float32)
     seconds = {
-      "step": median_seconds(one_step, iters=args.iters),
+      "step": timed(steps[0, 0]),
       "floor": median_seconds(lambda: floor(delta, tokens, positions, target_params), iters=args.iters),
       "target": median_seconds(lambda: forward(tokens, positions, target_params), iters=args.iters),
     }
+    for depth, deep in args.rollout:
+      seconds[f"rollout_{depth}x{deep or batch}"] = timed(steps[depth, deep])
     per_token = model_flops_per_token(target_config, draft_config, length, config.labels)
     row = {
       "batch": batch,
@@ -156,6 +189,7 @@ def measure(args) -> dict:
       **{f"{k}_ms": 1e3 * v for k, v in seconds.items()},
       **{f"{k}_tokens_per_second": batch * length / v for k, v in seconds.items()},
       "step_over_floor": seconds["step"] / seconds["floor"],
+      **{f"{k}_throughput_vs_step": seconds["step"] / v for k, v in seconds.items() if k.startswith("rollout")},
       "mfu": batch * length / seconds["step"] * per_token / peak if peak else None,
     }
     rows.append(row)
@@ -163,10 +197,10 @@ def measure(args) -> dict:
       f"{batch:>5} x {length:<6} step {row['step_ms']:8.2f} ms {row['step_tokens_per_second']:>10,.0f} tok/s"
       f" | floor {row['floor_ms']:8.2f} ms {row['floor_tokens_per_second']:>10,.0f} tok/s"
       f" | target {row['target_ms']:8.2f} ms | step/floor {row['step_over_floor']:.2f}"
-      + (f" | MFU {row['mfu']:.1%}" if peak else ""),
+      + (f" | MFU {row['mfu']:.1%}" if peak else "")
+      + "".join(f" | {k} {1e3 * v:.2f} ms" for k, v in seconds.items() if k.startswith("rollout")),
       flush=True,
     )
-    del state
   return {
     "kind": "train_step",
     "shape": args.shape,

@@ -53,6 +53,8 @@ def run(module: str, argv, capsys) -> tuple[int, str]:
     ("lab.bench_target", ["--suite", "floor", "--contexts", "200000"], "--contexts must stay below"),
     ("lab.bench_target", ["--suite", "floor", "--methods", "ar", "glide"], "longspec and tokenswift rounds, not"),
     ("lab.bench_target", ["--suite", "floor", "--methods", "pld:24x0"], "with two integers >= 1"),
+    ("lab.bench_step", ["--rollout", "1"], "expected passes like 5 or 5x4"),
+    ("lab.bench_target", ["--suite", "floor", "--draft-inputs", "eagle"], "invalid choice"),
     ("lab.bench_kernels", ["--batches", "0"], "--batches: expected an integer >= 1"),
     ("lab.bench_kernels", ["--suites", "grid", "--out", "/"], "the output / is a directory"),
     ("infer.plots", ["/no/such.json"], "is not a readable result JSON"),
