@@ -7,7 +7,8 @@ final RMSNorm. The input embedding and the LM head are the target's arrays, pass
 never copied: the draft's parameters are only its blocks, and its state only its cache.
 With `feature_layers`, each token's embedding also gets the target's cached values of a
 few layers at the position before it, where that position is committed, fused by a
-learned projection (EAGLE-3's multi-layer features, read from the cache, not recomputed).
+learned projection (EAGLE-3's multi-layer features, read from the cache, not recomputed);
+with `parent_features`, where that position is a drafted parent, the parent's own output.
 The two kinds differ only in what the attentions see (`config.DraftKind`): LongSpec's
 self-attention the latest `window` positions (a ring buffer) and every layer the same
 target layer; GLIDE's every earlier position (a cache as long as the target's) and
