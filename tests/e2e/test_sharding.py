@@ -100,7 +100,9 @@ DECODING = textwrap.dedent("""
                           num_kv_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True,
                           qkv_bias=True)
     target = random_model(config, jnp.float32)
-    draft = random_draft(DraftConfig.for_target(config, window=16), jnp.float32, seed=1)
+    # (fused target features and parents' outputs: their projections split by KV head too)
+    draft_config = DraftConfig.for_target(config, window=16, feature_layers=(0, 1), parent_features=True)
+    draft = random_draft(draft_config, jnp.float32, seed=1)
     heads = random_heads(HeadsConfig.for_target(config, gamma=2, tree_widths=(1, 2, 2)), jnp.float32)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 128, 30).tolist() * 2  # (repeats: prompt lookup has matches)
