@@ -308,7 +308,7 @@ def check_inputs(args):
   eval_sources = resolve_sources(args.eval) if args.eval else None
   if args.init_draft:
     try:
-      resolve_draft(args.init_draft)
+      resolve_draft(args.init_draft, args.target, DraftKind(args.draft_kind))
     except UserError as e:
       raise UserError(f"--init-draft: {e}") from None
   return sources, eval_sources
@@ -399,7 +399,7 @@ def prepare(args, sources, eval_sources) -> Run:
     # (every parameter trains, over the whole vocabulary: no subset; `train.rank_vocab` ranks the result)
     subset = None if kind is DraftKind.TOKENSWIFT else 0
     draft = load_draft(
-      args.init_draft, target.config, jnp.float32, attention=Impl.FLASH, kind=kind, vocab_subset=subset
+      args.init_draft, target.config, jnp.float32, args.target, attention=Impl.FLASH, kind=kind, vocab_subset=subset
     )
     if args.feature_layers or args.parent_features:
       layers = requested_features(args.feature_layers, target.config) if args.feature_layers else ()

@@ -314,6 +314,7 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     (base + ["--out", str(tmp_path / "used")], "already holds a run (metrics.jsonl); pass --resume"),
     (base + ["--out", str(tmp_path / "new"), "--resume"], "holds no checkpoints to resume from"),
     (base + out + ["--init-draft", "/no/such/draft"], "--init-draft: the draft '/no/such/draft' does not exist"),
+    (base + out + ["--init-draft", "default"], "--init-draft: no default longspec draft is shipped for target"),
     (["--stage", "pretrain", "--data", str(binary)] + out, "the data holds only binary files"),
     (["--stage", "pretrain", "--data", f"{stdlib}/json/*.py", str(binary)] + out, "1 of the data files are binary"),
     (["--stage", "pretrain", "--data", "/no/such/*.py"] + out, "no training files match"),
@@ -468,3 +469,15 @@ def test_init_draft_gains_the_inputs_it_lacks_and_keeps_those_it_has():
   assert add_features(both, layers, True).config == both.config
   with pytest.raises(UserError, match="leave out --feature-layers"):
     add_features(both, (0,), False)
+
+
+def test_init_draft_default_is_the_draft_shipped_for_the_target(tmp_path):
+  from longspec_jax.weights.drafts import SHIPPED
+  from train.run import check_inputs, parse_args
+
+  data = f"{sysconfig.get_paths()['stdlib']}/json/*.py"
+  for kind, folder in (("longspec", "smollm2-135m"), ("glide", "smollm2-135m-glide")):
+    argv = ["--stage", "pretrain", "--data", data, "--out", str(tmp_path / kind), "--init-draft", "default"]
+    args = parse_args(argv + ["--draft-kind", kind])  # (the target: smollm2-135m, the default)
+    check_inputs(args)
+    assert (SHIPPED / folder / "draft_config.json").is_file()
