@@ -117,7 +117,7 @@ def add_features(draft, layers: tuple[int, ...], parents: bool):
       f"--init-draft reads features of target layers {','.join(map(str, held))}, not"
       f" {','.join(map(str, layers))}; leave out --feature-layers to keep its own."
     )
-  return with_features(draft, () if held else layers, parents and not draft.config.parent_features)
+  return with_features(draft, layers, parents)
 
 
 def parse_args(argv=None):

@@ -244,9 +244,10 @@ def match_past(past: PastTokens, history: jax.Array, end: jax.Array, num_tokens:
   within = jnp.arange(num_tokens) < (size - (start - past.written) % size)[:, :, None]
   real = jnp.cumprod(within & (tokens != SEPARATOR), axis=-1).astype(bool) & occurs[:, :, None]  # [B, C, G]
   # How often each one's first k tokens followed, k = 1 .. RANKED_PREFIX, as one integer, then recency.
+  head, head_real = tokens[..., :RANKED_PREFIX], real[..., :RANKED_PREFIX]  # [B, C, K]
   same = jnp.cumprod(
-    (tokens[:, :, None, :] == tokens[:, None, :, :]) & real[:, :, None, :] & real[:, None, :, :], axis=-1
-  )[..., :RANKED_PREFIX]  # [B, C, C', K]: C and C' agree on their first k + 1 real tokens
+    (head[:, :, None, :] == head[:, None, :, :]) & head_real[:, :, None, :] & head_real[:, None, :, :], axis=-1
+  )  # [B, C, C', K]: C and C' agree on their first k + 1 real tokens
   shared = jnp.sum(same, axis=2)  # [B, C, K]
   ranked = shared.shape[-1]
   score = jnp.sum(shared * (candidates + 1) ** jnp.arange(ranked - 1, -1, -1), axis=-1)  # [B, C]

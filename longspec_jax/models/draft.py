@@ -307,8 +307,8 @@ class Draft(nnx.Module):
 
 def with_features(draft: Draft, layers: tuple[int, ...] = (), parents: bool = False) -> Draft:
   """`draft` reading fused target features of `layers` (and, with `parents`, its parents'
-  own outputs) besides, their projections zero, so that it computes what `draft` does
-  until training moves it."""
+  own outputs) besides: what it lacks comes with a zero projection, so that it computes
+  what `draft` does until training moves it; what it reads already stays as it is."""
   config = dataclasses.replace(
     draft.config,
     feature_layers=tuple(layers) or draft.config.feature_layers,
