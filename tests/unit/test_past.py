@@ -16,6 +16,7 @@ from longspec_jax.methods.past import (
   RANKED_PREFIX,
   SEPARATOR,
   Past,
+  count_at_most,
   match_past,
   ngram_key,
 )
@@ -159,6 +160,22 @@ def test_the_index_updated_where_outputs_land_equals_the_index_sorted_whole(seed
     assert (keys == want_keys).all()
     some = keys != 0  # (the order among positions that hold no n-gram is not kept)
     assert (ends[some] == want_ends[some]).all() and sorted(ends[~some]) == sorted(want_ends[~some])
+
+
+@examples(60)
+@given(
+  seed=st.integers(0, 2**31 - 1),
+  size=st.integers(1, 300),
+  spread=st.sampled_from([3, 50, 2**32 - 1]),
+  queries=st.integers(1, 9),
+)
+def test_counting_the_keys_at_most_a_query_equals_a_binary_search(seed, size, spread, queries):
+  rng = np.random.default_rng(seed)
+  ascending = np.sort(rng.integers(0, spread, size, dtype=np.uint64)).astype(np.uint32)  # repeats where spread is small
+  drawn = rng.integers(0, spread, queries, dtype=np.uint64)
+  asked = np.concatenate([drawn, ascending[:1], [0xFFFFFFFF]]).astype(np.uint32)
+  got = np.asarray(count_at_most(jnp.asarray(ascending), jnp.asarray(asked)))
+  assert (got == np.searchsorted(ascending, asked, side="right")).all()
 
 
 def test_an_output_repeated_is_proposed_whole_up_to_its_end():
