@@ -17,15 +17,15 @@ where an output is written. The device holds each n's keys sorted with the posit
 context's per n (`count_at_most`): the last entry of the context's key is its newest
 occurrence. The count compares the key with every sqrt(H)-th entry, then with the entries of
 the one block it falls in: about 2 sqrt(H) words a search (8 KB at a million tokens) in two
-fused passes, where a binary search is 20 dependent steps, each its own kernels on a GPU. Once outputs are written, the device
-takes out the entries of the positions they changed and merges their new keys in as the
-newest (`_update`: a few passes over the index, the tokens and keys written the only upload),
-instead of sorting the whole ring again: at a million tokens a sort and upload after every
-output cost ~14 ms on an H200 (docs/results.md, "Many prompts at once"). The chosen
-occurrence's tokens are compared with the context's, so a key collision (about one in 2^31
-positions) proposes nothing that round rather than another text. A ring holds 4 bytes a
-token on the host and 28 on the device with its index: a million tokens take 28 MB of
-device memory, twice while rounds read a copy.
+fused passes, where a binary search is 20 dependent steps, each its own kernels on a GPU.
+Once outputs are written, the device takes out the entries of the positions they changed
+and merges their new keys in as the newest (`_update`: a few passes over the index, the
+tokens and keys written the only upload), instead of sorting the whole ring again: at a
+million tokens a sort and upload after every output cost ~14 ms on an H200 (docs/results.md,
+"Many prompts at once"). The chosen occurrence's tokens are compared with the context's, so
+a key collision (about one in 2^31 positions) proposes nothing that round rather than
+another text. A ring holds 4 bytes a token on the host and 28 on the device with its index:
+a million tokens take 28 MB of device memory, twice while rounds read a copy.
 """
 
 from __future__ import annotations
