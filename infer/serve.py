@@ -75,7 +75,12 @@ class Job:
   sent: int = 0  # characters of the text handed on
 
   def put(self, text: str, finish: str | None) -> None:
-    self.loop.call_soon_threadsafe(self.events.put_nowait, (text, finish))
+    """Hands (text, finish) to the HTTP side's loop; where that loop is closed (the server
+    shutting down), the job is given up instead of the model thread failing."""
+    try:
+      self.loop.call_soon_threadsafe(self.events.put_nowait, (text, finish))
+    except RuntimeError:  # (the loop is closed)
+      self.cancelled = True
 
 
 class Worker(threading.Thread):

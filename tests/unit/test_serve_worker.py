@@ -4,8 +4,19 @@ stop string may be starting, cut at one, and a full queue refused."""
 import asyncio
 import queue
 
+import pytest
+
 from infer.serve import GATHER_SECONDS, Job, Worker
 from longspec_jax import batching
+
+LOOPS: list[asyncio.AbstractEventLoop] = []  # the jobs' loops, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def close_loops():
+  yield
+  while LOOPS:
+    LOOPS.pop().close()
 
 
 class Slots:
@@ -30,6 +41,7 @@ class Letters:
 
 def job(stop=(), max_tokens=50):
   loop = asyncio.new_event_loop()
+  LOOPS.append(loop)
   return Job([1], max_tokens, 0, None, None, stop, loop, asyncio.Queue()), loop
 
 
@@ -68,6 +80,13 @@ def test_a_job_given_up_frees_its_slot_silently():
   worker.running[0], j.cancelled = j, True
   worker._hand_on(0, j, [104], done=False)
   assert pieces(j, loop) == [] and worker.slots.released == [0]
+
+
+def test_a_job_whose_loop_is_closed_is_given_up():
+  j, loop = job()
+  loop.close()
+  j.put("text", None)
+  assert j.cancelled
 
 
 def test_a_full_queue_refuses_and_a_given_up_job_is_skipped():
