@@ -16,12 +16,16 @@ the requests it holds (for up to `--shutdown-seconds`) and exits 0. `max_tokens`
 defaults; draws are keyed by position, so a request's text is a function of its prompt,
 settings and seed whatever else the batch holds). A response's `usage` also holds the
 prompt tokens its slot's cache held already (`prompt_tokens_details.cached_tokens`) and
-`rounds`: the verify passes its completion took.
+`rounds`: the verify passes its completion took. Every `--log-every` seconds of activity
+the server logs a line of load and throughput (running and waiting requests, prompt and
+generated tokens a second); `--log-level debug` adds a line per admission, chunk of rounds
+and finished request, each with its time (where a burst of requests spends its wall time).
 """
 
 import asyncio
 import dataclasses
 import json
+import logging
 import queue
 import signal
 import sys
@@ -38,6 +42,7 @@ from longspec_jax.cli import (
   add_batch_invariant_flag,
   check_batch_invariant,
   method_type,
+  nonnegative_float,
   positive_int,
   run_main,
 )
@@ -52,6 +57,8 @@ CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two stream
 GATHER_SECONDS = 0.01
 # Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
 PREFILL_CHUNK = 2048
+
+log = logging.getLogger("infer.serve")
 
 
 @dataclasses.dataclass
@@ -83,17 +90,36 @@ class Job:
       self.cancelled = True
 
 
+@dataclasses.dataclass
+class Activity:
+  """What the model thread did since the last stats line."""
+
+  since: float = dataclasses.field(default_factory=time.monotonic)
+  prompt_tokens: int = 0  # prefilled (a slot's cached tokens not counted)
+  generated: int = 0  # tokens handed to requests
+  finished: int = 0  # requests ended
+
+  def line(self, running: int, waiting: int) -> str:
+    seconds = max(time.monotonic() - self.since, 1e-9)
+    return (
+      f"{running} running, {waiting} waiting; prompt {self.prompt_tokens / seconds:,.0f} tokens/s, generation"
+      f" {self.generated / seconds:,.0f} tokens/s, {self.finished} finished over the last {seconds:.1f} s"
+    )
+
+
 class Worker(threading.Thread):
   """The model thread: admits queued jobs into free slots, runs chunks of rounds, hands
-  each job its new text, and frees a slot when its job is done, stopped or given up."""
+  each job its new text, and frees a slot when its job is done, stopped or given up. Every
+  `log_every` seconds in which something ran (None: never), a stats line (`Activity`)."""
 
-  def __init__(self, slots, tokenizer, eos_ids, max_queue: int):
+  def __init__(self, slots, tokenizer, eos_ids, max_queue: int, log_every: float | None = None):
     super().__init__(daemon=True, name="model")
     self.slots, self.tokenizer, self.eos_ids = slots, tokenizer, set(eos_ids)
     self.queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
     self.waiting: deque[Job] = deque()
     self.running: dict[int, Job] = {}
     self.stopping = threading.Event()
+    self.log_every, self.activity = log_every, Activity()
 
   def submit(self, job: Job) -> bool:
     """Queues `job`; False when the queue is full."""
@@ -109,11 +135,20 @@ class Worker(threading.Thread):
 
   def run(self) -> None:
     while not self.stopping.is_set():
+      self._log_stats()
       self._admit()
       if not self.running:
         self._wait_for_work()
         continue
       self._step()
+
+  def _log_stats(self) -> None:
+    """The stats line, where `log_every` seconds have passed and something ran in them."""
+    if self.log_every is None or time.monotonic() - self.activity.since < self.log_every:
+      return
+    if self.activity.prompt_tokens or self.activity.generated or self.running:
+      log.info(self.activity.line(len(self.running), self.queued))
+    self.activity = Activity()
 
   def _wait_for_work(self) -> None:
     """Idle: the next job, then those arriving within `GATHER_SECONDS` of it, up to a
@@ -131,15 +166,20 @@ class Worker(threading.Thread):
 
   def _step(self) -> None:
     """A chunk of rounds for the running jobs, sized to take about `CHUNK_SECONDS`."""
+    started = time.perf_counter()
     try:
       tokens, done = self.slots.step(CHUNK_SECONDS)
     except Exception as e:  # (the model failed: every running job is told, the server goes on)
       for slot, job in list(self.running.items()):
         self._finish(slot, job, f"error: {e}")
       return
+    ran, generated = len(self.running), 0
     for slot, job in list(self.running.items()):
       new = [int(t) for t in tokens[slot] if t >= 0]
+      generated += len(new)
       self._hand_on(slot, job, new, bool(done[slot]))
+    self.activity.generated += generated
+    log.debug("chunk: %d requests, %d tokens in %.1f ms", ran, generated, 1e3 * (time.perf_counter() - started))
 
   def _admit(self) -> None:
     """Queued jobs into free slots, each into the one whose cache holds the most of its
@@ -157,6 +197,7 @@ class Worker(threading.Thread):
         return
       slot = self.slots.choose(job.prompt)
       between = self._step if self.running else None
+      started = time.perf_counter()
       # Shorter passes while others stream, except for a batch-invariant target: its passes
       # are generate's whatever the load, so that a request's bits do not depend on it.
       chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between and not self.slots.model.batch_invariant else None
@@ -175,8 +216,27 @@ class Worker(threading.Thread):
         job.put("", f"error: {e}")
         continue
       job.reused = admitted.reused
-      self.running[slot] = job
+      self._admitted([slot], [job], started, reused=admitted.reused)
       self._hand_on(slot, job, [admitted.first], admitted.done)
+
+  def _admitted(self, slots: list[int], jobs: list[Job], started: float, reused: int = 0) -> None:
+    """`jobs` now run in `slots`, admitted in one call begun at `started` (perf_counter)."""
+    prompt_tokens = sum(len(job.prompt) for job in jobs) - reused
+    self.activity.prompt_tokens += prompt_tokens
+    self.activity.generated += len(jobs)  # (their first tokens)
+    for slot, job in zip(slots, jobs):
+      self.running[slot] = job
+    log.debug(
+      "admitted %d request%s into slot%s %s: %d prompt tokens prefilled (%d cached) in %.1f ms, %d waiting",
+      len(jobs),
+      "s" if len(jobs) > 1 else "",
+      "s" if len(jobs) > 1 else "",
+      ", ".join(map(str, slots)),
+      prompt_tokens,
+      reused,
+      1e3 * (time.perf_counter() - started),
+      self.queued,
+    )
 
   def _admit_together(self) -> None:
     """The waiting jobs, as many as free slots (and a group) take, up to the first whose
@@ -192,6 +252,7 @@ class Worker(threading.Thread):
     if not jobs:
       return
     slots = self.slots.free[: len(jobs)]
+    started = time.perf_counter()
     try:
       admitted = self.slots.admit_together(
         slots,
@@ -205,8 +266,8 @@ class Worker(threading.Thread):
       for job in jobs:
         job.put("", f"error: {e}")
       return
+    self._admitted(slots, jobs, started)
     for slot, job, one in zip(slots, jobs, admitted):
-      self.running[slot] = job
       self._hand_on(slot, job, [one.first], one.done)
 
   def _next(self) -> Job | None:
@@ -256,6 +317,8 @@ class Worker(threading.Thread):
     if reason is not None:
       job.put("", reason)
     self.slots.release(slot)
+    self.activity.finished += 1
+    log.debug("slot %d done (%s): %d tokens in %d rounds", slot, reason or "given up", len(job.ids), job.rounds)
 
 
 def error(status: int, message: str):
@@ -464,6 +527,16 @@ def parse_args(argv=None):
   )
   p.add_argument("--served-model-name", help="the model's name in the API (default: --target)")
   p.add_argument("--shutdown-seconds", type=positive_int, default=30, help="on SIGTERM: how long requests may finish")
+  p.add_argument(
+    "--log-level",
+    choices=("debug", "info", "warning"),
+    default="info",
+    help="info: a stats line every --log-every seconds of activity; debug: also each admission, chunk and finished"
+    " request",
+  )
+  p.add_argument(
+    "--log-every", type=nonnegative_float, default=10.0, help="seconds between stats lines (0: none; default 10)"
+  )
   args = p.parse_args(argv)
   args.sparse_verify, args.devices = None, 1
   if args.draft == "none" and args.method.needs_draft:
@@ -477,6 +550,12 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
   args = parse_args(argv)
   import uvicorn
+
+  handler = logging.StreamHandler(sys.stderr)  # (this server's lines alone: the libraries' stay at their levels)
+  handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(message)s", datefmt="%H:%M:%S"))
+  log.addHandler(handler)
+  log.setLevel(args.log_level.upper())
+  log.propagate = False
 
   from longspec_jax import backend
   from longspec_jax.batching import Slots
@@ -511,7 +590,7 @@ def main(argv=None) -> None:
     shrink=True,
   )
   slots.compile()  # (the decode loops compiled before the first request)
-  worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue)
+  worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue, args.log_every or None)
   worker.start()
   name = args.served_model_name or args.target
   app = create_app(worker, tokenizer, name, context, plan.sampling, args.max_new_tokens, args.shutdown_seconds - 0.5)

@@ -13,7 +13,9 @@ prompt at a time, and the C prompts as one batch; and one slot of `batching.Slot
 as the server's model thread drives them (the server's engine path without HTTP). Reports
 per prompt the server's decode rate over `generate`'s, the slot's, its first-token time
 beyond `generate`'s prefill, the tokens a round each wrote and whether the server wrote
-the same text; per C the two total rates. Writes JSON and a plot with `--out`.
+the same text; per C the two total rates. Writes JSON and a plot with `--out`, and beside
+them each set's server log at `--log-level debug` (`OUT.SET.server.log`: every admission,
+chunk and finished request, with its time).
 
   python -m lab.bench_serve --sets code --length 4096 --new-tokens 256 --concurrency 1 4 --out serve.json \\
     -- --method auto --max-batch 4
@@ -27,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -91,13 +94,15 @@ def stream(base: str, prompt: str, max_tokens: int) -> dict:
 
 
 class Server:
-  """`python -m infer.serve` with `flags` in a process of its own, until `stop`."""
+  """`python -m infer.serve` with `flags` in a process of its own, until `stop`, its log
+  (`--log-level debug`) written to `log`."""
 
-  def __init__(self, flags: list[str], context: int):
+  def __init__(self, flags: list[str], context: int, log: Path):
     self.port = free_port()
     command = [sys.executable, "-m", "infer.serve", *flags, "--port", str(self.port)]
-    command += ["--served-model-name", NAME, "--context", str(context)]
-    self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    command += ["--served-model-name", NAME, "--context", str(context), "--log-level", "debug"]
+    with open(log, "w") as stderr:  # (the process holds its own copy of the file)
+      self.process = subprocess.Popen(command, stderr=stderr, text=True)
     self.base = f"http://127.0.0.1:{self.port}"
     deadline = time.monotonic() + STARTUP_SECONDS
     while True:
@@ -107,7 +112,7 @@ class Server:
       except (urllib.error.URLError, ConnectionError):
         pass
       if self.process.poll() is not None:
-        raise UserError(f"the server did not start: {self.process.stderr.read().strip().splitlines()[-1:]}")
+        raise UserError(f"the server did not start: {log.read_text().strip().splitlines()[-1:]}")
       if time.monotonic() > deadline:
         self.stop()
         raise UserError(f"the server did not answer within {STARTUP_SECONDS} s.")
@@ -123,14 +128,21 @@ class Server:
 
 
 def measure_server(
-  flags, context: int, warm_up: str, texts: list[str], new_tokens: int, concurrency: list[int], others: list[str]
+  flags,
+  context: int,
+  log: Path,
+  warm_up: str,
+  texts: list[str],
+  new_tokens: int,
+  concurrency: list[int],
+  others: list[str],
 ):
   """Per prompt one client's `stream`; per C > 1, C clients at once: (tokens, wall seconds).
   `warm_up` runs first, a prompt of its own (a slot holding a measured prompt would serve
   it again from its cache); before C clients, C others at once with prompts of their own
   of the same length (`others`): the programs their groups' prefills run are compiled then,
-  as generate's batch is warmed up before it is timed."""
-  server = Server(flags, context)
+  as generate's batch is warmed up before it is timed. The server's log goes to `log`."""
+  server = Server(flags, context, log)
   try:
     stream(server.base, warm_up, new_tokens)  # (the first request's compilations)
     alone = [stream(server.base, text, new_tokens) for text in texts]
@@ -227,6 +239,7 @@ def main(argv=None):
   path = resolve_target(server_args.target)
   tokenizer = load_tokenizer(path)
   rows, totals = [], []
+  logs = None if args.out else Path(tempfile.mkdtemp(prefix="bench_serve_"))  # (the servers' logs, kept)
   for set_name in args.sets:
     # Text both sides tokenize alike: the set's prompts decoded, then read back as the server reads them.
     # The set's prompts, then the warm-up's, then those of the bursts before the timed ones.
@@ -236,8 +249,9 @@ def main(argv=None):
     texts, warm_up, bursts = decoded[: args.num_prompts], decoded[args.num_prompts], decoded[args.num_prompts + 1 :]
     context = max(len(tokenizer(text).input_ids) for text in decoded) + args.new_tokens
     measured = (warm_up, texts, args.new_tokens, args.concurrency)
-    print(f"[{set_name}] the server ...", file=sys.stderr, flush=True)
-    served, served_together = measure_server(flags, context, *measured, bursts)
+    log = args.out.with_suffix(f".{set_name}.server.log") if args.out else logs / f"{set_name}.server.log"
+    print(f"[{set_name}] the server ... (its log: {log})", file=sys.stderr, flush=True)
+    served, served_together = measure_server(flags, context, log, *measured, bursts)
     print(f"[{set_name}] the library ...", file=sys.stderr, flush=True)
     alone, slots_alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
     for index, (server, result, slots_rate) in enumerate(zip(served, alone, slots_alone)):

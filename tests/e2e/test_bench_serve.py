@@ -22,6 +22,9 @@ def test_the_server_writes_what_generate_writes_and_is_timed_beside_it(tiny_with
   (together,) = result["concurrent"]
   assert together["concurrency"] == 2 and together["server_tokens_per_second"] > 0
   assert out.with_suffix(".png").exists()
+  log = out.with_suffix(".code.server.log").read_text()
+  assert "admitted " in log and "chunk: 2 requests" in log and " done (length)" in log
+  assert "Compiling" not in log  # (the libraries' debug lines stay out)
 
 
 def test_bad_server_flags_are_refused_before_anything_runs(capsys):

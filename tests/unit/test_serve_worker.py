@@ -2,11 +2,13 @@
 stop string may be starting, cut at one, and a full queue refused."""
 
 import asyncio
+import logging
 import queue
+import time
 
 import pytest
 
-from infer.serve import GATHER_SECONDS, Job, Worker
+from infer.serve import GATHER_SECONDS, Activity, Job, Worker
 from longspec_jax import batching
 
 LOOPS: list[asyncio.AbstractEventLoop] = []  # the jobs' loops, closed after each test
@@ -162,3 +164,31 @@ def test_an_idle_worker_gathers_the_jobs_arriving_just_after_the_first_up_to_its
   worker.queue = Arrivals(jobs[:2])
   worker._wait_for_work()
   assert list(worker.waiting) == jobs[:2] and len(worker.queue.timeouts) == 3  # (then none came)
+
+
+def test_admissions_chunks_and_ends_are_logged_with_their_times(caplog):
+  caplog.set_level(logging.DEBUG, logger="infer.serve")
+  worker = Worker(Admitting(), Letters(), eos_ids=(0,), max_queue=8)
+  for first in ([5, 1], [6, 1], [9, 9, 1]):
+    j = job()[0]
+    j.prompt = first
+    worker.submit(j)
+  worker._admit()
+  worker._finish(0, worker.running[0], "stop")
+  lines = [r.getMessage() for r in caplog.records]
+  assert lines[0].startswith("admitted 2 requests into slots 0, 1: 4 prompt tokens prefilled (0 cached) in ")
+  assert lines[1].startswith("admitted 1 request into slot 3: 1 prompt tokens prefilled (2 cached) in ")
+  assert lines[2] == "slot 0 done (stop): 1 tokens in 1 rounds"
+  assert (worker.activity.prompt_tokens, worker.activity.generated, worker.activity.finished) == (5, 3, 1)
+
+
+def test_a_stats_line_comes_every_so_often_where_something_ran(caplog):
+  caplog.set_level(logging.INFO, logger="infer.serve")
+  worker = Worker(Slots(), Letters(), eos_ids=(0,), max_queue=4, log_every=10.0)
+  worker._log_stats()  # (not yet 10 s)
+  worker.activity = Activity(since=time.monotonic() - 20, prompt_tokens=4000, generated=100, finished=1)
+  worker._log_stats()
+  worker.activity.since -= 20  # (20 s of nothing)
+  worker._log_stats()
+  [line] = [r.getMessage() for r in caplog.records]
+  assert line.startswith("0 running, 0 waiting; prompt 200 tokens/s, generation 5 tokens/s, 1 finished over the last")
