@@ -519,6 +519,23 @@ def _batch_file(result: dict, plt):
   return fig
 
 
+def _past(result: dict, plt):
+  """`lab.bench_past`: the ring of past outputs' operations, ms each, per ring size."""
+  rows = result["rows"]
+  parts = ("index", "release", "copy", "search")
+  fig, ax = plt.subplots(figsize=(2.2 * len(rows) + 3, 4))
+  for index, part in enumerate(parts):
+    xs = [i + (index - 1.5) * 0.2 for i in range(len(rows))]
+    bars = ax.bar(xs, [r[f"{part}_ms"] for r in rows], width=0.2, color=f"C{index}", label=part)
+    ax.bar_label(bars, fmt="%.3g", fontsize=7)
+  ax.set_xticks(range(len(rows)), [f"{r['size']:,} tokens" for r in rows])
+  ax.set(ylabel="ms", yscale="log")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3, axis="y")
+  fig.suptitle(_title(result, f"the ring of past outputs, {rows[0]['output_tokens']}-token outputs"))
+  return fig
+
+
 def kind(result: dict) -> str | None:
   """What a result JSON holds, or None if there is nothing to plot."""
   if "by_scope" in result:
@@ -534,6 +551,7 @@ def kind(result: dict) -> str | None:
     "train_step",
     "serve",
     "batch_file",
+    "past",
   ):
     return result["kind"]
   timed = any(result.get(k) for k in ("grid", "floor", "verify", "sweep", "matmul"))
@@ -562,6 +580,7 @@ PLOTS = {
   "train_step": _train_step,
   "serve": _serve,
   "batch_file": _batch_file,
+  "past": _past,
 }
 
 
