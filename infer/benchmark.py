@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -40,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from infer import plots
 from infer.cli import (
   MethodSpec,
   add_copy_flags,
@@ -53,7 +53,6 @@ from infer.cli import (
   sparse_fraction,
   tree_choice,
 )
-from infer.plots import plot
 from infer.prompts import HELD_OUT, HELD_OUT_NAME, PROMPT_SETS, set_names
 from infer.timing import Compiles, environment, phase_seconds, warmed_up
 from longspec_jax import backend, cli
@@ -432,8 +431,7 @@ def measure(args, path, dtype, sampling, specs, kinds, variants) -> None:
       "seed": args.seed,
       "rows": rows,
     }
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
     written.append(args.out)
 
   one_text = sampling.greedy or sampling.draw is Draw.POSITION  # (each lossless row can be checked against AR's)

@@ -600,6 +600,14 @@ def plot(result: dict | Path, out: Path) -> Path | None:
   return out
 
 
+def save(result: dict, out: Path) -> Path | None:
+  """Writes `result` as JSON to `out` and its plot beside it (`out` as a .png, where it
+  holds something to draw): how every benchmark keeps what it measured. Returns the PNG's
+  path, or None."""
+  out.write_text(json.dumps(result, indent=1))
+  return plot(result, out.with_suffix(".png"))
+
+
 def joined(results: list[dict], sets=None) -> dict:
   """Method comparisons from several runs as one: their rows (of `sets` only, if given), a
   later run's row replacing an earlier one's for the same set, method, prompt length and

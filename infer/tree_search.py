@@ -372,7 +372,7 @@ def main(argv=None):
   import jax
   import jax.numpy as jnp
 
-  from infer.plots import plot
+  from infer import plots
   from infer.timing import environment
   from longspec_jax.decoding.tree import node_budget
   from longspec_jax.engine import check_capacity
@@ -440,8 +440,7 @@ def main(argv=None):
         {"batch": batch, "tree_widths": list(tree.widths), "copy_tokens": tree.copy_tokens}
         for batch, tree in (by_batch or {}).items()
       ]
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
 
   def measure(tree: Candidate) -> Measurement:
     measured = measure_tree(tree)

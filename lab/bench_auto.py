@@ -30,15 +30,14 @@ and a plot with `--out`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 
+from infer import plots
 from infer.cli import add_copy_flags
-from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import environment, warmed_up
 from longspec_jax import cli
@@ -200,8 +199,7 @@ def main(argv=None):
         flush=True,
       )
     if args.out:  # after every set: a crash loses nothing measured
-      args.out.write_text(json.dumps(result, indent=1))
-      plot(result, args.out.with_suffix(".png"))
+      plots.save(result, args.out)
 
 
 if __name__ == "__main__":

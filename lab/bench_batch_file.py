@@ -155,7 +155,7 @@ def main(argv=None):
   ]
   base = generate.parse_args([*flags, "--input", "-", "--output", "-"])  # (its own checks, before anything runs)
 
-  from infer.plots import plot
+  from infer import plots
   from infer.timing import environment
   from longspec_jax.weights import load_tokenizer, resolve_target
 
@@ -210,8 +210,7 @@ def main(argv=None):
       f" | {same(r)}" + (f" | rounds {r['rounds_by_kind']}, ms {prices(r)}" if "rounds_by_kind" in r else "")
     )
   if args.out:
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import statistics
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from infer.plots import plot
+from infer import plots
 from infer.timing import loop_seconds, measure_bandwidth, median_seconds
 from lab.inputs import random_ancestor_mask
 from lab.shapes import LLAMA_31_8B
@@ -727,8 +726,7 @@ def save(args, suite: str, rows: list[dict]) -> None:
   """Writes everything measured so far: a later failure loses nothing."""
   args.result[suite] = rows
   if args.out:
-    args.out.write_text(json.dumps(args.result, indent=1))
-    plot(args.result, args.out.with_suffix(".png"))
+    plots.save(args.result, args.out)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,14 @@ are checked against AR's. Writes JSON (and a PNG) with `--out`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from infer import plots
 from infer.cli import MethodSpec, method_spec
-from infer.plots import plot
 from infer.prompts import PROMPT_SETS
 from infer.timing import Compiles, environment, warmed_up
 from longspec_jax import cli
@@ -152,8 +151,7 @@ def main(argv=None):
         "rows": rows,
         "distinct": diversity,
       }
-      args.out.write_text(json.dumps(result, indent=1))
-      plot(result, args.out.with_suffix(".png"))
+      plots.save(result, args.out)
 
   for penalty in args.penalties:
     sampling = SamplingConfig(

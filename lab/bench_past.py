@@ -19,7 +19,6 @@ release x records + search x rounds.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import sys
 import time
@@ -113,10 +112,9 @@ def main(argv=None) -> None:
     )
     print(f"{r['size']:>11,} | {times}")
   if args.out:
-    from infer.plots import plot
+    from infer import plots
 
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
 
 

@@ -232,7 +232,7 @@ def main(argv=None):
     flags = [*flags, "--max-batch", str(max(args.concurrency))]
   server_args = serve.parse_args(flags)  # (the server's own checks, before anything runs)
 
-  from infer.plots import plot
+  from infer import plots
   from infer.timing import environment
   from longspec_jax.weights import load_tokenizer, resolve_target
 
@@ -304,8 +304,7 @@ def main(argv=None):
     "median_first_token_beyond_prefill_ms": statistics.median(r["first_token_beyond_prefill_ms"] for r in rows),
   }
   if args.out:
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
   print(
     "set | prompt | tokens | server first s | generate prefill s | beyond ms | server tok/s | generate tok/s | x"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import platform
 import statistics
 import sys
@@ -223,10 +222,9 @@ def main(argv=None) -> None:
     output_path(args.out)
   result = measure(args)
   if args.out:
-    from infer.plots import plot
+    from infer import plots
 
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -28,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from infer import plots
 from infer.cli import MethodSpec, method_spec
-from infer.plots import plot
 from infer.prompts import code_prompts
 from infer.timing import (
   draft_seconds,
@@ -615,8 +614,7 @@ def main(argv=None):
   }
   result.update({"smollm2": suite_smollm2, "floor": suite_floor, "topk": suite_topk}[args.suite](args))
   if args.out:
-    args.out.write_text(json.dumps(result, indent=1))
-    plot(result, args.out.with_suffix(".png"))
+    plots.save(result, args.out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from infer.plots import plot
+from infer import plots
 from infer.prompts import PROMPT_SETS
 from infer.timing import environment
 from longspec_jax import cli
@@ -230,8 +229,7 @@ def main(argv=None):
         "block": args.block,
         "rows": rows,
       }
-      args.out.write_text(json.dumps(result, indent=1))
-      plot(result, args.out.with_suffix(".png"))
+      plots.save(result, args.out)
 
   # (widths as deep as a block: its catch-up pass then spans the block before)
   proposer = LongSpecDraft(graphdef, widths=(1,) * (args.block - 1))
