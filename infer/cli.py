@@ -16,6 +16,11 @@ from longspec_jax.methods.registry import Method
 TOKENSWIFT_PENALTY = 1.2  # theta of TokenSwift's paper (Table 11, Llama 3.1 8B), its method's default
 
 
+def plural(n: int, noun: str) -> str:
+  """'1 token', '2 tokens': a count as the CLIs' messages write it."""
+  return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 class MethodSpec(NamedTuple):
   """A method and, for one that copies, its own prompt-lookup continuations (their length
   and number; None: the flags' or the method's)."""

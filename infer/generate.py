@@ -23,6 +23,7 @@ from infer.cli import (
   add_sampling_flags,
   add_tree_flags,
   encode_prompt,
+  plural,
   read_prompt,
   sparse_fraction,
 )
@@ -164,10 +165,6 @@ def json_stats(stats) -> dict:
   record["steps"] = record.pop("rounds")
   record["acceptance_by_depth"] = stats.acceptance_by_depth
   return record
-
-
-def plural(n: int, noun: str) -> str:
-  return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 class PrefillBar:

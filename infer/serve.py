@@ -35,7 +35,7 @@ import uuid
 from collections import deque
 
 from infer import decoder
-from infer.cli import add_copy_flags, add_draft_vocab_flag, add_past_flag, add_sampling_flags, add_tree_flags
+from infer.cli import add_copy_flags, add_draft_vocab_flag, add_past_flag, add_sampling_flags, add_tree_flags, plural
 from longspec_jax.cli import (
   ArgumentParser,
   add_attention_flag,
@@ -179,7 +179,8 @@ class Worker(threading.Thread):
       generated += len(new)
       self._hand_on(slot, job, new, bool(done[slot]))
     self.activity.generated += generated
-    log.debug("chunk: %d requests, %d tokens in %.1f ms", ran, generated, 1e3 * (time.perf_counter() - started))
+    ms = 1e3 * (time.perf_counter() - started)
+    log.debug("chunk: %s, %s in %.1f ms", plural(ran, "request"), plural(generated, "token"), ms)
 
   def _admit(self) -> None:
     """Queued jobs into free slots, each into the one whose cache holds the most of its
@@ -227,12 +228,11 @@ class Worker(threading.Thread):
     for slot, job in zip(slots, jobs):
       self.running[slot] = job
     log.debug(
-      "admitted %d request%s into slot%s %s: %d prompt tokens prefilled (%d cached) in %.1f ms, %d waiting",
-      len(jobs),
-      "s" if len(jobs) > 1 else "",
+      "admitted %s into slot%s %s: %s prefilled (%d cached) in %.1f ms, %d waiting",
+      plural(len(jobs), "request"),
       "s" if len(jobs) > 1 else "",
       ", ".join(map(str, slots)),
-      prompt_tokens,
+      plural(prompt_tokens, "prompt token"),
       reused,
       1e3 * (time.perf_counter() - started),
       self.queued,
@@ -318,7 +318,8 @@ class Worker(threading.Thread):
       job.put("", reason)
     self.slots.release(slot)
     self.activity.finished += 1
-    log.debug("slot %d done (%s): %d tokens in %d rounds", slot, reason or "given up", len(job.ids), job.rounds)
+    ended = reason or "given up"
+    log.debug("slot %d done (%s): %s in %s", slot, ended, plural(len(job.ids), "token"), plural(job.rounds, "round"))
 
 
 def error(status: int, message: str):

@@ -177,8 +177,8 @@ def test_admissions_chunks_and_ends_are_logged_with_their_times(caplog):
   worker._finish(0, worker.running[0], "stop")
   lines = [r.getMessage() for r in caplog.records]
   assert lines[0].startswith("admitted 2 requests into slots 0, 1: 4 prompt tokens prefilled (0 cached) in ")
-  assert lines[1].startswith("admitted 1 request into slot 3: 1 prompt tokens prefilled (2 cached) in ")
-  assert lines[2] == "slot 0 done (stop): 1 tokens in 1 rounds"
+  assert lines[1].startswith("admitted 1 request into slot 3: 1 prompt token prefilled (2 cached) in ")
+  assert lines[2] == "slot 0 done (stop): 1 token in 1 round"
   assert (worker.activity.prompt_tokens, worker.activity.generated, worker.activity.finished) == (5, 3, 1)
 
 
