@@ -19,25 +19,12 @@ release x records + search x rounds.
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
-import time
 from pathlib import Path
 
 from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main
 
 VOCAB = 49152  # SmolLM2's: the keys' spread is what a real target's outputs give
-
-
-def _seconds(fn, iters: int) -> float:
-  """Median seconds of `fn()` (which waits for the device itself), after one call."""
-  fn()
-  times = []
-  for _ in range(iters):
-    started = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - started)
-  return statistics.median(times)
 
 
 def measure(size: int, output_tokens: int, batch: int, context: int, matches: int, iters: int, seed: int) -> dict:
@@ -46,6 +33,7 @@ def measure(size: int, output_tokens: int, batch: int, context: int, matches: in
   import jax.numpy as jnp
   import numpy as np
 
+  from infer.timing import median_seconds
   from longspec_jax.methods.past import Past, match_past
 
   rng = np.random.default_rng(seed)
@@ -77,8 +65,8 @@ def measure(size: int, output_tokens: int, batch: int, context: int, matches: in
     "output_tokens": output_tokens,
     "batch": batch,
     "matches": matches,
-    **{f"{name}_ms": 1e3 * _seconds(fn, iters) for name, fn in (("index", index), ("release", release))},
-    **{f"{name}_ms": 1e3 * _seconds(fn, 5 * iters) for name, fn in (("copy", copy), ("search", search))},
+    **{f"{name}_ms": 1e3 * median_seconds(fn, 1, iters) for name, fn in (("index", index), ("release", release))},
+    **{f"{name}_ms": 1e3 * median_seconds(fn, 1, 5 * iters) for name, fn in (("copy", copy), ("search", search))},
   }
 
 
