@@ -349,6 +349,7 @@ class Slots:
     *,
     temperatures: Sequence[float] | None = None,
     top_ps: Sequence[float] | None = None,
+    between: Callable[[], None] | None = None,
   ) -> list[Admitted]:
     """Prefills `prompts` together, one into each of the free `slots`, in passes as wide as
     one prompt's alone (`engine.prefill_chunk_tokens(1)`): so under batch-invariant
@@ -357,7 +358,9 @@ class Slots:
     cache is reused). The prompts go in calls of a power of two each (7: 4, 2, 1): each
     count is a program of its own, and the counts that arrive follow the rounds' timing,
     so a count not met before would compile inside a timed run. `temperatures`, `top_ps`:
-    as `admit`'s, one a prompt (None: the config's)."""
+    as `admit`'s, one a prompt (None: the config's). `between`: as `admit`'s, after each
+    pass but the group's last; the slots take their requests only after that one, so
+    that the other slots' rounds run between passes never step a half-admitted group."""
     if any(self.busy[slot] for slot in slots) or len(set(slots)) != len(slots):
       raise ValueError(f"slots {list(slots)} are not as many free slots as prompts.")
     own = self.state.rows is not None
@@ -366,10 +369,15 @@ class Slots:
     config = self.decoding.sampling
     temperatures = _each(temperatures, config.temperature, len(prompts)) if own else None
     top_ps = _each(top_ps, config.top_p, len(prompts)) if own else None
-    admitted, at = [], 0
-    for count in _powers_of_two(len(prompts)):
-      part = slice(at, at + count)
-      started = engine.start(
+    ends = np.cumsum(_powers_of_two(len(prompts))).tolist()
+    parts = [slice(start, end) for start, end in zip([0, *ends], ends)]
+
+    def after_pass(last: bool):  # (`between` after each pass but the group's last)
+      if between is not None:
+        return lambda done, total: between() if done < total or not last else None
+
+    started = [
+      engine.start(
         self.model,
         prompts[part],
         list(max_new_tokens[part]),
@@ -377,14 +385,19 @@ class Slots:
         self.proposer_params,
         seed=list(seeds[part]),
         prefill_chunk=engine.prefill_chunk_tokens(1),
+        on_prefill=after_pass(part.stop == len(prompts)),
         carried=self.carried,
         positions=self.positions,
         temperatures=temperatures[part] if own else None,
         top_ps=top_ps[part] if own else None,
       )
-      admitted += self._occupy(slots[part], prompts[part], max_new_tokens[part], started, 0)
-      at += count
-    return admitted
+      for part in parts
+    ]
+    return [
+      one
+      for part, group in zip(parts, started)
+      for one in self._occupy(slots[part], prompts[part], max_new_tokens[part], group, 0)
+    ]
 
   def _occupy(self, slots, prompts, max_new_tokens, started: engine.Started, reused: int) -> list[Admitted]:
     """Each started row into its slot, the slot then busy with its request."""
@@ -478,7 +491,11 @@ class Slots:
     (as a generation starts from the previous one's, `engine.Memory`), not from none; so do
     later slots and generations of this memory. Where prompt lookup searches past outputs,
     the slot's is added to them, for every slot's next rounds."""
-    self.state = dataclasses.replace(self.state, done=self.state.done.at[slot].set(True))
+    # The flag is set on the host: an update on device compiles at the first release, a
+    # pause of ~50 ms that the next request waits through.
+    done = np.array(self.state.done)
+    done[slot] = True
+    self.state = dataclasses.replace(self.state, done=jax.device_put(done, self.state.done.sharding))
     self.busy[slot] = False
     self._flag_rows()
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None

@@ -192,6 +192,36 @@ def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
   assert written[1] == generate(tiny, [second], 6).token_ids[0]
 
 
+def test_the_other_slots_run_between_the_passes_of_a_group_which_starts_after_its_last(tiny, monkeypatch):
+  """Three prompts admitted together (calls of two and one, in 16-token passes: the call of
+  two takes three) while another request decodes: the other runs a chunk after each pass
+  but the group's last, the group's slots emit nothing until all are admitted, and every
+  request writes what it writes alone."""
+  slots = Slots.open(tiny, Decoding(), None, slots=4, positions=128)
+  first = list(range(3, 14))
+  written = {0: [slots.admit(0, first, 20).first]}
+  rng = np.random.default_rng(9)
+  group = [rng.integers(3, 200, size=n).tolist() for n in (40, 33, 10)]
+  monkeypatch.setattr("longspec_jax.engine.prefill_chunk_tokens", lambda batch: 16)
+
+  def between():
+    assert not slots.busy[1:].any()
+    tokens, _ = slots.run(1)
+    assert (tokens[1:] == PAD_ID).all()
+    written[0] += [int(t) for t in tokens[0] if t != PAD_ID]
+
+  for slot, admitted in zip((1, 2, 3), slots.admit_together([1, 2, 3], group, [6, 6, 6], [0, 0, 0], between=between)):
+    written[slot] = [admitted.first]
+  assert len(written[0]) == 4  # (its first token, then one round after each of three passes)
+  while not all(np.asarray(slots.state.done)):
+    tokens, _ = slots.run(4)
+    for slot in written:
+      written[slot] += [int(t) for t in tokens[slot] if t != PAD_ID]
+  assert written[0] == generate(tiny, [first], 20).token_ids[0]
+  for slot, prompt in zip((1, 2, 3), group):
+    assert written[slot] == generate(tiny, [prompt], 6).token_ids[0], slot
+
+
 @pytest.mark.parametrize("method, count", [(Method.AR, 3), (Method.LONGSPEC, 3), (Method.AUTO, 3), (Method.PLD, 1)])
 def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, count):
   """A prompt that extends a finished request's prompt and answer goes to that request's
