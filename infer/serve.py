@@ -52,8 +52,8 @@ from longspec_jax.weights import default
 
 CHUNK_SECONDS = 0.1  # device time between two looks at the queue and two streamed pieces of text
 # Requests sent at once reach an idle server's queue some milliseconds apart (each parsed
-# in turn): the first waits this long for the rest, so that they start in one prefill call
-# (`Slots.admit_together`) instead of one after another, each behind a chunk of the others.
+# and tokenized in turn): each waits this long for the next, so that they start in one
+# prefill call (`Slots.admit_together`) instead of one after another.
 GATHER_SECONDS = 0.01
 # Prompt tokens a pass while other requests decode: between passes they run a chunk of rounds.
 PREFILL_CHUNK = 2048
@@ -151,16 +151,15 @@ class Worker(threading.Thread):
     self.activity = Activity()
 
   def _wait_for_work(self) -> None:
-    """Idle: the next job, then those arriving within `GATHER_SECONDS` of it, up to a
-    free slot each (at most 50 ms when none comes, to look at `stopping`)."""
+    """Idle: the next job, then each arriving within `GATHER_SECONDS` of the one before,
+    up to a free slot each (at most 50 ms when none comes, to look at `stopping`)."""
     try:
       self.waiting.append(self.queue.get(timeout=0.05))
     except queue.Empty:
       return
-    deadline = time.monotonic() + GATHER_SECONDS
-    while len(self.waiting) < len(self.slots.free) and (left := deadline - time.monotonic()) > 0:
+    while len(self.waiting) < len(self.slots.free):
       try:
-        self.waiting.append(self.queue.get(timeout=left))
+        self.waiting.append(self.queue.get(timeout=GATHER_SECONDS))
       except queue.Empty:
         return
 
@@ -183,21 +182,20 @@ class Worker(threading.Thread):
     log.debug("chunk: %s, %s in %.1f ms", plural(ran, "request"), plural(generated, "token"), ms)
 
   def _admit(self) -> None:
-    """Queued jobs into free slots, each into the one whose cache holds the most of its
-    prompt (the conversation a chat's next turn extends: only the new turn is prefilled),
-    prefilled in passes between which the running jobs go on (`Slots.choose`, `admit`);
-    when none runs, the jobs waiting that no slot holds part of start in one prefill call
-    (`Slots.admit_together`)."""
+    """Queued jobs into free slots, prefilled in passes between which the running jobs go
+    on: those waiting that no slot holds part of in one prefill call (`Slots.admit_together`),
+    and one alone into the slot whose cache holds the most of its prompt (the conversation
+    a chat's next turn extends: only the new turn is prefilled; `Slots.choose`, `admit`)."""
     from longspec_jax.engine import prefill_chunk_tokens
 
-    if not self.running:
-      self._admit_together()
     while self.slots.free:
+      between = self._step if self.running else None
+      if self._admit_together(between):
+        continue
       job = self._next()
       if job is None:
         return
       slot = self.slots.choose(job.prompt)
-      between = self._step if self.running else None
       started = time.perf_counter()
       # Shorter passes while others stream, except for a batch-invariant target: its passes
       # are generate's whatever the load, so that a request's bits do not depend on it.
@@ -238,10 +236,10 @@ class Worker(threading.Thread):
       self.queued,
     )
 
-  def _admit_together(self) -> None:
+  def _admit_together(self, between) -> bool:
     """The waiting jobs, as many as free slots (and a group) take, up to the first whose
-    chosen slot holds part of its prompt, in one prefill call; fewer than two are left
-    waiting, for `_admit`'s own path."""
+    chosen slot holds part of its prompt, in one prefill call (`between` after its passes);
+    fewer than two are left waiting, for `_admit`'s own path. Whether it admitted any."""
     jobs = []
     while len(jobs) < min(len(self.slots.free), self.slots.group) and (job := self._next()) is not None:
       jobs.append(job)
@@ -250,7 +248,7 @@ class Worker(threading.Thread):
     self.waiting.extendleft(reversed(jobs[group:]))
     jobs = jobs[:group]
     if not jobs:
-      return
+      return False
     slots = self.slots.free[: len(jobs)]
     started = time.perf_counter()
     try:
@@ -261,14 +259,16 @@ class Worker(threading.Thread):
         [job.seed for job in jobs],
         temperatures=[job.temperature for job in jobs],
         top_ps=[job.top_p for job in jobs],
+        between=between,
       )
     except Exception as e:  # (their prefill failed: each is told, the server goes on)
       for job in jobs:
         job.put("", f"error: {e}")
-      return
+      return True
     self._admitted(slots, jobs, started)
     for slot, job, one in zip(slots, jobs, admitted):
       self._hand_on(slot, job, [one.first], one.done)
+    return True
 
   def _next(self) -> Job | None:
     while True:
@@ -416,6 +416,7 @@ def create_app(
     job = Job(prompt, limit, body.seed or 0, body.temperature, body.top_p, stops, loop, asyncio.Queue())
     if not worker.submit(job):
       return error(429, f"the server's queue is full ({worker.queue.maxsize} requests waiting); retry later.")
+    log.debug("queued a request of %s, %d waiting", plural(len(prompt), "prompt token"), worker.queued)
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     kind = "chat.completion" if chat else "text_completion"
 

@@ -118,8 +118,9 @@ class Admitting(Slots):
 
   groupable = batching.Slots.groupable  # (the rule under test, over this fake's slots)
 
-  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps):
+  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps, between):
     self.calls.append(("together", list(slots), [p[0] for p in prompts]))
+    self.between = between
     self.free = [s for s in self.free if s not in slots]
     return [type("Admitted", (), {"first": 104, "done": False})() for _ in slots]
 
@@ -137,7 +138,20 @@ def test_jobs_waiting_while_none_runs_start_together_up_to_one_a_slot_holds():
     worker.submit(j)
   worker._admit()
   assert worker.slots.calls == [("together", [0, 1], [5, 6]), ("alone", 3, 9), ("alone", 2, 7)]
-  assert sorted(worker.running) == [0, 1, 2, 3]
+  assert sorted(worker.running) == [0, 1, 2, 3] and worker.slots.between is None
+
+
+def test_jobs_waiting_while_others_run_start_together_the_others_stepping_between_passes():
+  worker = Worker(Admitting(), Letters(), eos_ids=(0,), max_queue=8)
+  worker.slots.free = [0, 1, 2]
+  worker.running[3] = job()[0]
+  jobs = [job()[0] for _ in range(3)]
+  for j, first in zip(jobs, ([5], [6], [7])):
+    j.prompt = first
+    worker.submit(j)
+  worker._admit()
+  assert worker.slots.calls == [("together", [0, 1, 2], [5, 6, 7])]
+  assert worker.slots.between == worker._step and sorted(worker.running) == [0, 1, 2, 3]
 
 
 class Arrivals:
@@ -153,13 +167,13 @@ class Arrivals:
     return self.jobs.pop(0)
 
 
-def test_an_idle_worker_gathers_the_jobs_arriving_just_after_the_first_up_to_its_free_slots():
+def test_an_idle_worker_gathers_the_jobs_arriving_each_just_after_the_last_up_to_its_free_slots():
   worker = Worker(Admitting(), Letters(), eos_ids=(0,), max_queue=8)
   jobs = [job()[0] for _ in range(6)]
   worker.queue = Arrivals(jobs)
   worker._wait_for_work()
   assert list(worker.waiting) == jobs[:4]  # (four free slots)
-  assert worker.queue.timeouts[0] == 0.05 and all(0 < t <= GATHER_SECONDS for t in worker.queue.timeouts[1:])
+  assert worker.queue.timeouts == [0.05] + 3 * [GATHER_SECONDS]
   worker.waiting.clear()
   worker.queue = Arrivals(jobs[:2])
   worker._wait_for_work()
