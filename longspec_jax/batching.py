@@ -491,11 +491,14 @@ class Slots:
     (as a generation starts from the previous one's, `engine.Memory`), not from none; so do
     later slots and generations of this memory. Where prompt lookup searches past outputs,
     the slot's is added to them, for every slot's next rounds."""
-    # The flag is set on the host: an update on device compiles at the first release, a
-    # pause of ~50 ms that the next request waits through.
-    done = np.array(self.state.done)
+    # The flag is set on the host (an update on device compiles at the first release, a
+    # pause of ~50 ms that the next request waits through) and put back as it was placed:
+    # committed to its sharding or not, which the rounds' compiled programs are keyed on.
+    was = self.state.done
+    done = np.array(was)
     done[slot] = True
-    self.state = dataclasses.replace(self.state, done=jax.device_put(done, self.state.done.sharding))
+    done = jax.device_put(done, was.sharding if was.committed else None)
+    self.state = dataclasses.replace(self.state, done=done)
     self.busy[slot] = False
     self._flag_rows()
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None

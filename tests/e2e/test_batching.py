@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from longspec_jax.batching import Slots, _powers_of_two, batch_axes
+from longspec_jax.decoding.compiles import Compiles
 from longspec_jax.engine import PAD_ID, Decoding, generate
 from longspec_jax.methods.factory import make_proposer
 from longspec_jax.methods.registry import Method, ProposerOptions
@@ -190,6 +191,30 @@ def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
       written[slot] += [int(t) for t in tokens[slot] if t != PAD_ID]
   assert written[0] == generate(tiny, [first], 20).token_ids[0]
   assert written[1] == generate(tiny, [second], 6).token_ids[0]
+
+
+@pytest.mark.parametrize("method", [Method.AR, Method.AUTO])
+def test_a_release_and_the_next_request_compile_nothing(tiny, method):
+  """A slot's release sets its flag without a program, and the next request of the same
+  length runs the programs the first compiled: a server's next request does not wait
+  for a compilation."""
+  proposer_, params = proposer(tiny, method)
+  decoding = Decoding(proposer=proposer_)
+  slots = Slots.open(tiny, decoding, params, slots=2, positions=128)
+  first, second = np.random.default_rng(3).integers(3, 200, size=(2, 30)).tolist()
+
+  slots.admit(0, first, 6)
+  while not np.asarray(slots.state.done)[0]:
+    slots.run(3)
+  with Compiles() as compiles:
+    slots.release(0)
+    written = [slots.admit(0, second, 6).first]
+    while not np.asarray(slots.state.done)[0]:
+      tokens, _ = slots.run(3)
+      written += [int(t) for t in tokens[0] if t != PAD_ID]
+    slots.release(0)
+  assert compiles.count == 0
+  assert written == generate(tiny, [second], 6, decoding, params).token_ids[0]
 
 
 def test_the_other_slots_run_between_the_passes_of_a_group_which_starts_after_its_last(tiny, monkeypatch):
