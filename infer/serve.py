@@ -406,7 +406,8 @@ def create_app(
       )
     return None
 
-  async def serve(request: Request, body: Common, prompt: list[int], limit: int, chat: bool):
+  async def serve(request: Request, body: Common, prompt: list[int], limit: int, chat: bool, read: float):
+    """The request's completion, streamed or whole; `read`: when its handler began (perf_counter)."""
     problem = check(body, prompt, limit)
     if problem:
       return error(400, problem)
@@ -416,7 +417,12 @@ def create_app(
     job = Job(prompt, limit, body.seed or 0, body.temperature, body.top_p, stops, loop, asyncio.Queue())
     if not worker.submit(job):
       return error(429, f"the server's queue is full ({worker.queue.maxsize} requests waiting); retry later.")
-    log.debug("queued a request of %s, %d waiting", plural(len(prompt), "prompt token"), worker.queued)
+    log.debug(
+      "queued a request of %s (%.1f ms after its body was read), %d waiting",
+      plural(len(prompt), "prompt token"),
+      1e3 * (time.perf_counter() - read),
+      worker.queued,
+    )
     ident, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
     kind = "chat.completion" if chat else "text_completion"
 
@@ -477,14 +483,16 @@ def create_app(
 
   @app.post("/v1/completions")
   async def completions(request: Request, body: Completion):
+    read = time.perf_counter()
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if len(prompts) != 1:
       return error(400, "prompt must be one string: this server writes one completion a request.")
     limit = 16 if body.max_tokens is None else body.max_tokens  # (the OpenAI API's default)
-    return await serve(request, body, tokenizer(prompts[0]).input_ids, limit, chat=False)
+    return await serve(request, body, tokenizer(prompts[0]).input_ids, limit, chat=False, read=read)
 
   @app.post("/v1/chat/completions")
   async def chat(request: Request, body: Chat):
+    read = time.perf_counter()
     if not getattr(tokenizer, "chat_template", None):
       return error(400, "this server's model has no chat template; use /v1/completions.")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
@@ -493,7 +501,8 @@ def create_app(
     except Exception as e:  # (a template that refuses these roles or their order)
       return error(400, f"the chat template refuses these messages: {e}")
     limit = body.max_completion_tokens or body.max_tokens or max_new_tokens
-    return await serve(request, body, tokenizer(text, add_special_tokens=False).input_ids, limit, chat=True)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return await serve(request, body, ids, limit, chat=True, read=read)
 
   return app
 

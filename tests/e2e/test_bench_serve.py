@@ -24,6 +24,7 @@ def test_the_server_writes_what_generate_writes_and_is_timed_beside_it(tiny_with
   assert out.with_suffix(".png").exists()
   log = out.with_suffix(".code.server.log").read_text()
   assert "admitted " in log and "chunk: 2 requests" in log and " done (length)" in log
+  assert "ms after its body was read), " in log
   assert "Compiling" not in log  # (the libraries' debug lines stay out)
 
 
