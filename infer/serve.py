@@ -186,8 +186,6 @@ class Worker(threading.Thread):
     on: those waiting that no slot holds part of in one prefill call (`Slots.admit_together`),
     and one alone into the slot whose cache holds the most of its prompt (the conversation
     a chat's next turn extends: only the new turn is prefilled; `Slots.choose`, `admit`)."""
-    from longspec_jax.engine import prefill_chunk_tokens
-
     while self.slots.free:
       between = self._step if self.running else None
       if self._admit_together(between):
@@ -197,9 +195,6 @@ class Worker(threading.Thread):
         return
       slot = self.slots.choose(job.prompt)
       started = time.perf_counter()
-      # Shorter passes while others stream, except for a batch-invariant target: its passes
-      # are generate's whatever the load, so that a request's bits do not depend on it.
-      chunk = min(PREFILL_CHUNK, prefill_chunk_tokens(1)) if between and not self.slots.model.batch_invariant else None
       try:
         admitted = self.slots.admit(
           slot,
@@ -208,7 +203,7 @@ class Worker(threading.Thread):
           job.seed,
           temperature=job.temperature,
           top_p=job.top_p,
-          prefill_chunk=chunk,
+          prefill_chunk=self._pass_tokens(1, between),
           between=between,
         )
       except Exception as e:  # (its prefill failed: it is told, the others go on)
@@ -217,6 +212,17 @@ class Worker(threading.Thread):
       job.reused = admitted.reused
       self._admitted([slot], [job], started, reused=admitted.reused)
       self._hand_on(slot, job, [admitted.first], admitted.done)
+
+  def _pass_tokens(self, prompts: int, between) -> int | None:
+    """Each of `prompts` prompts' tokens a prefill pass takes: while others stream (`between`),
+    `PREFILL_CHUNK` over them all (a power of two each, at least 64), so that the others'
+    chunks come between shorter passes; else None, the engine's. A batch-invariant target's passes are
+    generate's whatever the load, so that a request's bits do not depend on it."""
+    from longspec_jax.engine import prefill_chunk_tokens
+
+    if between is None or self.slots.model.batch_invariant:
+      return None
+    return max(64, min(PREFILL_CHUNK, prefill_chunk_tokens(1)) >> (prompts - 1).bit_length())
 
   def _admitted(self, slots: list[int], jobs: list[Job], started: float, reused: int = 0) -> None:
     """`jobs` now run in `slots`, admitted in one call begun at `started` (perf_counter)."""
@@ -259,6 +265,7 @@ class Worker(threading.Thread):
         [job.seed for job in jobs],
         temperatures=[job.temperature for job in jobs],
         top_ps=[job.top_p for job in jobs],
+        prefill_chunk=self._pass_tokens(len(jobs), between),
         between=between,
       )
     except Exception as e:  # (their prefill failed: each is told, the server goes on)

@@ -349,6 +349,7 @@ class Slots:
     *,
     temperatures: Sequence[float] | None = None,
     top_ps: Sequence[float] | None = None,
+    prefill_chunk: int | None = None,
     between: Callable[[], None] | None = None,
   ) -> list[Admitted]:
     """Prefills `prompts` together, one into each of the free `slots`, in passes as wide as
@@ -358,7 +359,8 @@ class Slots:
     cache is reused). The prompts go in calls of a power of two each (7: 4, 2, 1): each
     count is a program of its own, and the counts that arrive follow the rounds' timing,
     so a count not met before would compile inside a timed run. `temperatures`, `top_ps`:
-    as `admit`'s, one a prompt (None: the config's). `between`: as `admit`'s, after each
+    as `admit`'s, one a prompt (None: the config's). `prefill_chunk`: each prompt's tokens
+    a pass takes (default one prompt's alone, as above). `between`: as `admit`'s, after each
     pass but the group's last; the slots take their requests only after that one, so
     that the other slots' rounds run between passes never step a half-admitted group."""
     if any(self.busy[slot] for slot in slots) or len(set(slots)) != len(slots):
@@ -384,7 +386,7 @@ class Slots:
         self.decoding,
         self.proposer_params,
         seed=list(seeds[part]),
-        prefill_chunk=engine.prefill_chunk_tokens(1),
+        prefill_chunk=prefill_chunk or engine.prefill_chunk_tokens(1),
         on_prefill=after_pass(part.stop == len(prompts)),
         carried=self.carried,
         positions=self.positions,

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from infer.serve import GATHER_SECONDS, Activity, Job, Worker
+from infer.serve import GATHER_SECONDS, PREFILL_CHUNK, Activity, Job, Worker
 from longspec_jax import batching
+from longspec_jax.engine import prefill_chunk_tokens
 
 LOOPS: list[asyncio.AbstractEventLoop] = []  # the jobs' loops, closed after each test
 
@@ -118,9 +119,9 @@ class Admitting(Slots):
 
   groupable = batching.Slots.groupable  # (the rule under test, over this fake's slots)
 
-  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps, between):
+  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps, prefill_chunk, between):
     self.calls.append(("together", list(slots), [p[0] for p in prompts]))
-    self.between = between
+    self.chunk, self.between = prefill_chunk, between
     self.free = [s for s in self.free if s not in slots]
     return [type("Admitted", (), {"first": 104, "done": False})() for _ in slots]
 
@@ -138,7 +139,7 @@ def test_jobs_waiting_while_none_runs_start_together_up_to_one_a_slot_holds():
     worker.submit(j)
   worker._admit()
   assert worker.slots.calls == [("together", [0, 1], [5, 6]), ("alone", 3, 9), ("alone", 2, 7)]
-  assert sorted(worker.running) == [0, 1, 2, 3] and worker.slots.between is None
+  assert sorted(worker.running) == [0, 1, 2, 3] and worker.slots.between is worker.slots.chunk is None
 
 
 def test_jobs_waiting_while_others_run_start_together_the_others_stepping_between_passes():
@@ -152,6 +153,8 @@ def test_jobs_waiting_while_others_run_start_together_the_others_stepping_betwee
   worker._admit()
   assert worker.slots.calls == [("together", [0, 1, 2], [5, 6, 7])]
   assert worker.slots.between == worker._step and sorted(worker.running) == [0, 1, 2, 3]
+  # (passes of PREFILL_CHUNK tokens over the three, a power of two each, as the others stream)
+  assert worker.slots.chunk == max(64, min(PREFILL_CHUNK, prefill_chunk_tokens(1)) // 4)
 
 
 class Arrivals:
