@@ -7,8 +7,9 @@ the flags choose, a chunk of rounds computing the rows up to the last busy slot 
 request pays for one row, not the batch's; each count of rows is compiled at startup, for
 greedy requests: the first to draw, or to cut to a top-p below 1, compiles that program
 for its count once). A request waits in a bounded queue (full: HTTP 429), joins a free
-slot between chunks of rounds, streams its text as each chunk ends, and leaves when it is
-done, when one of its `stop` strings appears, or when its client goes away. One thread
+slot between chunks of rounds (those waiting together in one prefill call), streams its
+text as each chunk ends, and leaves when it is done, when one of its `stop` strings
+appears, or when its client goes away. One thread
 runs the model; the HTTP side only queues requests and reads their text. A bad request
 gets HTTP 400 and one sentence. On SIGTERM the server takes no new connections, finishes
 the requests it holds (for up to `--shutdown-seconds`) and exits 0. `max_tokens`,
@@ -18,8 +19,9 @@ settings and seed whatever else the batch holds). A response's `usage` also hold
 prompt tokens its slot's cache held already (`prompt_tokens_details.cached_tokens`) and
 `rounds`: the verify passes its completion took. Every `--log-every` seconds of activity
 the server logs a line of load and throughput (running and waiting requests, prompt and
-generated tokens a second); `--log-level debug` adds a line per admission, chunk of rounds
-and finished request, each with its time (where a burst of requests spends its wall time).
+generated tokens a second); `--log-level debug` adds a line per queued request, admission,
+chunk of rounds and finished request, each with its time (where a burst of requests spends
+its wall time).
 """
 
 import asyncio
