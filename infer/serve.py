@@ -9,19 +9,18 @@ greedy requests: the first to draw, or to cut to a top-p below 1, compiles that 
 for its count once). A request waits in a bounded queue (full: HTTP 429), joins a free
 slot between chunks of rounds (those waiting together in one prefill call), streams its
 text as each chunk ends, and leaves when it is done, when one of its `stop` strings
-appears, or when its client goes away. One thread
-runs the model; the HTTP side only queues requests and reads their text. A bad request
-gets HTTP 400 and one sentence. On SIGTERM the server takes no new connections, finishes
-the requests it holds (for up to `--shutdown-seconds`) and exits 0. `max_tokens`,
-`temperature`, `top_p`, `seed` and `stop` are per request (the sampling flags give the
-defaults; draws are keyed by position, so a request's text is a function of its prompt,
-settings and seed whatever else the batch holds). A response's `usage` also holds the
-prompt tokens its slot's cache held already (`prompt_tokens_details.cached_tokens`) and
-`rounds`: the verify passes its completion took. Every `--log-every` seconds of activity
-the server logs a line of load and throughput (running and waiting requests, prompt and
-generated tokens a second); `--log-level debug` adds a line per queued request, admission,
-chunk of rounds and finished request, each with its time (where a burst of requests spends
-its wall time).
+appears, or when its client goes away. One thread runs the model; the HTTP side only
+queues requests and reads their text. A bad request gets HTTP 400 and one sentence. On
+SIGTERM the server takes no new connections, finishes the requests it holds (for up to
+`--shutdown-seconds`) and exits 0. `max_tokens`, `temperature`, `top_p`, `seed` and `stop`
+are per request (the sampling flags give the defaults; draws are keyed by position, so a
+request's text is a function of its prompt, settings and seed whatever else the batch
+holds). A response's `usage` also holds the prompt tokens its slot's cache held already
+(`prompt_tokens_details.cached_tokens`) and `rounds`: the verify passes its completion
+took. Every `--log-every` seconds of activity the server logs a line of load and
+throughput (running and waiting requests, prompt and generated tokens a second);
+`--log-level debug` adds a line per queued request, admission, chunk of rounds and
+finished request, each with its time (where a burst of requests spends its wall time).
 """
 
 import asyncio
@@ -216,10 +215,11 @@ class Worker(threading.Thread):
       self._hand_on(slot, job, [admitted.first], admitted.done)
 
   def _pass_tokens(self, prompts: int, between) -> int | None:
-    """Each of `prompts` prompts' tokens a prefill pass takes: while others stream (`between`),
-    `PREFILL_CHUNK` over them all (a power of two each, at least 64), so that the others'
-    chunks come between shorter passes; else None, the engine's. A batch-invariant target's passes are
-    generate's whatever the load, so that a request's bits do not depend on it."""
+    """Each of `prompts` prompts' tokens a prefill pass takes: while others stream
+    (`between`), `PREFILL_CHUNK` over them all (a power of two each, at least 64), so that
+    the others' chunks come between shorter passes; else None, the engine's. A
+    batch-invariant target's passes are generate's whatever the load, so that a request's
+    bits do not depend on it."""
     from longspec_jax.engine import prefill_chunk_tokens
 
     if between is None or self.slots.model.batch_invariant:
