@@ -11,7 +11,8 @@ apart on a ring filled with random outputs (medians, the device waited for each 
   search   a round's search (`match_past`) for a batch of contexts
 
 so that a batch file's time with the ring beside its time without it can be set against
-release x records + search x rounds.
+release x records + search x rounds. `--trace DIR` also traces releases into the largest
+ring with the JAX profiler and lists the kernels their device time goes to.
 
   python -m lab.bench_past --sizes 262144 1048576 --output-tokens 256 --batch 2 --out past.json
 """
@@ -25,10 +26,14 @@ from pathlib import Path
 from longspec_jax.cli import ArgumentParser, output_path, positive_int, run_main
 
 VOCAB = 49152  # SmolLM2's: the keys' spread is what a real target's outputs give
+TRACED = 5  # releases traced with --trace
 
 
-def measure(size: int, output_tokens: int, batch: int, context: int, matches: int, iters: int, seed: int) -> dict:
-  """The four costs (module docstring) for a ring of `size` tokens, in ms."""
+def measure(
+  size: int, output_tokens: int, batch: int, context: int, matches: int, iters: int, seed: int, trace: Path | None
+) -> dict:
+  """The four costs (module docstring) for a ring of `size` tokens, in ms; with `trace` (a
+  folder), also the kernels of `TRACED` releases (`traced_kernels`)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -60,7 +65,7 @@ def measure(size: int, output_tokens: int, batch: int, context: int, matches: in
   search_fn = jax.jit(functools.partial(match_past, num_tokens=24, matches=matches))
   history, end = jnp.asarray(history), jnp.full((batch,), context - 1, jnp.int32)
   search = lambda: jax.block_until_ready(search_fn(device, history, end))
-  return {
+  row = {
     "size": size,
     "output_tokens": output_tokens,
     "batch": batch,
@@ -68,6 +73,30 @@ def measure(size: int, output_tokens: int, batch: int, context: int, matches: in
     **{f"{name}_ms": 1e3 * median_seconds(fn, 1, iters) for name, fn in (("index", index), ("release", release))},
     **{f"{name}_ms": 1e3 * median_seconds(fn, 1, 5 * iters) for name, fn in (("copy", copy), ("search", search))},
   }
+  return {**row, **traced_kernels(release, trace)} if trace else row
+
+
+def traced_kernels(release, folder: Path, top: int = 12) -> dict:
+  """The device time of a call of `release` and the `top` kernels it goes to, the most
+  first ({kernel, ms, share}), from `TRACED` calls under the JAX profiler (the trace
+  written under `folder`)."""
+  import collections
+  import glob
+
+  import jax
+
+  from lab.profile import device_events
+
+  with jax.profiler.trace(str(folder)):
+    for _ in range(TRACED):
+      release()
+  data = jax.profiler.ProfileData.from_file(sorted(glob.glob(str(folder / "**" / "*.xplane.pb"), recursive=True))[-1])
+  by_kernel = collections.Counter()
+  for _, duration, _, kernel in device_events(data, module=""):
+    by_kernel[kernel] += duration
+  total = sum(by_kernel.values()) or 1
+  kernels = [{"kernel": name, "ms": ns / 1e6 / TRACED, "share": ns / total} for name, ns in by_kernel.most_common(top)]
+  return {"release_device_ms": total / 1e6 / TRACED, "release_kernels": kernels}
 
 
 def main(argv=None) -> None:
@@ -79,6 +108,7 @@ def main(argv=None) -> None:
   p.add_argument("--matches", type=positive_int, default=4, help="continuations a search returns")
   p.add_argument("--iters", type=positive_int, default=10, help="timed calls per operation (searches: 5x)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--trace", type=Path, help="also trace releases into the largest ring under this folder")
   p.add_argument("--out", type=Path, help="results JSON")
   args = p.parse_args(argv)
   if args.out:
@@ -91,7 +121,8 @@ def main(argv=None) -> None:
   rows = []
   for size in args.sizes:
     print(f"ring of {size:,} tokens ...", file=sys.stderr, flush=True)
-    rows.append(measure(size, args.output_tokens, args.batch, args.context, args.matches, args.iters, args.seed))
+    trace = args.trace if size == max(args.sizes) else None
+    rows.append(measure(size, args.output_tokens, args.batch, args.context, args.matches, args.iters, args.seed, trace))
   result = {"kind": "past", **environment(), "argv": sys.argv[1:] if argv is None else argv, "rows": rows}
   print("ring tokens | index ms | release ms | copy ms | search ms")
   for r in rows:
@@ -99,6 +130,10 @@ def main(argv=None) -> None:
       f"{r[f'{part}_ms']:{width}.3f}" for part, width in (("index", 8), ("release", 10), ("copy", 7), ("search", 9))
     )
     print(f"{r['size']:>11,} | {times}")
+  for r in (r for r in rows if "release_kernels" in r):
+    print(f"a release into {r['size']:,} tokens: {r['release_device_ms']:.3f} ms of device time; by kernel:")
+    for k in r["release_kernels"]:
+      print(f"  {k['ms']:8.3f} | {k['share']:6.1%} | {k['kernel']}")
   if args.out:
     from infer import plots
 

@@ -122,10 +122,11 @@ def part_of(hlo_op: str, op_name: str | None) -> str:
   return f"{side}_other"
 
 
-def device_events(data):
-  """(start ns, duration ns, hlo op, kernel name) of every device event of the decode
-  loop in a trace (`jax.profiler.ProfileData`). Device planes on an accelerator; the
-  host's XLA thunks on a CPU-only machine."""
+def device_events(data, module: str = LOOP):
+  """(start ns, duration ns, hlo op, kernel name) of every device event in a trace
+  (`jax.profiler.ProfileData`) of the programs whose module name holds `module` (default
+  the decode loop; "": every program). Device planes on an accelerator; the host's XLA
+  thunks on a CPU-only machine."""
   planes = [p for p in data.planes if p.name.startswith("/device:")] or [
     p for p in data.planes if p.name == "/host:CPU"
   ]
@@ -133,7 +134,7 @@ def device_events(data):
     for line in plane.lines:
       for event in line.events:
         stats = dict(event.stats)
-        if LOOP in str(stats.get("hlo_module", "")) and "hlo_op" in stats:
+        if module in str(stats.get("hlo_module", "")) and "hlo_op" in stats:
           yield event.start_ns, event.duration_ns, str(stats["hlo_op"]), event.name
 
 
