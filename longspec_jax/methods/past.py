@@ -179,7 +179,9 @@ def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> Pa
   keys join it sorted, each after the equal keys already there: the positions written are
   the ring's newest, so (key, age) order holds without sorting the rest. (The positions
   after the written tokens, the oldest, now hold key 0, no n-gram, among whose entries
-  the order is not kept: no search asks for it.)"""
+  the order is not kept: no search asks for it.) Each place of the new index gathers its
+  entry, a new one or the kept one that counts of the few removed and added entries lead
+  to: three running sums and gathers over the index, and no scatter but of those few."""
   size = device.tokens.shape[0]
   width = ends.shape[0]
   written_tokens = jnp.arange(width) < spans[0] - PAST_NGRAMS[0] + 1  # the written ones and the one before
@@ -187,21 +189,27 @@ def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> Pa
   top = jnp.uint32(0xFFFFFFFF)
 
   def row(index_keys, index_ends, new_keys, span):  # [H], [H], [W], []
-    keep = (index_ends - first) % size >= span  # [H]: not rewritten
-    kept = size - span
-    at = jnp.where(keep, jnp.cumsum(keep) - 1, size)  # [H]: place among those kept
-    kept_keys = jnp.full((size,), top, jnp.uint32).at[at].set(index_keys, mode="drop")  # [H]: first `kept` real
-    kept_ends = jnp.zeros((size,), jnp.int32).at[at].set(index_ends, mode="drop")
+    slots = jnp.arange(width)
+    real = slots < span  # [W]: the changed positions; the rest padding
+    removed = (index_ends - first) % size < span  # [H]: entries of rewritten positions, which leave
+    # The removed entries' places, ascending: the j-th is where the running count of them passes j.
+    removed_at = count_at_most(jnp.cumsum(removed, dtype=jnp.int32), slots)  # [W]
+    # The k-th kept entry sits past the removed ones before it: those with at most k kept before them.
+    passed = jnp.zeros((size,), jnp.int32).at[jnp.where(real, removed_at - slots, size)].add(1, mode="drop")
+    kept_from = jnp.arange(size) + jnp.cumsum(passed)  # [H]: the k-th kept entry's place (k < H - span)
     # The new entries by key, in position order (their ages') among equal keys; the padding last.
-    new_real = jnp.arange(width) < span
-    new_keys, order = jax.lax.sort((jnp.where(new_real, new_keys, top), jnp.arange(width)), num_keys=1, is_stable=True)
-    # Each kept entry moves up by the new keys below it, each new one by the kept keys up to its own.
-    kept_at = jnp.arange(size) + jnp.searchsorted(new_keys, kept_keys, side="left", method="scan_unrolled")
-    kept_at = jnp.where(jnp.arange(size) < kept, kept_at, size)
-    new_at = jnp.arange(width) + jnp.minimum(count_at_most(kept_keys, new_keys), kept)
-    new_at = jnp.where(jnp.arange(width) < span, new_at, size)
-    index_keys = kept_keys.at[kept_at].set(kept_keys, mode="drop").at[new_at].set(new_keys, mode="drop")
-    index_ends = kept_ends.at[kept_at].set(kept_ends, mode="drop").at[new_at].set(ends[order], mode="drop")
+    new_keys, order = jax.lax.sort((jnp.where(real, new_keys, top), slots), num_keys=1, is_stable=True)
+    # Each new entry goes after the kept keys up to its own: those of the whole index less the removed.
+    removed_keys = jnp.where(real, index_keys[jnp.minimum(removed_at, size - 1)], top)  # [W]
+    kept_up_to = count_at_most(index_keys, new_keys) - jnp.sum(removed_keys <= new_keys[:, None], axis=1)
+    new_at = jnp.where(real, slots + kept_up_to, size)  # [W]: their places in the merged index, ascending
+    # Every place of the merged index read by a gather: a new entry, or the kept entry its count reaches.
+    is_new = jnp.zeros((size,), bool).at[new_at].set(True, mode="drop")  # [H]
+    new_up_to = jnp.cumsum(is_new, dtype=jnp.int32)  # [H]
+    source = kept_from[jnp.clip(jnp.arange(size) - new_up_to, 0, size - 1)]  # [H]: a kept entry's old place
+    pick = jnp.clip(new_up_to - 1, 0, width - 1)  # [H]: a new entry's rank
+    index_keys = jnp.where(is_new, new_keys[pick], index_keys[jnp.minimum(source, size - 1)])
+    index_ends = jnp.where(is_new, ends[order][pick], index_ends[jnp.minimum(source, size - 1)])
     return index_keys, index_ends
 
   index_keys, index_ends = jax.vmap(row)(device.index_keys, device.index_ends, keys, spans)
