@@ -206,10 +206,11 @@ def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> Pa
     # Every place of the merged index read by a gather: a new entry, or the kept entry its count reaches.
     is_new = jnp.zeros((size,), bool).at[new_at].set(True, mode="drop")  # [H]
     new_up_to = jnp.cumsum(is_new, dtype=jnp.int32)  # [H]
-    source = kept_from[jnp.clip(jnp.arange(size) - new_up_to, 0, size - 1)]  # [H]: a kept entry's old place
+    kept = jnp.clip(jnp.arange(size) - new_up_to, 0, size - 1)  # [H]: a kept entry's rank
+    source = jnp.minimum(kept_from[kept], size - 1)  # [H]: its old place
     pick = jnp.clip(new_up_to - 1, 0, width - 1)  # [H]: a new entry's rank
-    index_keys = jnp.where(is_new, new_keys[pick], index_keys[jnp.minimum(source, size - 1)])
-    index_ends = jnp.where(is_new, ends[order][pick], index_ends[jnp.minimum(source, size - 1)])
+    index_keys = jnp.where(is_new, new_keys[pick], index_keys[source])
+    index_ends = jnp.where(is_new, ends[order][pick], index_ends[source])
     return index_keys, index_ends
 
   index_keys, index_ends = jax.vmap(row)(device.index_keys, device.index_ends, keys, spans)
