@@ -81,18 +81,16 @@ def traced_kernels(release, folder: Path, top: int = 12) -> dict:
   first ({kernel, ms, share}), from `TRACED` calls under the JAX profiler (the trace
   written under `folder`)."""
   import collections
-  import glob
 
   import jax
 
-  from lab.profile import device_events
+  from lab.profile import device_events, read_trace
 
   with jax.profiler.trace(str(folder)):
     for _ in range(TRACED):
       release()
-  data = jax.profiler.ProfileData.from_file(sorted(glob.glob(str(folder / "**" / "*.xplane.pb"), recursive=True))[-1])
   by_kernel = collections.Counter()
-  for _, duration, _, kernel in device_events(data, module=""):
+  for _, duration, _, kernel in device_events(read_trace(folder), module=""):
     by_kernel[kernel] += duration
   total = sum(by_kernel.values()) or 1
   kernels = [{"kernel": name, "ms": ns / 1e6 / TRACED, "share": ns / total} for name, ns in by_kernel.most_common(top)]

@@ -122,6 +122,16 @@ def part_of(hlo_op: str, op_name: str | None) -> str:
   return f"{side}_other"
 
 
+def read_trace(folder: Path):
+  """The latest trace `jax.profiler.trace` wrote under `folder` (`jax.profiler.ProfileData`)."""
+  import jax
+
+  xspace = sorted(glob.glob(str(folder / "**" / "*.xplane.pb"), recursive=True))
+  if not xspace:
+    raise UserError(f"the profiler wrote no trace under {folder}.")
+  return jax.profiler.ProfileData.from_file(xspace[-1])
+
+
 def device_events(data, module: str = LOOP):
   """(start ns, duration ns, hlo op, kernel name) of every device event in a trace
   (`jax.profiler.ProfileData`) of the programs whose module name holds `module` (default
@@ -381,10 +391,7 @@ def main(argv=None):
     trace_dir = args.out / "trace" / str(generation)
     with jax.profiler.trace(str(trace_dir)), Compiles() as compiled:
       result = run(generation)
-    xspace = sorted(glob.glob(str(trace_dir / "**" / "*.xplane.pb"), recursive=True))
-    if not xspace:
-      raise UserError(f"the profiler wrote no trace under {trace_dir}.")
-    trace = jax.profiler.ProfileData.from_file(xspace[-1])
+    trace = read_trace(trace_dir)
     events = list(device_events(trace))
     span = (min(s for s, *_ in events), max(s + d for s, d, *_ in events)) if events else (0, 0)
     on_host = [event for event in host_events(trace) if event[0] >= span[0] and event[0] + event[1] <= span[1]]
