@@ -110,7 +110,8 @@ def attend_blocks(
 
 
 def merge(parts, t: int, g: int) -> tuple[jax.Array, jax.Array]:
-  """Exact merge of partial passes over disjoint keys. parts: (out [P, B, K, R_pad, D],
+  """Exact merge of partial passes over disjoint keys (the reference twin of the kernels'
+  one-launch `merge.merge`). parts: (out [P, B, K, R_pad, D],
   lse [P, B, K, R_pad]) pairs, e.g. the prefix pass's splits and the tree pass. Returns
   (out f32 [B, T, K, G, D], lse [B, T, K, G]). Padding rows are dropped before anything is
   read, and the partial outputs are weighted where they lie, never concatenated; parts

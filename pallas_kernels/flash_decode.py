@@ -8,7 +8,7 @@ the bytes the pass needs), so the kernel reads the layer in place instead.
 The key axis is split into `splits` contiguous ranges processed by separate programs
 (split-K), so that even one sequence with a few KV heads fills the GPU; each program runs
 an online softmax over its range in blocks and writes a normalized partial (out, lse);
-`blocks.merge` merges the partials exactly. Each query row r sees the cached slots
+`merge.merge` merges the partials exactly. Each query row r sees the cached slots
 lo[r] <= slot < hi[r]: hi is the committed length (or the draft's delayed limit), lo
 the start of a sliding window.
 
@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
+from pallas_kernels.merge import merge
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
@@ -195,4 +196,4 @@ def flash_decode(
   interpret = blocks.interpret_off_gpu(interpret)
   rows = blocks.to_rows(q, params.block_rows)
   lo, hi = (blocks.per_row(x, g, rows.shape[2]) for x in bounds(lengths, q_positions, window, t))
-  return blocks.merge([prefix_partials(rows, k, v, lo, hi, params, interpret, layer=layer)], t, g)
+  return merge(*prefix_partials(rows, k, v, lo, hi, params, interpret, layer=layer), t, g, interpret=interpret)

@@ -27,6 +27,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import attend_prefix, bounds, prefix_partials, split_k, stacked
+from pallas_kernels.merge import merge
 from pallas_kernels.tree_attention import attend_tree, tree_partial
 from pallas_kernels.tuning import KernelParams, Pass, invariant_prefix_params, params_for
 
@@ -48,13 +49,15 @@ def hybrid_attention(
   *,
   layer=None,
   split_keys: int = 0,
+  dtype=jnp.float32,
   interpret: bool | None = None,
 ):
   """q [B, T, K, G, D] over the cache k/v [B, S, K, D] (or layer `layer` of the stacked
   [L, B, S, K, D], read in place; slots < lengths [B], within `window` of each query's
   position) and the step's own k_new/v_new [B, T, K, D] under mask [B, T, T]. Returns
-  out f32 [B, T, K, G, D]. `split_keys`: a fixed split-K range for the prefix pass, its
-  partials merged in order (the bits then do not depend on S), else one from the shape."""
+  out [B, T, K, G, D] in `dtype`. `split_keys`: a fixed split-K range for the prefix pass,
+  its partials merged in order (the bits then do not depend on S), else one from the
+  shape, its partials merged in one launch (`merge.merge`)."""
   b, t, kv_heads, g, d = q.shape
   interpret = blocks.interpret_off_gpu(interpret)
   prefix = dataclasses.replace(
@@ -79,9 +82,9 @@ def hybrid_attention(
     interpret,
     layer=layer,
   )
-  # Fixed splits: as many as the cache allows, merged one by one (those past a query's keys add zeros).
-  merge = blocks.merge_in_order if split_keys else blocks.merge
-  return merge([parts], t, g)[0]
+  if split_keys:  # as many as the cache allows, merged one by one (those past a query's keys add zeros)
+    return blocks.merge_in_order([parts], t, g)[0].astype(dtype)
+  return merge(*parts, t, g, dtype, interpret=interpret)[0]
 
 
 def _kernel(

@@ -8,7 +8,7 @@ the chunks on it and K/V bytes read fall with the chunks dropped. As in `flash_d
 the cache may be the stacked [L, B, S, K, D] of every layer read in place at a layer
 index, each list is shared evenly among programs (split-K over list entries, however
 few the chunks kept) so one sequence fills the GPU, and each program writes a normalized
-partial (out, lse) that `blocks.merge` combines exactly; each query row still sees only slots < its length.
+partial (out, lse) that `merge.merge` combines exactly; each query row still sees only slots < its length.
 
 Reference twin: `longspec_jax.ops.attention.sparse_prefix_attention_reference`.
 """
@@ -24,6 +24,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import SplitK, bounds
+from pallas_kernels.merge import merge
 from pallas_kernels.topp import CHUNK
 from pallas_kernels.tuning import Pass, params_for, wave_programs
 
@@ -113,4 +114,4 @@ def sparse_flash_decode(q, k, v, lengths, kept, *, chunk: int = CHUNK, layer=Non
     interpret=interpret,
     name="sparse_flash_decode",
   )(jnp.asarray(layer, jnp.int32).reshape(1), rows, k, v, hi, lists, counts)
-  return blocks.merge([(out, lse)], t, g)
+  return merge(out, lse, t, g, interpret=interpret)

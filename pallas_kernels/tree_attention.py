@@ -18,6 +18,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import blocks
 from pallas_kernels.flash_decode import split_length
+from pallas_kernels.merge import merge
 from pallas_kernels.tuning import KernelParams, Pass, params_for
 
 
@@ -82,4 +83,6 @@ def tree_attention(q, k, v, mask, *, params: KernelParams | None = None, interpr
   params = params or params_for(Pass.TREE, t * g, d, k.shape[1], b * kv_heads)
   interpret = blocks.interpret_off_gpu(interpret)
   rows = blocks.to_rows(q, params.block_rows)
-  return blocks.merge([tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret)], t, g)
+  return merge(
+    *tree_partial(rows, k, v, blocks.per_row(mask, g, rows.shape[2]), params, interpret), t, g, interpret=interpret
+  )

@@ -26,17 +26,25 @@ from longspec_jax.ops import sharding
 init_weight = nnx.initializers.normal(0.02)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, layer=None, invariant: bool = False) -> jax.Array:
+def rms_norm(
+  x: jax.Array, weight: jax.Array, eps: float, *, layer=None, invariant: bool = False, kernel: bool = False
+) -> jax.Array:
   """RMSNorm in float32, rounded to x.dtype before the gain (as HF does); with `layer`,
   weight is a stack [L, E] and `layer` names the one to use.
 
-  `invariant`: through the batch-invariant Pallas kernel (`pallas_kernels/rms_norm.py`,
-  interpreted off a GPU), whose rows sum their squares in one order whatever the number
-  of rows; XLA picks its reduction's order from the shape."""
-  if invariant:
-    from pallas_kernels.rms_norm import rms_norm as invariant_rms_norm
+  `kernel`: through the Pallas kernel (`pallas_kernels/rms_norm.py`, interpreted off a
+  GPU; not differentiable), one launch where XLA's reduction and scaling take two: a
+  decoding pass's norms cost their launches. `invariant`: the same kernel for its other
+  property: its rows sum their squares in one order whatever the number of rows; XLA
+  picks its reduction's order from the shape."""
+  if invariant or kernel:
+    from pallas_kernels.rms_norm import rms_norm as kernel_rms_norm
 
-    return invariant_rms_norm(x, weight, eps, layer, interpret=not backend.on_gpu())
+    if layer is None:
+      weight, layer = weight[None], 0
+    run = lambda x, weight, layer: kernel_rms_norm(x, weight, eps, layer, interpret=not backend.on_gpu())
+    rows = ("batch",) + (None,) * (x.ndim - 1)  # each device its own sequences, the gain whole
+    return sharding.per_device(run, (x, weight, jnp.asarray(layer, jnp.int32)), (rows, None, None), rows)
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
   return (weight if layer is None else weight[layer]) * normed.astype(x.dtype)
@@ -105,11 +113,14 @@ class DecoderLayer(nnx.Module):
     self.gate_up = nnx.Param(init_weight(rngs.params(), (e, 2, f), dtype))
     self.down = nnx.Param(init_weight(rngs.params(), (f, e), dtype))
 
-  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, layer=None, invariant: bool = False):
+  def project_qkv(
+    self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, layer=None, invariant: bool = False, kernel_norm=False
+  ):
     """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k.
-    (`layer`, `invariant`: see the module docstring and `linear`.)"""
+    (`layer`, `invariant`: see the module docstring and `linear`; `kernel_norm`: the norm
+    through the Pallas kernel, `rms_norm`'s `kernel`.)"""
     c = self.config
-    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps, layer=layer, invariant=invariant)
+    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps, layer=layer, invariant=invariant, kernel=kernel_norm)
     qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, K, G + 2, D]
     if self.qkv_bias is not None:
       qkv = qkv + _at(self.qkv_bias, layer)
@@ -131,9 +142,10 @@ class DecoderLayer(nnx.Module):
       o = self.o[...]
     return x + linear(attn_out, o, 2, layer=layer, invariant=invariant)
 
-  def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False) -> jax.Array:
-    """Residual plus the SwiGLU MLP of the normed x [B, T, E]."""
-    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps, layer=layer, invariant=invariant)
+  def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False, kernel_norm=False) -> jax.Array:
+    """Residual plus the SwiGLU MLP of the normed x [B, T, E] (`kernel_norm`: as in
+    `project_qkv`)."""
+    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps, layer=layer, invariant=invariant, kernel=kernel_norm)
     gate_up = linear(h, self.gate_up[...], layer=layer, invariant=invariant)  # [B, T, 2, F]
     h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
     return x + linear(h, self.down[...], layer=layer, invariant=invariant)

@@ -230,6 +230,9 @@ class Transformer(nnx.Module):
     cos, sin = rope_tables(positions, inv_freq, scale)  # [B, T, D/2]
     layer_def, layer_state = nnx.split(self.layers)
     invariance = Invariance.FULL if invariant else Invariance.CACHE if self.batch_invariant else Invariance.NONE
+    # Where attention runs the Pallas kernels (inference on a GPU) the norms do too: one
+    # launch each instead of XLA's two (`rms_norm`).
+    norm = dict(kernel_norm=self.attention is Impl.PALLAS)
     if kept is not None:  # [L, B, K, C]: scanned with the layers
       kept = attention.layer_chunks(kept, c.num_layers, sparse.dense_layers)
 
@@ -242,7 +245,7 @@ class Transformer(nnx.Module):
       else:
         # XLA's cuBLAS calls read the scan's own slices in place (offsets at the loop's counter).
         layer, weights = nnx.merge(layer_def, state), {}
-      q, k, v = layer.project_qkv(x, cos, sin, **weights)
+      q, k, v = layer.project_qkv(x, cos, sin, **weights, **norm)
       mass = None
       if mask is None:  # causal over these tokens alone: `causal_hidden_and_kv`, or a first prefill pass
         out = attention.causal_attention(q, k, v, window, impl=self.attention)
@@ -264,17 +267,19 @@ class Transformer(nnx.Module):
           layer=index,
           impl=self.attention,
           invariance=invariance,
+          dtype=x.dtype,
           **sparsely,
         )
         if mass_chunk:
           _, lse = attention.prefix_attention(q, cache.k, cache.v, cache.lengths, layer=index, impl=self.attention)
           mass = attention.prefix_chunk_mass(q, cache.k, lse, cache.lengths, mass_chunk, layer=index)
-      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights), (k, v, mass)
+      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights, **norm), (k, v, mass)
 
     x, (k_new, v_new, mass) = jax.lax.scan(
       block, x, (layer_state, jnp.arange(c.num_layers), kept), unroll=unroll
     )  # k_new [L, B, T, K, D]
-    return rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant), k_new, v_new, mass
+    hidden = rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant, kernel=norm["kernel_norm"])
+    return hidden, k_new, v_new, mass
 
   def _head(self) -> tuple[jax.Array, bool]:
     """The LM head's weights and whether they are stored [V, E] (the tied embedding)

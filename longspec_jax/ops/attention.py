@@ -371,9 +371,11 @@ def hybrid_attention(
   invariance: Invariance = Invariance.NONE,
   kept: jnp.ndarray | None = None,
   chunk: int = 0,
+  dtype=jnp.float32,
 ) -> jnp.ndarray:
   """Attention of new queries over the committed prefix (layer `layer` of a stacked
-  cache, if given) plus the new block; returns out [B, T, K, G, D] in float32.
+  cache, if given) plus the new block; returns out [B, T, K, G, D] in `dtype` (the
+  kernels write it so: a model asking for its own dtype spares a rounding launch).
 
   `invariance` other than NONE runs the kernels whatever `impl` says (`Invariance`); FULL
   is for decoding rounds (`mask` then a tree's ancestor mask): each query's bits depend on
@@ -388,17 +390,18 @@ def hybrid_attention(
       raise ValueError("a sparse prefix pass has no sliding window and no batch-invariant numerics.")
     out_a, lse_a = sparse_prefix_attention(q, k_cache, v_cache, lengths, kept, chunk, layer=layer, impl=impl)
     out_b, lse_b = masked_attention(q, k_new, v_new, mask, impl=impl)
-    return merge(out_a, lse_a, out_b, lse_b)[0]
+    return merge(out_a, lse_a, out_b, lse_b)[0].astype(dtype)
   if invariance is Invariance.FULL or impl is Impl.PALLAS or invariance is Invariance.CACHE:
     from pallas_kernels.hybrid import hybrid_attention as pallas_hybrid
     from pallas_kernels.hybrid import invariant_hybrid_attention
     from pallas_kernels.tuning import INVARIANT_SPLIT_KEYS
 
     if invariance is Invariance.FULL:
-      kernel = functools.partial(invariant_hybrid_attention, window=window)
+      full = functools.partial(invariant_hybrid_attention, window=window)
+      kernel = lambda *args, layer: full(*args, layer=layer).astype(dtype)
     else:
       split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
-      kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys)
+      kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys, dtype=dtype)
     operands = (q, k_cache, v_cache, lengths, k_new, v_new, mask, q_positions, layer)
     axes = (
       _QUERIES,
@@ -414,7 +417,7 @@ def hybrid_attention(
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)
   out, _ = merge(out_a, lse_a, out_b, lse_b)
-  return out
+  return out.astype(dtype)
 
 
 def causal_block_mask(positions: jnp.ndarray, valid: jnp.ndarray, window: int | None = None) -> jnp.ndarray:
