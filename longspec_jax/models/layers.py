@@ -113,14 +113,23 @@ class DecoderLayer(nnx.Module):
     self.gate_up = nnx.Param(init_weight(rngs.params(), (e, 2, f), dtype))
     self.down = nnx.Param(init_weight(rngs.params(), (f, e), dtype))
 
+  def _norm(self, x: jax.Array, name: str, layer, invariant: bool, norms) -> jax.Array:
+    """The norm `name` of x. `norms` (stack, index): the gain is layer `index` of that
+    stacked module's, read in place by the Pallas kernel (`rms_norm`'s `kernel`): a
+    layer's slice of the gains handed to the kernel would cost a launch of its own."""
+    eps = self.config.rms_norm_eps
+    if norms is not None:
+      stack, index = norms
+      return rms_norm(x, getattr(stack, name)[...], eps, layer=index, kernel=True)
+    return rms_norm(x, getattr(self, name)[...], eps, layer=layer, invariant=invariant)
+
   def project_qkv(
-    self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, layer=None, invariant: bool = False, kernel_norm=False
+    self, x: jax.Array, cos: jax.Array, sin: jax.Array, *, layer=None, invariant: bool = False, norms=None
   ):
     """x [B, T, E] -> q [B, T, K, G, D], k and v [B, T, K, D], RoPE applied to q and k.
-    (`layer`, `invariant`: see the module docstring and `linear`; `kernel_norm`: the norm
-    through the Pallas kernel, `rms_norm`'s `kernel`.)"""
+    (`layer`, `invariant`: see the module docstring and `linear`; `norms`: `_norm`.)"""
     c = self.config
-    h = rms_norm(x, self.attn_norm[...], c.rms_norm_eps, layer=layer, invariant=invariant, kernel=kernel_norm)
+    h = self._norm(x, "attn_norm", layer, invariant, norms)
     qkv = linear(h, self.qkv[...], layer=layer, invariant=invariant)  # [B, T, K, G + 2, D]
     if self.qkv_bias is not None:
       qkv = qkv + _at(self.qkv_bias, layer)
@@ -142,10 +151,9 @@ class DecoderLayer(nnx.Module):
       o = self.o[...]
     return x + linear(attn_out, o, 2, layer=layer, invariant=invariant)
 
-  def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False, kernel_norm=False) -> jax.Array:
-    """Residual plus the SwiGLU MLP of the normed x [B, T, E] (`kernel_norm`: as in
-    `project_qkv`)."""
-    h = rms_norm(x, self.mlp_norm[...], self.config.rms_norm_eps, layer=layer, invariant=invariant, kernel=kernel_norm)
+  def add_mlp(self, x: jax.Array, *, layer=None, invariant: bool = False, norms=None) -> jax.Array:
+    """Residual plus the SwiGLU MLP of the normed x [B, T, E] (`norms`: `_norm`)."""
+    h = self._norm(x, "mlp_norm", layer, invariant, norms)
     gate_up = linear(h, self.gate_up[...], layer=layer, invariant=invariant)  # [B, T, 2, F]
     h = jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]
     return x + linear(h, self.down[...], layer=layer, invariant=invariant)

@@ -231,8 +231,8 @@ class Transformer(nnx.Module):
     layer_def, layer_state = nnx.split(self.layers)
     invariance = Invariance.FULL if invariant else Invariance.CACHE if self.batch_invariant else Invariance.NONE
     # Where attention runs the Pallas kernels (inference on a GPU) the norms do too: one
-    # launch each instead of XLA's two (`rms_norm`).
-    norm = dict(kernel_norm=self.attention is Impl.PALLAS)
+    # launch each instead of XLA's two (`rms_norm`), each layer's gain read from the stack.
+    kernel_norms = self.attention is Impl.PALLAS and not invariant
     if kept is not None:  # [L, B, K, C]: scanned with the layers
       kept = attention.layer_chunks(kept, c.num_layers, sparse.dense_layers)
 
@@ -245,7 +245,8 @@ class Transformer(nnx.Module):
       else:
         # XLA's cuBLAS calls read the scan's own slices in place (offsets at the loop's counter).
         layer, weights = nnx.merge(layer_def, state), {}
-      q, k, v = layer.project_qkv(x, cos, sin, **weights, **norm)
+      norms = dict(norms=(nnx.merge(layer_def, layer_state), index)) if kernel_norms else {}
+      q, k, v = layer.project_qkv(x, cos, sin, **weights, **norms)
       mass = None
       if mask is None:  # causal over these tokens alone: `causal_hidden_and_kv`, or a first prefill pass
         out = attention.causal_attention(q, k, v, window, impl=self.attention)
@@ -273,12 +274,12 @@ class Transformer(nnx.Module):
         if mass_chunk:
           _, lse = attention.prefix_attention(q, cache.k, cache.v, cache.lengths, layer=index, impl=self.attention)
           mass = attention.prefix_chunk_mass(q, cache.k, lse, cache.lengths, mass_chunk, layer=index)
-      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights, **norm), (k, v, mass)
+      return layer.add_mlp(layer.add_attention(x, out, **weights), **weights, **norms), (k, v, mass)
 
     x, (k_new, v_new, mass) = jax.lax.scan(
       block, x, (layer_state, jnp.arange(c.num_layers), kept), unroll=unroll
     )  # k_new [L, B, T, K, D]
-    hidden = rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant, kernel=norm["kernel_norm"])
+    hidden = rms_norm(x, self.final_norm[...], c.rms_norm_eps, invariant=invariant, kernel=kernel_norms)
     return hidden, k_new, v_new, mass
 
   def _head(self) -> tuple[jax.Array, bool]:
