@@ -403,7 +403,7 @@ def create_app(
       return f"max_tokens must be at least 1, got {limit}."
     try:
       temperature = sampling.temperature if body.temperature is None else body.temperature
-      sampling.per_sequence([temperature], [sampling.top_p if body.top_p is None else body.top_p])
+      sampling.check_rows([temperature], [sampling.top_p if body.top_p is None else body.top_p])
     except UserError as e:
       return str(e)
     if not prompt:

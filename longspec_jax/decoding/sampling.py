@@ -83,17 +83,23 @@ class SamplingConfig:
 
   def per_sequence(self, temperatures: Sequence[float], top_ps: Sequence[float]) -> RowSampling:
     """Each sequence's own temperature and top-p in place of this config's (a server's
-    requests ask for their own), checked as this config's are; the other processors and the
-    draw stay this config's, which must draw by position (the only draw whose text a row's
-    own settings and seed decide)."""
+    requests ask for their own), checked as this config's are (`check_rows`); the other
+    processors and the draw stay this config's."""
+    temperatures, top_ps = self.check_rows(temperatures, top_ps)
+    return RowSampling(jnp.asarray(temperatures), jnp.asarray(top_ps), *_flags(temperatures, top_ps))
+
+  def check_rows(self, temperatures: Sequence[float], top_ps: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """`per_sequence`'s check on the host alone: each row's settings valid as this config's,
+    and this config drawing by position (the only draw whose text a row's own settings and
+    seed decide). Returns them as [B] float32 arrays. A server checks each request with it
+    before queuing it: touching the device there would wait behind the running prefill."""
     if self.draw is not Draw.POSITION:
       raise UserError("each sequence's own temperature and top-p need draws keyed by position (--draw position).")
     if len(temperatures) != len(top_ps):
       raise ValueError(f"{len(temperatures)} temperatures for {len(top_ps)} top-p values: give one a sequence.")
     for temperature, top_p in zip(temperatures, top_ps):
       dataclasses.replace(self, temperature=float(temperature), top_p=float(top_p))  # (raises UserError)
-    temperatures, top_ps = np.asarray(temperatures, np.float32), np.asarray(top_ps, np.float32)
-    return RowSampling(jnp.asarray(temperatures), jnp.asarray(top_ps), *_flags(temperatures, top_ps))
+    return np.asarray(temperatures, np.float32), np.asarray(top_ps, np.float32)
 
 
 @jax.tree_util.register_dataclass

@@ -177,10 +177,15 @@ def test_a_batch_without_draws_compiles_none():
   assert "threefry" in program(drawing) and "sort" not in program(drawing)
 
 
-def test_per_sequence_settings_are_checked():
+@pytest.mark.parametrize("check", ["per_sequence", "check_rows"])
+def test_per_sequence_settings_are_checked(check):
+  """The same sentences from the device-side settings and from the host-side check a
+  server runs before queuing a request (which returns host arrays, never device ones)."""
   with pytest.raises(UserError, match="top_p must be in"):
-    SamplingConfig().per_sequence([0.5], [1.5])
+    getattr(SamplingConfig(), check)([0.5], [1.5])
   with pytest.raises(UserError, match="temperature must be"):
-    SamplingConfig().per_sequence([-1.0], [1.0])
+    getattr(SamplingConfig(), check)([-1.0], [1.0])
   with pytest.raises(UserError, match="keyed by position"):
-    SamplingConfig(draw=Draw.STREAM).per_sequence([0.5], [1.0])
+    getattr(SamplingConfig(draw=Draw.STREAM), check)([0.5], [1.0])
+  temperatures, top_ps = SamplingConfig().check_rows([0.5, 0.0], [0.9, 1.0])
+  assert isinstance(temperatures, np.ndarray) and temperatures.dtype == np.float32 and top_ps.tolist() == [np.float32(0.9), 1.0]
