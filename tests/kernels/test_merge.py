@@ -24,7 +24,8 @@ from helpers import SEEDS, examples
 def test_matches_reference(seed, parts, b, t, kv_heads, g, d):
   """Odd part counts, positions and group sizes, rows padded past T * G as the kernels
   lay them out; some partials saw nothing (lse -inf, out 0), and some rows nothing at
-  all: those come out 0 with lse -inf."""
+  all: those come out 0 with lse -inf. One position a program (a GPU's launch) and all of
+  them in one (the interpreter's)."""
   rng = np.random.default_rng(seed)
   r_pad = -(-(t * g) // 16) * 16
   lse = rng.normal(0.0, 4.0, (parts, b, kv_heads, r_pad)).astype(np.float32)
@@ -33,8 +34,8 @@ def test_matches_reference(seed, parts, b, t, kv_heads, g, d):
   out = rng.standard_normal((parts, b, kv_heads, r_pad, d)).astype(np.float32)
   out[np.isinf(lse)] = 0.0
   want_out, want_lse = blocks.merge([(jnp.asarray(out), jnp.asarray(lse))], t, g)
-  for dtype in (jnp.float32, jnp.bfloat16):
-    got_out, got_lse = merge(jnp.asarray(out), jnp.asarray(lse), t, g, dtype, interpret=True)
+  for dtype, positions in ((jnp.float32, 1), (jnp.bfloat16, None)):  # a GPU's launch, the interpreter's
+    got_out, got_lse = merge(jnp.asarray(out), jnp.asarray(lse), t, g, dtype, interpret=True, positions=positions)
     assert got_out.shape == (b, t, kv_heads, g, d) and got_out.dtype == dtype
     tol = 1e-5 if dtype == jnp.float32 else 2.0**-7
     np.testing.assert_allclose(np.asarray(got_out, np.float32), np.asarray(want_out), rtol=tol, atol=tol)
