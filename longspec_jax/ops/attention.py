@@ -397,8 +397,7 @@ def hybrid_attention(
     from pallas_kernels.tuning import INVARIANT_SPLIT_KEYS
 
     if invariance is Invariance.FULL:
-      full = functools.partial(invariant_hybrid_attention, window=window)
-      kernel = lambda *args, layer: full(*args, layer=layer).astype(dtype)
+      kernel = functools.partial(invariant_hybrid_attention, window=window)
     else:
       split_keys = INVARIANT_SPLIT_KEYS if invariance is Invariance.CACHE else 0
       kernel = functools.partial(pallas_hybrid, window=window, split_keys=split_keys, dtype=dtype)
@@ -412,7 +411,8 @@ def hybrid_attention(
       _rows(q_positions),
       _WHOLE,
     )
-    return sharding.per_device(lambda *args: kernel(*args[:-1], layer=args[-1]), operands, axes, _QUERIES)
+    out = sharding.per_device(lambda *args: kernel(*args[:-1], layer=args[-1]), operands, axes, _QUERIES)
+    return out.astype(dtype)  # (the batch-invariant pass's float32; the others' written in dtype already)
   k_cache, v_cache = _layer(k_cache, v_cache, layer)
   out_a, lse_a = prefix_attention_reference(q, k_cache, v_cache, lengths, q_positions, window)
   out_b, lse_b = masked_attention_reference(q, k_new, v_new, mask)
