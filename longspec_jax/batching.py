@@ -91,6 +91,26 @@ def _with_first_rows(state: Any, first: Any, axes: tuple[int | None, ...]) -> An
   return jax.tree.unflatten(tree, written)
 
 
+# The rounds' programs run as CUDA graphs on a GPU, which hold the addresses of the buffers
+# they read; XLA rewrites a graph when one of them moved since its last run (~5 ms for
+# SmolLM2's copy round on an H100, once per kind a chunk runs). So what a release changes
+# is written into the buffers the state holds (donated), never into arrays made afresh.
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _finished(done: jax.Array, slot: jax.Array) -> jax.Array:
+  """`done` [B] (donated) with row `slot` set."""
+  return done.at[slot].set(True)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def _with_past(proposer, proposal: Any, past: Any) -> Any:
+  """The proposer's state `proposal` (donated) reading the ring `past`, written into the
+  buffers that held its ring before."""
+  new = proposer.with_past(proposal, past)
+  return jax.tree.map(lambda old, leaf: jax.lax.dynamic_update_slice(old, leaf, (0,) * old.ndim), proposal, new)
+
+
 class Admitted(NamedTuple):
   first: int  # the request's first token
   done: bool  # it ends there: an EOS, or a limit of one token
@@ -209,6 +229,7 @@ class Slots:
       shrink=shrink,
     )
     opened._flag_rows()
+    opened._compile_release()
     if decoding.multi_kind:
       # A chunk of fewer rows (`shrink`) pays what that many sequences pay, not all of them.
       for rows in opened.row_counts:  # (all of them last: the state then holds their prices)
@@ -221,6 +242,14 @@ class Slots:
       opened.round_seconds = opened.seconds_by_rows[slots]
       opened.rounds_before = np.asarray(opened.state.proposal.rounds_by_kind)
     return opened
+
+  def _compile_release(self) -> None:
+    """Compiles what `release` runs, on a free slot (each slot is free here), so that no
+    request waits through it (~50 ms on a GPU)."""
+    self.state = dataclasses.replace(self.state, done=_finished(self.state.done, np.int32(0)))
+    if "past" in self.carried:
+      proposal = _with_past(self.decoding.proposer, self.state.proposal, self.carried["past"])
+      self.state = dataclasses.replace(self.state, proposal=proposal)
 
   def kind_stats(self) -> dict:
     """`auto`'s rounds by kind since the slots opened and its prices (`engine.kind_stats`);
@@ -493,14 +522,7 @@ class Slots:
     (as a generation starts from the previous one's, `engine.Memory`), not from none; so do
     later slots and generations of this memory. Where prompt lookup searches past outputs,
     the slot's is added to them, for every slot's next rounds."""
-    # The flag is set on the host (an update on device compiles at the first release, a
-    # pause of ~50 ms that the next request waits through) and put back as it was placed:
-    # committed to its sharding or not, which the rounds' compiled programs are keyed on.
-    was = self.state.done
-    done = np.array(was)
-    done[slot] = True
-    done = jax.device_put(done, was.sharding if was.committed else None)
-    self.state = dataclasses.replace(self.state, done=done)
+    self.state = dataclasses.replace(self.state, done=_finished(self.state.done, np.int32(slot)))
     self.busy[slot] = False
     self._flag_rows()
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None
@@ -509,7 +531,7 @@ class Slots:
       searched = past.on_device()
       self.carried = {**self.carried, "past": searched}
       self.state = dataclasses.replace(
-        self.state, proposal=self.decoding.proposer.with_past(self.state.proposal, searched)
+        self.state, proposal=_with_past(self.decoding.proposer, self.state.proposal, searched)
       )
     if self.decoding.multi_kind:
       learnt = self.decoding.proposer.learnt(self.state.proposal)

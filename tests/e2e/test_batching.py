@@ -1,6 +1,7 @@
 """Continuous batching: requests admitted into free slots between chunks of rounds, each
 writing the tokens it writes alone."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -195,9 +196,9 @@ def test_the_other_slots_run_between_the_passes_of_a_prefill(tiny):
 
 @pytest.mark.parametrize("method", [Method.AR, Method.AUTO])
 def test_a_release_and_the_next_request_compile_nothing(tiny, method):
-  """A slot's release sets its flag without a program, and the next request of the same
-  length runs the programs the first compiled: a server's next request does not wait
-  for a compilation."""
+  """A slot's release runs what the slots compiled when they opened, and the next request
+  of the same length runs the programs the first compiled: a server's next request does
+  not wait for a compilation."""
   proposer_, params = proposer(tiny, method)
   decoding = Decoding(proposer=proposer_)
   slots = Slots.open(tiny, decoding, params, slots=2, positions=128)
@@ -391,10 +392,14 @@ def test_released_requests_outputs_are_kept_in_release_order_and_read_by_every_s
   requests = [(rng.integers(3, 60, size=n).tolist(), limit) for n, limit in [(12, 9), (7, 14), (20, 6), (9, 11)]]
   ended = []
 
+  buffers = lambda: [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(slots.state.proposal)]
+  held = buffers()
+
   def released(request):
     ended.append(request)
     searched = np.asarray(slots.state.proposal.tokens)
     np.testing.assert_array_equal(searched, memory.past[tiny.config, 40].tokens)  # (the running slots read it at once)
+    assert buffers() == held  # (written where the rounds read them: a GPU's graphs of the rounds stay valid)
 
   written = drain(slots, len(requests), lambda slot, request: slots.admit(slot, *requests[request]).first, released)
   stream = [SEPARATOR] * 40
