@@ -528,7 +528,8 @@ class Slots:
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None
     if past is not None:  # (what it wrote, for the next requests' prompt lookup, theirs and the running ones')
       past.append(self.tokens[slot][self.prompted[slot] :])
-      searched = past.on_device()
+      # (the ring's own arrays: `start` only reads them, `_with_past` writes them into the state's)
+      searched = past.on_device(copy=False)
       self.carried = {**self.carried, "past": searched}
       self.state = dataclasses.replace(
         self.state, proposal=_with_past(self.decoding.proposer, self.state.proposal, searched)
