@@ -79,18 +79,27 @@ MAX_READ_BYTES = 8 << 30
 
 def measure_read_bandwidth(nbytes: int) -> float:
   """One device's rate of reading memory in bytes/s, nothing written back: the best of
-  a sum and of row sums over a bfloat16 buffer of `nbytes` (a model's weights' size; at
-  most MAX_READ_BYTES), as a decode step reads its weights. (`measure_bandwidth`'s copy
-  moves each byte twice; a read-only pass runs at another rate.)"""
+  a sum, of sums along each axis and of a vector's product with the matrix from either
+  side (as a decode step reads its weights) over a bfloat16 buffer of `nbytes` (a model's
+  weights' size; at most MAX_READ_BYTES). The reductions' rate varies by a few percent
+  from one process to the next; the products' read as fast as the model's own.
+  (`measure_bandwidth`'s copy moves each byte twice; a read-only pass runs at another rate.)"""
   rows = 8192
   nbytes = min(nbytes, MAX_READ_BYTES)
-  data = jnp.full((max(nbytes // 2 // rows, 1), rows), 0.5, jnp.bfloat16, device=jax.devices()[0])
+  device = jax.devices()[0]
+  data = jnp.full((max(nbytes // 2 // rows, 1), rows), 0.5, jnp.bfloat16, device=device)
+  left = jnp.full((data.shape[0],), 0.5, jnp.bfloat16, device=device)
+  right = jnp.full((rows,), 0.5, jnp.bfloat16, device=device)
   passes = (
-    jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32)),
-    jax.jit(lambda x: jnp.sum(x, axis=1, dtype=jnp.float32)),
-    jax.jit(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32)),
+    (jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32)), ()),
+    (jax.jit(lambda x: jnp.sum(x, axis=1, dtype=jnp.float32)), ()),
+    (jax.jit(lambda x: jnp.sum(x, axis=0, dtype=jnp.float32)), ()),
+    (jax.jit(lambda x, v: jnp.einsum("n,nr->r", v, x, preferred_element_type=jnp.float32)), (left,)),
+    (jax.jit(lambda x, v: jnp.einsum("nr,r->n", x, v, preferred_element_type=jnp.float32)), (right,)),
   )
-  return max(data.nbytes / median_seconds(functools.partial(read, data), iters=20) for read in passes)
+  return max(
+    data.nbytes / median_seconds(functools.partial(read, data, *vectors), iters=20) for read, vectors in passes
+  )
 
 
 def measure_peak_flops(dtype=jnp.bfloat16) -> float:
