@@ -223,13 +223,19 @@ def position_noise(keys: jax.Array, positions: jax.Array, vocab: int) -> jax.Arr
   return jax.vmap(row)(keys, positions)
 
 
+@jax.jit
+def _row_keys(seeds: jax.Array) -> jax.Array:
+  """A key per seed [B] (uint32), in one program."""
+  return jax.vmap(jax.random.key)(seeds)
+
+
 def generation_keys(seeds: Sequence[int], config: SamplingConfig) -> tuple[jax.Array, jax.Array]:
   """(the key a generation's rounds start from, the first token's key) for rows drawing
   with `seeds` (one a row): under `Draw.POSITION` a key per row [B] from its seed, so a
   row draws as it would alone with its seed, in any batch; under `Draw.STREAM` one stream
   from the first seed, split."""
   if config.draw is Draw.POSITION:
-    keys = jax.vmap(jax.random.key)(jnp.asarray(np.asarray(seeds) % 2**32, jnp.uint32))
+    keys = _row_keys(np.asarray(np.asarray(seeds) % 2**32, np.uint32))
     return keys, keys
   key, first_key = jax.random.split(jax.random.key(seeds[0]))
   return key, first_key

@@ -39,7 +39,7 @@ class KVCache:
   @classmethod
   def create(cls, config: TargetConfig, batch: int, max_len: int, dtype) -> KVCache:
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
+    return cls(k=_empty(shape, dtype), v=_empty(shape, dtype), lengths=sharding.zeros((batch,), jnp.int32, ()))
 
   @property
   def max_len(self) -> int:

@@ -121,17 +121,17 @@ def zeros(shape: tuple[int, ...], dtype, axes: Sequence[str | None]) -> jax.Arra
   device making only its share (a long context's K/V cache is never whole on one
   device); plain zeros without a mesh."""
   mesh = current_mesh()
-  if mesh is None:
-    return jnp.zeros(shape, dtype)
-  return _zeros_program(tuple(shape), jnp.dtype(dtype), trailing(axes, shape, mesh))()
+  return _zeros_program(tuple(shape), jnp.dtype(dtype), None if mesh is None else trailing(axes, shape, mesh))()
 
 
 @functools.cache
-def _zeros_program(shape: tuple[int, ...], dtype, partition: P):
-  """A program making zeros laid out by `partition` over the mesh it runs under: called
-  eagerly, each device fills its share; inside another program, a layout for the zeros
-  there. One per shape (a generation's cache compiles once, not once per generation)."""
-  return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=partition)
+def _zeros_program(shape: tuple[int, ...], dtype, partition: P | None):
+  """A program making zeros laid out by `partition` over the mesh it runs under (None:
+  on the default device): called eagerly, each device fills its share, in one dispatch
+  (plain `jnp.zeros` is two); inside another program, a layout for the zeros there. One
+  per shape (a generation's cache compiles once, not once per generation)."""
+  make = lambda: jnp.zeros(shape, dtype)
+  return jax.jit(make) if partition is None else jax.jit(make, out_shardings=partition)
 
 
 def per_device(fn: Callable, args: Sequence, in_axes: Sequence, out_axes):
