@@ -4,13 +4,14 @@ Writes a JSON Lines file of real prompts (`--sets`, `--num-prompts` each, about 
 tokens), then decodes it as `python -m infer.generate --input ... --output ...` does, with
 the flags after `--`, once per method of `--methods`: every record's tokens over the wall
 time from the slots' opening to the last record (every prefill included: end to end), and
-over that time less the prefills' (decode alone). Each method runs the whole file twice,
-the first run compiling, the second timed, and its records are checked against AR's (same
-token ids: the batch file is lossless). With `--past-tokens`, prompt lookup's methods run
-again searching the earlier records' outputs (`infer.prompts`' sets of repeated answers,
-in fewer slots than records). With `--file-per-set`, each set is a batch file of its own
-(rows by set, each against its own set's AR: a past of one kind of answers). Writes JSON
-and a plot with `--out`.
+over that time less the prefills' (decode alone). Each method runs the whole file once to
+compile, then `--repeats` times timed: its row is the run of median time (every run's
+seconds beside it; one file's time moves by a few percent from run to run), and its
+records are checked against AR's (same token ids: the batch file is lossless). With
+`--past-tokens`, prompt lookup's methods run again searching the earlier records' outputs
+(`infer.prompts`' sets of repeated answers, in fewer slots than records). With
+`--file-per-set`, each set is a batch file of its own (rows by set, each against its own
+set's AR: a past of one kind of answers). Writes JSON and a plot with `--out`.
 
   python -m lab.bench_batch_file --sets held-out --length 4096 --num-prompts 11 --records 64 \\
     --methods ar pld auto --out batch_file.json -- --max-new-tokens 256 --batch 64 --batch-invariant
@@ -141,6 +142,9 @@ def main(argv=None):
     default=[MethodSpec(Method.AR), MethodSpec(Method.AUTO)],
     help="methods, each maybe with its own continuations (e.g. auto:10x1: one of 10 tokens)",
   )
+  p.add_argument(
+    "--repeats", type=cli.positive_int, default=3, help="timed runs of the file per method (the median's row)"
+  )
   p.add_argument("--out", type=Path, help="results JSON (a PNG of them is written beside it)")
   args = p.parse_args(ours)
   if args.out:
@@ -183,9 +187,16 @@ def main(argv=None):
         print(f"[{name or 'file'} {label}] compiling ...", file=sys.stderr, flush=True)
         *_, loaded = run(method, past, output=Path(tmp) / f"{number}_{label}_warm.jsonl")
         print(f"[{name or 'file'} {label}] timed ...", file=sys.stderr, flush=True)
-        done, decoded, _ = run(method, past, output=Path(tmp) / f"{number}_{label}.jsonl", loaded=loaded)
+        timed = [
+          run(method, past, output=Path(tmp) / f"{number}_{label}_{repeat}.jsonl", loaded=loaded)
+          for repeat in range(args.repeats)
+        ]
+        done, decoded, _ = sorted(timed, key=lambda result: result[1]["seconds"])[len(timed) // 2]
         reference = reference or done
-        rows.append({**({"set": name} if name else {}), **row(label, loaded, done, decoded, reference)})
+        seconds = [result[1]["seconds"] for result in timed]
+        rows.append(
+          {**({"set": name} if name else {}), **row(label, loaded, done, decoded, reference), "seconds_by_run": seconds}
+        )
   for r in rows:  # (against AR's row of the same file)
     ar_row = next(a for a in rows if a.get("set") == r.get("set"))
     r["speedup_vs_ar"] = r["tokens_per_second"] / ar_row["tokens_per_second"]
