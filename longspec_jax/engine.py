@@ -669,7 +669,7 @@ def start(
 def _started_state(cache, history, root, limits, key, nonfinite, proposal, depth: int, rows, eos) -> DecodeState:
   """`DecodeState.start` with each row done where its root is an EOS or its limit
   `limits` [B] is one token, in one program: each array made outside one is a dispatch
-  of its own (~0.2 ms on an H200), and a request's start made two dozen."""
+  of its own (~0.2 ms on an H200), and a request's start would make two dozen."""
   done = jnp.isin(root, eos) | (limits == 1)
   return DecodeState.start(cache, history, root, done, key, nonfinite, proposal, depth, rows, eos)
 
