@@ -528,9 +528,10 @@ class Slots:
     past = self.memory.past_for(self.model.config, self.decoding) if self.memory is not None else None
     if past is not None:  # (what it wrote, for the next requests' prompt lookup, theirs and the running ones')
       past.append(self.tokens[slot][self.prompted[slot] :])
-      # (the ring's own arrays: `start` only reads them, `_with_past` writes them into the state's)
+      # (the ring's own arrays, written into the state's before the ring's next update
+      # reuses them; `carried` keeps the copy the slots opened with: a request admitted
+      # later reads the state's ring, which `_splice` keeps, and `start` takes only its shape)
       searched = past.on_device(copy=False)
-      self.carried = {**self.carried, "past": searched}
       self.state = dataclasses.replace(
         self.state, proposal=_with_past(self.decoding.proposer, self.state.proposal, searched)
       )

@@ -31,6 +31,7 @@ a million tokens take 28 MB of device memory, twice while rounds read a copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -120,9 +121,12 @@ class Past:
     written since the last call (the whole ring sorted again only the first time, or where
     they changed about all of it). With `copy` (a decoding state's buffers may be donated
     to the program that runs its rounds), a copy of it; else the arrays this ring keeps,
-    for a caller that only reads them. The host's arrays go to the compiled programs as
-    they are: an array made on the device by a call outside them is a dispatch of its
-    own, ~0.2 ms on an H200."""
+    for a caller that only reads them before the next call: an update writes the ring's
+    new state into the buffers of its old one (donated), so that what a release changes
+    allocates nothing on the device (a new allocation may move the buffers the rounds'
+    CUDA graphs read, which XLA then rewrites: ~4 ms each for SmolLM2's rounds on an
+    H200). The host's arrays go to the compiled programs as they are: an array made on
+    the device by a call outside them is a dispatch of its own, ~0.2 ms on an H200."""
     span = self.unsent + max(PAST_NGRAMS)  # the positions whose keys changed, from the first written's predecessor
     written = np.int32(self.written)
     if self.device is None or 2 * span > self.size:
@@ -176,9 +180,9 @@ def count_at_most(ascending: jax.Array, queries: jax.Array) -> jax.Array:
   return start + jnp.sum(window <= queries[:, None], axis=1, dtype=jnp.int32)
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def _update(device: PastTokens, first, spans, ends, tokens, keys, written) -> PastTokens:
-  """`device` with new tokens [W] and keys [N, W] at the ring positions `ends` [W] (`first`,
+  """`device` (donated) with new tokens [W] and keys [N, W] at the ring positions `ends` [W] (`first`,
   `first` + 1, ... mod H) and `written` the new write position. Row n's keys changed at
   its first spans[n] positions (the tokens written, the position before them, and the
   n-grams that reach into them), the tokens at all but the last n - 1 of those. Per n, the
