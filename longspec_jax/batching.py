@@ -250,6 +250,8 @@ class Slots:
     if "past" in self.carried:
       proposal = _with_past(self.decoding.proposer, self.state.proposal, self.carried["past"])
       self.state = dataclasses.replace(self.state, proposal=proposal)
+    if self.decoding.multi_kind:
+      self.decoding.proposer.learnt(self.state.proposal)
 
   def kind_stats(self) -> dict:
     """`auto`'s rounds by kind since the slots opened and its prices (`engine.kind_stats`);

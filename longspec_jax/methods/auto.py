@@ -109,9 +109,21 @@ class Learnt:
   to start the next generation from. The waits before exploring the draft are not
   carried (module docstring)."""
 
-  copy_gain: np.ndarray  # [L]
-  chain_gain: np.ndarray  # [L]
-  draft_gain: np.ndarray  # [2]
+  copy_gain: jax.Array  # [L]
+  chain_gain: jax.Array  # [L]
+  draft_gain: jax.Array  # [2]
+
+
+@jax.jit
+def _learnt(copy_gain: jax.Array, chain_gain: jax.Array, draft_gain: jax.Array) -> Learnt:
+  """`Adaptive.learnt`: each gain [B, ...] averaged over the rows that saw it (NaN: none)."""
+
+  def mean(gain):
+    seen = ~jnp.isnan(gain)
+    count = jnp.sum(seen, axis=0)
+    return jnp.where(count > 0, jnp.sum(jnp.where(seen, gain, 0), axis=0) / jnp.maximum(count, 1), jnp.nan)
+
+  return Learnt(copy_gain=mean(copy_gain), chain_gain=mean(chain_gain), draft_gain=mean(draft_gain))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,15 +358,10 @@ class Adaptive:
 
   @staticmethod
   def learnt(state: AdaptiveState) -> Learnt:
-    """The state's gains averaged over its sequences, those that saw each case."""
-
-    def mean(gain):
-      gain = np.asarray(gain)
-      seen = ~np.isnan(gain)
-      count = seen.sum(axis=0)
-      return np.where(count > 0, np.where(seen, gain, 0).sum(axis=0) / np.maximum(count, 1), np.nan)
-
-    return Learnt(copy_gain=mean(state.copy_gain), chain_gain=mean(state.chain_gain), draft_gain=mean(state.draft_gain))
+    """The state's gains averaged over its sequences, those that saw each case: on the
+    device, in one program, so that a slot's release waits for nothing (reading them to
+    the host would wait for every round queued before)."""
+    return _learnt(state.copy_gain, state.chain_gain, state.draft_gain)
 
   @staticmethod
   def with_learnt(state: AdaptiveState, learnt: Learnt) -> AdaptiveState:

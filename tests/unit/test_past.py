@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from longspec_jax.methods import past as ring
 from longspec_jax.methods.past import (
   CANDIDATES_PER_MATCH,
   MAX_SIZE,
@@ -138,15 +139,28 @@ def test_the_device_index_lists_keys_ascending_the_oldest_first_among_equal_ones
     assert (order == np.arange(past.size)).all()  # (ascending by key, then by age)
 
 
+@pytest.mark.parametrize("size, written", [(10, 0), (97, 0), (97, 41), (300, 299)])
+def test_an_empty_rings_index_is_the_sorted_one(size, written):
+  """A ring holding no n-gram is indexed without a sort: the positions by age."""
+  empty = Past(np.full((size,), SEPARATOR, np.int32), np.zeros((len(PAST_NGRAMS), size), np.uint32), written)
+  got = empty.on_device()
+  want = ring._indexed(empty.tokens, empty.keys, np.int32(written))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @examples(40)
 @given(
   seed=st.integers(0, 2**31 - 1),
   size=st.sampled_from([10, 40, 97, 300]),
   outputs=st.integers(1, 12),
+  first_empty=st.booleans(),
 )
-def test_the_index_updated_where_outputs_land_equals_the_index_sorted_whole(seed, size, outputs):
+def test_the_index_updated_where_outputs_land_equals_the_index_sorted_whole(seed, size, outputs, first_empty):
   rng = np.random.default_rng(seed)
   past = Past.empty(size)
+  if first_empty:  # (the updates start from the empty ring's index, built without a sort)
+    past.on_device()
   for _ in range(outputs):
     past.append(rng.integers(0, 3, rng.integers(0, size // 3 + 2)).tolist())
     if rng.random() < 0.6:
