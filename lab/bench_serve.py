@@ -13,7 +13,8 @@ prompt at a time, and the C prompts as one batch; and one slot of `batching.Slot
 as the server's model thread drives them (the server's engine path without HTTP). Reports
 per prompt the server's decode rate over `generate`'s, the slot's, its first-token time
 beyond `generate`'s prefill, the tokens a round each wrote and whether the server wrote
-the same text; per C the two total rates. Writes JSON and a plot with `--out`, and beside
+the same text; per C the two total rates; and how long the server took from its start to
+its first answer (loading and compiling). Writes JSON and a plot with `--out`, and beside
 them each set's server log at `--log-level debug` (`OUT.SET.server.log`: every admission,
 chunk and finished request, with its time).
 
@@ -104,10 +105,12 @@ class Server:
     with open(log, "w") as stderr:  # (the process holds its own copy of the file)
       self.process = subprocess.Popen(command, stderr=stderr, text=True)
     self.base = f"http://127.0.0.1:{self.port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
+    began = time.monotonic()
+    deadline = began + STARTUP_SECONDS
     while True:
       try:
         if get_json(f"{self.base}/health")["status"] == "ok":
+          self.startup_seconds = time.monotonic() - began  # (loading, compiling, up to its first answer)
           return
       except (urllib.error.URLError, ConnectionError):
         pass
@@ -137,7 +140,8 @@ def measure_server(
   concurrency: list[int],
   others: list[str],
 ):
-  """Per prompt one client's `stream`; per C > 1, C clients at once: (tokens, wall seconds).
+  """Per prompt one client's `stream`; per C > 1, C clients at once: (tokens, wall seconds);
+  and the server's startup seconds.
   `warm_up` runs first, a prompt of its own (a slot holding a measured prompt would serve
   it again from its cache); before C clients, C others at once with prompts of their own
   of the same length (`others`): the programs their groups' prefills run are compiled then,
@@ -156,7 +160,7 @@ def measure_server(
       together[clients] = (sum(a["tokens"] for a in answers), time.perf_counter() - started)
   finally:
     server.stop()
-  return alone, together
+  return alone, together, server.startup_seconds
 
 
 def slots_rates(loaded, prompts: list[list[int]], new_tokens: int) -> list[float]:
@@ -238,7 +242,7 @@ def main(argv=None):
 
   path = resolve_target(server_args.target)
   tokenizer = load_tokenizer(path)
-  rows, totals = [], []
+  rows, totals, startup = [], [], {}
   logs = None if args.out else Path(tempfile.mkdtemp(prefix="bench_serve_"))  # (the servers' logs, kept)
   for set_name in args.sets:
     # Text both sides tokenize alike: the set's prompts decoded, then read back as the server reads them.
@@ -251,7 +255,7 @@ def main(argv=None):
     measured = (warm_up, texts, args.new_tokens, args.concurrency)
     log = args.out.with_suffix(f".{set_name}.server.log") if args.out else logs / f"{set_name}.server.log"
     print(f"[{set_name}] the server ... (its log: {log})", file=sys.stderr, flush=True)
-    served, served_together = measure_server(flags, context, log, *measured, bursts)
+    served, served_together, startup[set_name] = measure_server(flags, context, log, *measured, bursts)
     print(f"[{set_name}] the library ...", file=sys.stderr, flush=True)
     alone, slots_alone, alone_together = measure_generate(server_args, path, tokenizer, *measured)
     for index, (server, result, slots_rate) in enumerate(zip(served, alone, slots_alone)):
@@ -300,6 +304,7 @@ def main(argv=None):
     "new_tokens": args.new_tokens,
     "rows": rows,
     "concurrent": totals,
+    "server_startup_seconds": startup,
     "median_decode_ratio": statistics.median(ratios) if ratios else None,
     "median_first_token_beyond_prefill_ms": statistics.median(r["first_token_beyond_prefill_ms"] for r in rows),
   }
@@ -318,6 +323,8 @@ def main(argv=None):
       f" | {_ratio(r['decode_ratio'])} | {r['slots_decode_tokens_per_second']:.1f} | {r['server_tau']:.2f}"
       f" | {r['generate_tau']:.2f}" + ("" if r["same_text"] else " | other text")
     )
+  for set_name, seconds in startup.items():
+    print(f"{set_name} | the server answered {seconds:.1f} s after it was started")
   for t in totals:
     print(
       f"{t['set']} | {t['concurrency']} clients | server {t['server_tokens_per_second']:.1f} tok/s | generate"

@@ -382,6 +382,7 @@ class Slots:
     top_ps: Sequence[float] | None = None,
     prefill_chunk: int | None = None,
     between: Callable[[], None] | None = None,
+    per_octave: int = 8,
   ) -> list[Admitted]:
     """Prefills `prompts` together, one into each of the free `slots`, in passes as wide as
     one prompt's alone (`engine.prefill_chunk_tokens(1)`): so under batch-invariant
@@ -389,7 +390,10 @@ class Slots:
     holds, and a batch file's records start in one call instead of one each (no slot's
     cache is reused). The prompts go in calls of a power of two each (7: 4, 2, 1): each
     count is a program of its own, and the counts that arrive follow the rounds' timing,
-    so a count not met before would compile inside a timed run. `temperatures`, `top_ps`:
+    so a count not met before would compile inside a timed run (`compile_group` compiles
+    them before). `per_octave`: the widths a pass is padded to (`engine.prefill_width`;
+    one, a power of two, makes few enough programs to compile every count's at a server's
+    start). `temperatures`, `top_ps`:
     as `admit`'s, one a prompt (None: the config's). `prefill_chunk`: each prompt's tokens
     a pass takes (default one prompt's alone, as above). `between`: as `admit`'s, after each
     pass but the group's last; the slots take their requests only after that one, so
@@ -423,6 +427,7 @@ class Slots:
         positions=self.positions,
         temperatures=temperatures[part] if own else None,
         top_ps=top_ps[part] if own else None,
+        per_octave=per_octave,
       )
       for part in parts
     ]
@@ -431,6 +436,42 @@ class Slots:
       for part, group in zip(parts, started)
       for one in self._occupy(slots[part], prompts[part], max_new_tokens[part], group, 0)
     ]
+
+  @property
+  def group_counts(self) -> list[int]:
+    """The counts of prompts `admit_together` starts in one call: the powers of two up to
+    the slots' count and a group's."""
+    most = min(len(self.busy), self.group)
+    return [1 << i for i in range(most.bit_length())]
+
+  def compile_group(self, count: int, longest: int, prefill_chunk: int | None = None, per_octave: int = 8) -> None:
+    """Compiles what `admit_together` runs for `count` (of `group_counts`) greedy prompts
+    of up to `longest` tokens in passes of `prefill_chunk` tokens each (its default where
+    None) padded to `per_octave` widths: a pass of each width it may take, first and
+    later (`engine.compile_prefill`), the first token, the proposer's start and the splice
+    into a slot. The slots must all be free: the latter run once on prompts of one token,
+    spliced into the first slot, which stays free."""
+    if self.busy.any():
+      raise ValueError("compile a group's programs before any slot holds a request.")
+    chunk = prefill_chunk or engine.prefill_chunk_tokens(1)
+    engine.compile_prefill(self.model, count, self.positions, engine.prefill_passes(longest, chunk, per_octave))
+    own, sampling = self.state.rows is not None, self.decoding.sampling
+    started = engine.start(
+      self.model,
+      [[0]] * count,
+      1,
+      self.decoding,
+      self.proposer_params,
+      seed=[0] * count,
+      prefill_chunk=chunk,
+      carried=self.carried,
+      positions=self.positions,
+      temperatures=[sampling.temperature] * count if own else None,
+      top_ps=[sampling.top_p] * count if own else None,
+      per_octave=per_octave,
+    )
+    self.state = _splice(self.state, started.state, np.int32(0), np.int32(0), self.axes)
+    self.state = dataclasses.replace(self.state, done=_finished(self.state.done, np.int32(0)))
 
   def _occupy(self, slots, prompts, max_new_tokens, started: engine.Started, reused: int) -> list[Admitted]:
     """Each started row into its slot, the slot then busy with its request."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -298,12 +299,13 @@ def prefill_chunk_tokens(batch: int) -> int:
   return max(512, 32768 // batch) if backend.on_gpu() else 512
 
 
-def prefill_width(tokens: int) -> int:
-  """The padded length of a pass over prompts of `tokens` tokens: the next of eight steps
-  per power of two (at least 16), so that a pass computes at most 1/8 more than the
-  prompt (a power of two padded a 3,072-token prompt to 4,096) and every length of one
-  octave shares eight compiled programs."""
-  step = 1 << max(4, (tokens - 1).bit_length() - 4)
+def prefill_width(tokens: int, per_octave: int = 8) -> int:
+  """The padded length of a pass over prompts of `tokens` tokens: the next of `per_octave`
+  steps (a power of two) per power of two, at least 16. With eight, a pass computes at most
+  1/8 more than the prompt (a power of two padded a 3,072-token prompt to 4,096) and every
+  length of one octave shares eight compiled programs; with one, a width is a power of
+  two, few enough programs to compile them all before they are met (`Slots.compile_group`)."""
+  step = 1 << max(4, (tokens - 1).bit_length() - per_octave.bit_length())
   return -(-tokens // step) * step
 
 
@@ -314,6 +316,7 @@ def prefill(
   chunk: int | None = None,
   on_progress: Callable[[int, int], None] | None = None,
   prefix: KVCache | None = None,
+  per_octave: int = 8,
 ):
   """Fills a new cache with the prompts in passes of `chunk` tokens a sequence (default
   `prefill_chunk_tokens`); returns (cache, hidden [B, E] at each last prompt token). The
@@ -322,7 +325,8 @@ def prefill(
   called after each pass has run (which then waits for the device pass by pass, instead of
   queueing them all). `prefix`: a cache of `max_len` that already holds the K/V of each
   prompt's first `prefix.lengths` tokens (the same count for all, fewer than any prompt
-  has), which the passes continue from."""
+  has), which the passes continue from. `per_octave`: the widths a pass is padded to
+  (`prefill_width`)."""
   graphdef, params = nnx.split(model)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
@@ -336,7 +340,7 @@ def prefill(
         f" first tokens, fewer than any prompt has; got {prefix.max_len} positions holding {counts.tolist()}."
       )
     held = int(counts[0])
-  passes = [(start, min(chunk, prefill_width(longest - start))) for start in range(held, longest, chunk)]
+  passes = [(start, min(chunk, prefill_width(longest - start, per_octave))) for start in range(held, longest, chunk)]
   padded = _left_aligned(prompts, held + sum(width for _, width in passes))
   cache = KVCache.create(model.config, len(prompts), max_len, model.dtype) if prefix is None else prefix
   last_hidden = np.zeros((len(prompts), model.config.hidden_size), model.dtype)  # (the first pass's input)
@@ -348,6 +352,33 @@ def prefill(
       jax.block_until_ready(last_hidden)
       on_progress(min(start + width, longest), longest)
   return cache, last_hidden
+
+
+def prefill_passes(longest: int, chunk: int, per_octave: int = 8) -> set[tuple[int, bool]]:
+  """Each (width, first) of the passes `prefill` runs over prompts of up to `longest`
+  tokens in passes of `chunk` (with no prefix): the compiled programs they take."""
+  width = lambda tokens: min(chunk, prefill_width(tokens, per_octave))
+  firsts = {(width(n), True) for n in range(1, longest + 1)}
+  return firsts | {(width(n), False) for n in range(1, longest - chunk + 1)}
+
+
+def compile_prefill(model: Transformer, batch: int, max_len: int, passes: Iterable[tuple[int, bool]]) -> None:
+  """Compiles `prefill`'s passes over `batch` prompts into a cache of `max_len` positions,
+  each (width, first) of `passes`, running none: ahead of time and several at once (XLA
+  releases the GIL while it compiles; a pass of another width is another program)."""
+  graphdef, params = nnx.split(model)
+  cache = jax.eval_shape(lambda: KVCache.create(model.config, batch, max_len, model.dtype))
+  lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  hidden = jax.ShapeDtypeStruct((batch, model.config.hidden_size), model.dtype)
+  program = _prefill_chunk[model.compilation()]
+
+  def one(width_first: tuple[int, bool]) -> None:
+    width, first = width_first
+    tokens = jax.ShapeDtypeStruct((batch, width), jnp.int32)
+    program.lower(graphdef, params, cache, tokens, 0, lengths, hidden, first=first).compile()
+
+  with ThreadPoolExecutor() as pool:
+    list(pool.map(one, sorted(passes)))
 
 
 @gemm.jit(static_argnames=("graphdef", "proposer"))
@@ -616,6 +647,7 @@ def start(
   prefix: KVCache | None = None,
   temperatures: Sequence[float] | None = None,
   top_ps: Sequence[float] | None = None,
+  per_octave: int = 8,
 ) -> Started:
   """Prefill, the first token of each sequence, and the proposer's start: the state that
   `decode_chunk` continues. The cache holds `positions` (default `cache_length`). `max_new_tokens`:
@@ -624,7 +656,8 @@ def start(
   proposer starts from (`MultiKind.start`'s `learnt` and `seconds`). `prefix`: a cache
   already holding the prompts' first tokens (`prefill`), which prefill continues from.
   `temperatures`, `top_ps`: one a prompt, each sequence's own in place of the config's
-  (either alone: the config's for the other; `SamplingConfig.per_sequence`)."""
+  (either alone: the config's for the other; `SamplingConfig.per_sequence`). `per_octave`:
+  the widths prefill's passes are padded to (`prefill_width`)."""
   check_capacity(model.config, prompts, max_new_tokens)
   check_invariant_depth(model, decoding.proposer)
   graphdef, params = nnx.split(model)
@@ -638,7 +671,7 @@ def start(
   key, first_key = generation_keys(seeds, decoding.sampling)
   rows = per_sequence_sampling(decoding.sampling, len(prompts), temperatures, top_ps)
   t0 = time.perf_counter()
-  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill, prefix)
+  cache, last_hidden = prefill(model, prompts, max_len, prefill_chunk, on_prefill, prefix, per_octave)
   history = _left_aligned(prompts, max_len)
   lengths = [len(p) for p in prompts]
   root, nonfinite = _first_token[model.compilation()](

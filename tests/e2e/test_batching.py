@@ -248,6 +248,35 @@ def test_the_other_slots_run_between_the_passes_of_a_group_which_starts_after_it
     assert written[slot] == generate(tiny, [prompt], 6).token_ids[0], slot
 
 
+def test_a_group_compiled_before_it_arrives_compiles_nothing_when_it_does(tiny):
+  """After `compile_group` for counts of one and two (passes padded to a power of two; the
+  first slot left free), three prompts of any lengths up to the longest admitted together, idle or in passes of the
+  chunk compiled, compile nothing and each writes what it writes alone."""
+  slots = Slots.open(tiny, Decoding(), None, slots=4, positions=128)
+  assert slots.group_counts == [1, 2, 4]
+  for count in (1, 2):
+    for chunk in (None, 32):
+      slots.compile_group(count, 100, chunk, per_octave=1)
+  slots.compile()
+  assert not slots.busy.any() and np.asarray(slots.state.done).all()
+  rng = np.random.default_rng(4)
+  prompts = [rng.integers(3, 200, size=n).tolist() for n in (50, 17, 100, 90, 33, 8)]
+  written = {}
+  with Compiles() as compiles:
+    for group, chunk in ((prompts[:3], None), (prompts[3:], 32)):
+      admitted = slots.admit_together([0, 1, 2], group, [5] * 3, [0] * 3, prefill_chunk=chunk, per_octave=1)
+      written.update({tuple(prompt): [one.first] for prompt, one in zip(group, admitted)})
+      while not np.asarray(slots.state.done)[:3].all():
+        tokens, _ = slots.run(4)
+        for slot, prompt in enumerate(group):
+          written[tuple(prompt)] += [int(t) for t in tokens[slot] if t != PAD_ID]
+      for slot in (0, 1, 2):
+        slots.release(slot)
+  assert compiles.count == 0
+  for prompt in prompts:
+    assert written[tuple(prompt)] == generate(tiny, [prompt], 5).token_ids[0]
+
+
 @pytest.mark.parametrize("method, count", [(Method.AR, 3), (Method.LONGSPEC, 3), (Method.AUTO, 3), (Method.PLD, 1)])
 def test_the_next_turn_reuses_the_slot_holding_the_conversation(tiny, method, count):
   """A prompt that extends a finished request's prompt and answer goes to that request's

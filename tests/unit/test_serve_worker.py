@@ -119,7 +119,7 @@ class Admitting(Slots):
 
   groupable = batching.Slots.groupable  # (the rule under test, over this fake's slots)
 
-  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps, prefill_chunk, between):
+  def admit_together(self, slots, prompts, limits, seeds, temperatures, top_ps, prefill_chunk, between, per_octave):
     self.calls.append(("together", list(slots), [p[0] for p in prompts]))
     self.chunk, self.between = prefill_chunk, between
     self.free = [s for s in self.free if s not in slots]
