@@ -15,13 +15,17 @@ from pathlib import Path
 # take 28% less without them on 2 cores), and so do XLA:CPU's MLIR fusion emitters against
 # its older ones (the verification tests 182 -> 148 s, auto's lossless tests 88 -> 55 s, the
 # real model's as before). Tests marked `optimized` or `training` have them back
-# (`MARKED_OPTIONS`). Set before JAX starts its backend.
-flags = os.environ.get("XLA_FLAGS", "")
-UNOPTIMIZED = "optimization_level" not in flags and not any(
-  importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")
-)
-if UNOPTIMIZED:
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false".strip()
+# (`MARKED_OPTIONS`). Set before JAX starts its backend, once: by the process pytest starts
+# in, whose choice its xdist workers inherit (in a worker, the flags already hold it).
+if "LONGSPEC_TESTS_UNOPTIMIZED" not in os.environ:
+  flags = os.environ.get("XLA_FLAGS", "")
+  unoptimized = "optimization_level" not in flags and not any(
+    importlib.util.find_spec(p) for p in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+  )
+  os.environ["LONGSPEC_TESTS_UNOPTIMIZED"] = "1" if unoptimized else ""
+  if unoptimized:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false".strip()
+UNOPTIMIZED = os.environ["LONGSPEC_TESTS_UNOPTIMIZED"] == "1"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
