@@ -605,16 +605,18 @@ def main(argv=None) -> None:
     raise UserError(f"--context {context} exceeds the model's context of {config.max_position_embeddings} tokens.")
   backend.keep_compiled_programs()
   print(f"loading target {args.target} ...", file=sys.stderr, flush=True)
+  began = time.perf_counter()
   loaded = decoder.load(args, plan, path, tokenizer)
   decoder.fill_past(args, loaded)
   reserved = verified_size(loaded.proposer)
   positions = -(-(context + reserved) // 128) * 128
   print(
-    f"compiling for {args.max_batch} slots of {context} positions (a program for each count of busy rows"
-    " and of requests starting together) ...",
+    f"loaded in {time.perf_counter() - began:.1f} s; compiling for {args.max_batch} slots of {context} positions"
+    " (a program for each count of busy rows and of requests starting together) ...",
     file=sys.stderr,
     flush=True,
   )
+  began = time.perf_counter()
   slots = Slots.open(
     loaded.target.model,
     loaded.decoding,
@@ -625,9 +627,16 @@ def main(argv=None) -> None:
     shrink=True,
   )
   slots.compile()  # (the decode loops compiled before the first request)
+  rounds_seconds, began = time.perf_counter() - began, time.perf_counter()
   for count in slots.group_counts:  # (and the prefills of requests starting together, idle or not)
     for chunk in dict.fromkeys([None, pass_tokens(slots.model, count, running=True)]):
       slots.compile_group(count, context - 1, chunk, GROUP_WIDTHS_PER_OCTAVE)  # (a request: a new token at least)
+  print(
+    f"compiled the rounds in {rounds_seconds:.1f} s (with `auto`, its prices measured) and the prefills of"
+    f" requests starting together in {time.perf_counter() - began:.1f} s",
+    file=sys.stderr,
+    flush=True,
+  )
   worker = Worker(slots, tokenizer, loaded.target.config.eos_token_ids, args.max_queue, args.log_every or None)
   worker.start()
   name = args.served_model_name or args.target
