@@ -345,12 +345,12 @@ def real_prompt(target, text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def real_run(smollm2_float32):
-  """SmolLM2 on a real document (a Python source) and its 48 AR tokens: what every method
+  """SmolLM2 on a real document (a Python source) and its 32 AR tokens: what every method
   must emit exactly. One prompt: on two cores its 640-token prefill alone takes ~3.5 s a
   generation (the batches' own paths are the tiny models' tests, and auto's below)."""
   prompts = [real_prompt(smollm2_float32, real_texts()[-1])]
-  reference = generate(smollm2_float32.model, prompts, 48).token_ids
-  assert all(len(r) == 48 for r in reference)
+  reference = generate(smollm2_float32.model, prompts, 32).token_ids
+  assert all(len(r) == 32 for r in reference)
   return smollm2_float32, prompts, reference
 
 
@@ -361,11 +361,11 @@ def test_real_model_prompt_lookup_is_lossless(real_run):
   more); then three continuations of 12 tokens as a trie (which accepts more than one)."""
   target, prompts, reference = real_run
   memory, decoding = Memory(), Decoding(proposer=PromptLookup(past_tokens=4096))
-  pld = generate(target.model, prompts, 48, decoding, memory=memory)
-  again = generate(target.model, prompts, 48, decoding, memory=memory)
+  pld = generate(target.model, prompts, 32, decoding, memory=memory)
+  again = generate(target.model, prompts, 32, decoding, memory=memory)
   assert pld.token_ids == again.token_ids == reference
   assert again.stats.mean_accepted_length > 2 * pld.stats.mean_accepted_length
-  copies = generate(target.model, prompts, 48, Decoding(proposer=PromptLookup(num_tokens=12, matches=3)))
+  copies = generate(target.model, prompts, 32, Decoding(proposer=PromptLookup(num_tokens=12, matches=3)))
   assert copies.token_ids == reference
   assert copies.stats.mean_accepted_length > pld.stats.mean_accepted_length
 
@@ -378,12 +378,12 @@ def test_real_model_longspec_is_lossless(real_run):
   target, prompts, reference = real_run
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   proposer, params = make_proposer("longspec", draft, ProposerOptions(tree_widths=(2, 2, 2), copy_tokens=10))
-  longspec_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
+  longspec_run = generate(target.model, prompts, 32, Decoding(proposer=proposer), params)
   assert longspec_run.token_ids == reference
   assert longspec_run.stats.mean_accepted_length > 1.5  # a trained draft: several tokens per round
   whole = load_draft("default", target.config, jnp.float32, "smollm2-135m", vocab_subset=0)  # (every token scored)
   proposer, params = make_proposer("longspec", whole, ProposerOptions(cape=CapeConfig(gamma=4)))
-  assert generate(target.model, prompts, 48, Decoding(proposer=proposer), params).token_ids == reference
+  assert generate(target.model, prompts, 32, Decoding(proposer=proposer), params).token_ids == reference
 
 
 @pytest.mark.optimized
@@ -393,12 +393,12 @@ def test_real_model_glide_and_tokenswift_are_lossless(real_run):
   target, prompts, reference = real_run
   glide = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.GLIDE)
   proposer, params = make_proposer("glide", glide)  # (CAPE's tree: its default)
-  glide_run = generate(target.model, prompts, 48, Decoding(proposer=proposer), params)
+  glide_run = generate(target.model, prompts, 32, Decoding(proposer=proposer), params)
   assert glide_run.token_ids == reference and glide_run.stats.mean_accepted_length > 1.5
   heads = load_draft("default", target.config, jnp.float32, "smollm2-135m", kind=DraftKind.TOKENSWIFT)
   proposer, params = make_proposer("tokenswift", heads)  # (a partial cache, fewer n-grams)
   swift = generate(
-    target.model, prompts, 48, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4, lag=64)), params
+    target.model, prompts, 32, Decoding(proposer=dataclasses.replace(proposer, budget=256, ngrams=4, lag=64)), params
   )
   assert swift.token_ids == reference and swift.stats.mean_accepted_length > 1.5
 
@@ -410,21 +410,21 @@ def test_real_model_auto_and_an_oracle_tree_are_lossless(real_run):
   accepted to its full depth."""
   target, prompts, reference = real_run
   license_text = real_prompt(target, real_texts()[0])
-  prompts, reference = [*prompts, license_text], [*reference, generate(target.model, [license_text], 48).token_ids[0]]
+  prompts, reference = [*prompts, license_text], [*reference, generate(target.model, [license_text], 32).token_ids[0]]
   draft = load_draft("default", target.config, jnp.float32, "smollm2-135m")
   options = ProposerOptions(tree_widths=(2, 2, 2), copy_matches=2, past_tokens=4096)
   proposer, params = make_proposer("auto", draft, options)
   memory = Memory()
   for answer in reference:
     memory.past_for(target.config, Decoding(proposer=proposer)).append(answer)
-  auto = generate(target.model, prompts, 48, Decoding(proposer=proposer), params, memory=memory)
+  auto = generate(target.model, prompts, 32, Decoding(proposer=proposer), params, memory=memory)
   assert auto.token_ids == reference
   oracle = Oracle(
     tuple(map(tuple, reference)), (640,) * len(prompts), branching=(3, 1, 1, 1, 1), vocab=target.config.vocab_size
   )
-  result = generate(target.model, prompts, 48, Decoding(proposer=oracle))
+  result = generate(target.model, prompts, 32, Decoding(proposer=oracle))
   assert result.token_ids == reference
-  assert result.stats.mean_accepted_length > 5.5  # depth 5 + bonus, less the last round
+  assert result.stats.mean_accepted_length > 5  # depth 5 + bonus, less the last round
 
 
 def tokenswift(target, **options):
@@ -520,7 +520,7 @@ def assert_same_law(reference: np.ndarray, got: np.ndarray, label) -> None:
 
 @pytest.mark.optimized
 def test_sampled_speculation_matches_ar_statistically(tiny):
-  """1,500 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's
+  """1,000 seeded samples of tokens 2-4 (the first is prefill's) per method against AR's
   (rows drawing with other seeds than AR's), under each draw: a chi-square test of
   homogeneity per position (rare tokens pooled) must not reject. And each method accepts
   alike under both draws (what a draw keyed by position costs in acceptance: nothing, in
@@ -528,7 +528,7 @@ def test_sampled_speculation_matches_ar_statistically(tiny):
   from scipy.stats import chi2_contingency
 
   pattern = np.random.default_rng(12).integers(3, 211, size=5).tolist()
-  prompts = [pattern * 4] * 1500
+  prompts = [pattern * 4] * 1000
   emitted = {}
   for draw in Draw:
     config = SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, penalty=1.5, penalty_window=6, draw=draw)
