@@ -629,8 +629,8 @@ def main(argv=None) -> None:
   slots.compile()  # (the decode loops compiled before the first request)
   rounds_seconds, began = time.perf_counter() - began, time.perf_counter()
   for count in slots.group_counts:  # (and the prefills of requests starting together, idle or not)
-    for chunk in dict.fromkeys([None, pass_tokens(slots.model, count, running=True)]):
-      slots.compile_group(count, context - 1, chunk, GROUP_WIDTHS_PER_OCTAVE)  # (a request: a new token at least)
+    chunks = (None, pass_tokens(slots.model, count, running=True))
+    slots.compile_group(count, context - 1, chunks, GROUP_WIDTHS_PER_OCTAVE)  # (a request: a new token at least)
   print(
     f"compiled the rounds in {rounds_seconds:.1f} s (with `auto`, its prices measured) and the prefills of"
     f" requests starting together in {time.perf_counter() - began:.1f} s",

@@ -444,17 +444,21 @@ class Slots:
     most = min(len(self.busy), self.group)
     return [1 << i for i in range(most.bit_length())]
 
-  def compile_group(self, count: int, longest: int, prefill_chunk: int | None = None, per_octave: int = 8) -> None:
+  def compile_group(
+    self, count: int, longest: int, prefill_chunks: Sequence[int | None] = (None,), per_octave: int = 8
+  ) -> None:
     """Compiles what `admit_together` runs for `count` (of `group_counts`) greedy prompts
-    of up to `longest` tokens in passes of `prefill_chunk` tokens each (its default where
-    None) padded to `per_octave` widths: a pass of each width it may take, first and
-    later (`engine.compile_prefill`), the first token, the proposer's start and the splice
-    into a slot. The slots must all be free: the latter run once on prompts of one token,
-    spliced into the first slot, which stays free."""
+    of up to `longest` tokens in passes of any of `prefill_chunks` tokens each (None: the
+    engine's default) padded to `per_octave` widths: a pass of each width it may take,
+    first and later (`engine.compile_prefill`), the first token, the proposer's start and
+    the splice into a slot. The slots must all be free: the latter run once on prompts of
+    one token, spliced into the first slot, which stays free."""
     if self.busy.any():
       raise ValueError("compile a group's programs before any slot holds a request.")
-    chunk = prefill_chunk or engine.prefill_chunk_tokens(1)
-    engine.compile_prefill(self.model, count, self.positions, engine.prefill_passes(longest, chunk, per_octave))
+    chunks = [chunk or engine.prefill_chunk_tokens(1) for chunk in prefill_chunks]
+    passes = set().union(*(engine.prefill_passes(longest, chunk, per_octave) for chunk in chunks))
+    engine.compile_prefill(self.model, count, self.positions, passes)
+    chunk = chunks[0]  # (a prompt of one token: one pass, whatever the chunk)
     own, sampling = self.state.rows is not None, self.decoding.sampling
     started = engine.start(
       self.model,

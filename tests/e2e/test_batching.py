@@ -255,8 +255,7 @@ def test_a_group_compiled_before_it_arrives_compiles_nothing_when_it_does(tiny):
   slots = Slots.open(tiny, Decoding(), None, slots=4, positions=128)
   assert slots.group_counts == [1, 2, 4]
   for count in (1, 2):
-    for chunk in (None, 32):
-      slots.compile_group(count, 100, chunk, per_octave=1)
+    slots.compile_group(count, 100, (None, 32), per_octave=1)
   slots.compile()
   assert not slots.busy.any() and np.asarray(slots.state.done).all()
   rng = np.random.default_rng(4)
