@@ -32,22 +32,15 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
     "--cape-gamma",
     "2",
   ]
-  greedy = common + ["--tree-widths", "2,2", "cape", "--copy-tokens", "0", "4", "--out", str(tmp_path / "greedy.json")]
+  greedy = common + ["--tree-widths", "2,2", "cape", "--copy-tokens", "4", "--out", str(tmp_path / "greedy.json")]
   assert run_cli(main, greedy, PROG) == 0, capsys.readouterr().err
   assert f"wrote {tmp_path / 'greedy.json'} and {tmp_path / 'greedy.png'}" in capsys.readouterr().out
   rows = json.loads((tmp_path / "greedy.json").read_text())["rows"]
-  assert [r["method"] for r in rows] == [
-    "ar",
-    "pld+copy3x2",
-    "longspec[2,2]",
-    "longspec[2,2]+copy4",
-    "longspec[cape]",
-    "longspec[cape]+copy4",
-  ]
+  assert [r["method"] for r in rows] == ["ar", "pld+copy3x2", "longspec[2,2]+copy4", "longspec[cape]+copy4"]
   assert all(r["same_tokens_as_ar"] for r in rows)  # float32: lossless
-  assert rows[2]["tree_widths"] == [2, 2] and rows[3]["copy_tokens"] == 4
+  assert rows[2]["tree_widths"] == [2, 2] and rows[2]["copy_tokens"] == 4
   assert rows[1]["copy_tokens"] == 3 and rows[1]["copy_matches"] == 2
-  assert rows[4]["cape"] == {"gamma": 2, "edges": [0.3, 0.6, 0.8], "sizes": [7, 5, 3, 1]}
+  assert rows[3]["cape"] == {"gamma": 2, "edges": [0.3, 0.6, 0.8], "sizes": [7, 5, 3, 1]}
   assert all(len(r["per_prompt"]) == 1 and r["per_prompt"][0]["new_tokens"] == 4 for r in rows)  # (1 prompt)
   assert all(r["per_prompt"][0]["compile_seconds"] == 0 for r in rows)  # the warm-up compiled everything
   for row in rows:  # the phase split is a partition of the decode time
@@ -59,7 +52,6 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
     "2,2",
     "--methods",
     "ar",
-    "longspec",
     "glide",
     "tokenswift",
     "auto",
@@ -78,8 +70,8 @@ def test_methods_and_trees_greedy_and_sampled(tiny_with_tokenizer, tmp_path, cap
   result = json.loads((tmp_path / "sampled.json").read_text())
   # (draws keyed by position, the default: every method samples AR's text)
   assert result["sampling"]["top_k"] == 50 and all(r["same_tokens_as_ar"] for r in result["rows"])
-  assert result["rows"][2]["method"] == "glide[2,2]" and result["glide_draft"] == "random"
-  swift = result["rows"][3]  # (the beam widths shape the draft methods' trees, not TokenSwift's)
+  assert result["rows"][1]["method"] == "glide[2,2]" and result["glide_draft"] == "random"
+  swift = result["rows"][2]  # (the beam widths shape the draft methods' trees, not TokenSwift's)
   assert swift["method"] == "tokenswift" and swift["tree_widths"] == [1, 3, 3, 3] and result["heads"] == "random"
   undrafted, auto = result["rows"][-2:]  # auto without the named draft, then with it
   assert undrafted["method"] == "auto" and set(undrafted["rounds_by_kind"]) == {"ar", "copy"}
@@ -105,19 +97,20 @@ def test_a_batch_sweep_compares_each_method_with_ar_at_the_same_batch(tiny_with_
 
 def test_a_batch_decodes_with_the_tree_priced_for_it(tiny_with_tokenizer, tmp_path, monkeypatch, capsys):
   """Where the table of trees prices one for the target's shape at batch 2, longspec's rows
-  at batch 2 run it and those at batch 1 the draft's own; --tree-widths overrides both."""
+  at batch 2 run it and those at batch 1 the draft's own; --tree-widths overrides it."""
   from longspec_jax.weights import drafts, read_target_config
 
   monkeypatch.setattr(drafts, "TREES", tmp_path / "trees.json")
   shape = drafts.target_shape(read_target_config(tiny_with_tokenizer))
   drafts.store_priced_tree("tiny", shape, 4096, (1, 1), 0, batch=2)
   argv = ["--target", str(tiny_with_tokenizer), "--methods", "longspec", "--draft", "random", "--sets", "code"]
-  argv += ["--lengths", "64", "--num-prompts", "2", "--new-tokens", "3", "--dtype", "float32", "--batch", "1", "2"]
-  assert run_cli(main, [*argv, "--out", str(tmp_path / "trees.json.out")], PROG) == 0, capsys.readouterr().err
+  argv += ["--lengths", "64", "--num-prompts", "2", "--new-tokens", "3", "--dtype", "float32"]
+  first = [*argv, "--batch", "1", "2", "--out", str(tmp_path / "trees.json.out")]
+  assert run_cli(main, first, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "trees.json.out").read_text())["rows"]
   widths = {(r["batch"], r["method"]): r.get("tree_widths") for r in rows}
   assert widths[2, "longspec"] == [1, 1] and widths[1, "longspec"] != [1, 1]
-  argv += ["--tree-widths", "2", "--out", str(tmp_path / "flag.json")]
+  argv += ["--batch", "2", "--tree-widths", "2", "--out", str(tmp_path / "flag.json")]
   assert run_cli(main, argv, PROG) == 0, capsys.readouterr().err
   rows = json.loads((tmp_path / "flag.json").read_text())["rows"]
   assert {tuple(r["tree_widths"]) for r in rows if r["method"].startswith("longspec")} == {(2,)}

@@ -363,9 +363,7 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   results = {}
   for name, flags in [
     ("ar", ["--method", "ar"]),
-    ("pld", ["--method", "pld"]),
     ("pld-trie", ["--method", "pld", "--copy-tokens", "5", "--copy-matches", "3"]),
-    ("random", ["--method", "longspec", "--draft", "random"]),
     ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
     (
       "cape",
@@ -383,47 +381,30 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
       ],
     ),
     ("glide", ["--method", "glide", "--draft", "random"]),  # (CAPE's tree: its default)
-    (
-      "tokenswift",
-      ["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,2,2,2", "--penalty", "1"],
-    ),  # (AR's processors: its own default penalty is 1.2)
     ("ar-penalized", ["--method", "ar", "--penalty", "1.2"]),
     ("tokenswift-default", ["--method", "tokenswift", "--draft", "random"]),
     (
       "tokenswift-grams",
-      ["--method", "tokenswift", "--draft", "random", "--penalty", "1", "--copy-tokens", "3", "--copy-matches", "2"],
-    ),
-    ("tokenswift-no-grams", ["--method", "tokenswift", "--draft", "random", "--penalty", "1", "--copy-tokens", "0"]),
+      ["--method", "tokenswift", "--draft", "random", "--tree-widths", "1,2,2,2", "--penalty", "1"]
+      + ["--copy-tokens", "3", "--copy-matches", "2"],
+    ),  # (AR's processors: its own default penalty is 1.2)
     ("auto", []),  # (no draft on a CPU unless one is named)
     ("checkpoint", ["--draft", str(tmp_path / "draft")]),
   ]:  # auto with this draft
     code, out, err = run(common + flags, capsys)
     assert code == 0, err
     results[name] = json.loads(out.strip().splitlines()[-1])
-  for name in (
-    "pld",
-    "pld-trie",
-    "random",
-    "copies",
-    "cape",
-    "glide",
-    "tokenswift",
-    "tokenswift-grams",
-    "tokenswift-no-grams",
-    "auto",
-    "checkpoint",
-  ):
+  for name in ("pld-trie", "copies", "cape", "glide", "tokenswift-grams", "auto", "checkpoint"):
     assert results[name]["token_ids"] == results["ar"]["token_ids"], name
   assert results["checkpoint"]["method"] == "auto" and results["checkpoint"]["draft"] == str(tmp_path / "draft")
   assert set(results["checkpoint"]["rounds_by_kind"]) <= {"ar", "copy", "draft"} and results["auto"]["draft"] is None
-  assert results["copies"]["copy_tokens"] == 4 and results["random"]["copy_tokens"] == 0
+  assert results["copies"]["copy_tokens"] == 4 and results["cape"]["copy_tokens"] == 0
   assert (results["pld-trie"]["copy_tokens"], results["pld-trie"]["copy_matches"]) == (5, 3)
   assert results["cape"]["cape"] == {"gamma": 3, "edges": [0.5], "sizes": [2, 1]}
   assert "tree_widths" not in results["cape"]
   assert results["glide"]["method"] == "glide" and results["glide"]["cape"]["gamma"] == 5
-  assert results["tokenswift"]["tree_widths"] == [1, 2, 2, 2] and results["tokenswift"]["ngrams"] == 20
+  assert results["tokenswift-grams"]["tree_widths"] == [1, 2, 2, 2] and results["tokenswift-default"]["ngrams"] == 20
   assert (results["tokenswift-grams"]["ngram_tokens"], results["tokenswift-grams"]["ngrams"]) == (3, 2)
-  assert results["tokenswift-no-grams"]["ngrams"] == 0
   # TokenSwift's own default penalty (its paper's theta), under which it writes what AR writes
   assert results["tokenswift-default"]["sampling"]["penalty"] == 1.2 == results["ar-penalized"]["sampling"]["penalty"]
   assert results["tokenswift-default"]["token_ids"] == results["ar-penalized"]["token_ids"]

@@ -3,9 +3,12 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+@pytest.mark.optimized
 def test_the_readme_python_example_runs(capsys, smollm2_gguf):
   code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
   exec(compile(code, "README.md", "exec"), {})

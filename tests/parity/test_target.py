@@ -56,6 +56,7 @@ def test_logits_match_transformers(kind, tmp_path):
 
 
 @pytest.mark.optimized
+@pytest.mark.xdist_group("smollm2")
 def test_smollm2_gguf_matches_transformers(smollm2_gguf, smollm2_float32):
   """The real model: logits on >= 512 tokens of real text, and 32 greedy tokens."""
   import transformers

@@ -27,6 +27,7 @@ def test_unpermute_inverts_llama_cpp_permutation(heads):
   np.testing.assert_array_equal(unpermute_rows(llama_cpp_permute(w, heads), heads), w)
 
 
+@pytest.mark.xdist_group("smollm2")
 def test_smollm2_config_from_gguf(smollm2_float32):
   c = smollm2_float32.config
   assert (c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
