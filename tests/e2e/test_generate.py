@@ -155,12 +155,12 @@ def test_speculative_sampling_with_processors(tiny_with_tokenizer, capsys):
     "3",
     "--json",
   ]
-  for method in ("pld", "longspec"):
-    draft = ["--draft", "random"] if method == "longspec" else []
-    code, out, err = run(common + ["--method", method] + draft, capsys)
+  drafted = ["--method", "longspec", "--draft", "random", "--tree-widths", "2,2"]  # (a small tree: CPU time)
+  for flags in (["--method", "pld"], drafted):
+    code, out, err = run(common + flags, capsys)
     assert code == 0, err
     assert len(json.loads(out.strip().splitlines()[-1])["token_ids"]) == 6
-  code, out, err = run(common + ["--method", "longspec", "--draft", "random", "--sparse-verify", "0.5"], capsys)
+  code, out, err = run(common + drafted + ["--sparse-verify", "0.5"], capsys)
   record = json.loads(out.strip().splitlines()[-1])  # (lossy: any 6 tokens)
   assert code == 0 and len(record["token_ids"]) == 6 and record["sparse_verify"]["p"] == 0.5, err
   assert 0 < record["kv_fraction_read"] <= 1 and "K/V read" in err
@@ -364,7 +364,7 @@ def test_speculative_methods_match_ar(tiny_with_tokenizer, tmp_path, capsys):
   for name, flags in [
     ("ar", ["--method", "ar"]),
     ("pld-trie", ["--method", "pld", "--copy-tokens", "5", "--copy-matches", "3"]),
-    ("copies", ["--method", "longspec", "--draft", "random", "--copy-tokens", "4"]),
+    ("copies", ["--method", "longspec", "--draft", "random", "--tree-widths", "2,2", "--copy-tokens", "4"]),
     (
       "cape",
       [

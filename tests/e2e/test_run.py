@@ -1,6 +1,7 @@
 """`python -m train.run` end to end on a tiny target with the real tokenizer and real files."""
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,7 +22,11 @@ def run(argv):
   return run_cli(main, argv, PROG)
 
 
-def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
+@pytest.mark.optimized  # (its evaluations run long enough to pay for the optimizations)
+def test_train_resume_overwrite_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
+  """A run of 3 steps; resumed after a crash that lost its last checkpoint (each step's
+  metrics written once) with held-out evaluations; stopped by --time-limit; its draft
+  decoding; then replaced by --overwrite."""
   out = tmp_path / "run"
   common = [
     "--stage",
@@ -59,18 +64,22 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   assert (out / "loss.png").stat().st_size > 0
   assert (out / "complete").read_text() == "3\n"  # (all --steps taken)
   held_out = f"{sysconfig.get_paths()['stdlib']}/email/*.py"
+  # A crash after step 3's metrics but before its checkpoint: the newest checkpoint is step 2.
+  shutil.rmtree(out / "checkpoints" / "3")
+  capsys.readouterr()
   assert (
     run(
       common
-      + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "48", "--eval-rows", "3", "--eval-every", "2"]
+      + ["--steps", "5", "--resume", "--eval", held_out, "--eval-length", "32", "--eval-rows", "2", "--eval-every", "2"]
     )
     == 0
   )
+  assert "resumed from step 2" in capsys.readouterr().err
   records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # continued after the final checkpoint of step 3
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # (step 3 taken again, written once)
   assert all(0 <= r["hit_rate"] <= 1 for r in records)
   report = json.loads((out / "eval.json").read_text())
-  assert report["tokens"] == 3 * 47 and [(b["from"], b["to"]) for b in report["by_position"]] == [(0, 47)]
+  assert report["tokens"] == 2 * 31 and [(b["from"], b["to"]) for b in report["by_position"]] == [(0, 31)]
   assert [b["depth"] for b in report["by_depth"]] == [1, 2, 3, 4, 5]  # (the default tree's depths)
   assert report["by_depth"][0]["hit_rate"] == report["hit_rate"]
   curve = [json.loads(line) for line in (out / "eval_curve.jsonl").read_text().splitlines()]
@@ -86,9 +95,9 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
         "--eval",
         held_out,
         "--eval-length",
-        "48",
+        "32",
         "--eval-rows",
-        "3",
+        "2",
         "--time-limit",
         "1e-9",
       ]
@@ -121,6 +130,9 @@ def test_train_resume_and_load_the_draft(tiny_with_tokenizer, tmp_path, capsys):
   captured = capsys.readouterr()
   assert code == 0, captured.err
   assert json.loads(captured.out.strip().splitlines()[-1])["method"] == "longspec"
+  assert run(common + ["--steps", "2", "--overwrite"]) == 0  # a new run in its place
+  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert steps == [1, 2] and sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
 
 def test_a_glide_draft_trains_and_keeps_its_kind(tiny_with_tokenizer, tmp_path, capsys):
@@ -325,47 +337,6 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, (argv, err)
   assert not (tmp_path / "new").exists()  # nothing was written
-
-
-def test_overwrite_replaces_a_run_and_resume_keeps_each_step_once(tiny_with_tokenizer, tmp_path, capsys):
-  out = tmp_path / "run"
-  common = [
-    "--stage",
-    "pretrain",
-    "--target",
-    str(tiny_with_tokenizer),
-    "--out",
-    str(out),
-    "--length",
-    "32",
-    "--batch",
-    "2",
-    "--data",
-    f"{sysconfig.get_paths()['stdlib']}/json/*.py",
-    "--dtype",
-    "float32",
-    "--save-every",
-    "2",
-    "--warmup-steps",
-    "1",
-    "--window",
-    "16",
-    "--max-tokens",
-    "2000",
-  ]
-  assert run(common + ["--steps", "3"]) == 0, capsys.readouterr().err
-  # A crash after step 3's metrics but before its checkpoint: the newest checkpoint is step 2.
-  import shutil
-
-  shutil.rmtree(out / "checkpoints" / "3")
-  capsys.readouterr()
-  assert run(common + ["--steps", "4", "--resume"]) == 0
-  assert "resumed from step 2" in capsys.readouterr().err
-  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-  assert steps == [1, 2, 3, 4]
-  assert run(common + ["--steps", "2", "--overwrite"]) == 0
-  steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-  assert steps == [1, 2] and sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
 
 def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
