@@ -12,6 +12,7 @@ PROG = "python -m lab.check_invariance"
 
 
 @pytest.mark.optimized
+@pytest.mark.xdist_group("smollm2")
 def test_real_target_and_prompt_and_bad_input(tmp_path, capsys, smollm2_gguf):
   """The real weights (outlier dimensions: inexact float32 sums) on a real document prompt:
   a chain's nodes equal AR's steps; then input the tool refuses."""
