@@ -212,7 +212,8 @@ def usage_page() -> str:
     "small models, under a minute on 2 cores, no torch; `HYPOTHESIS_PROFILE=dev` draws fewer",
     "examples), `-m kernels` (the Pallas kernels against their jnp twins), `-m parity` (against",
     "PyTorch transformers) and `-m e2e` (the commands and the real model). `pytest` runs them all",
-    "(about 16 minutes on 2 cores, `.ci/run` from a clean clone); `-m slow` adds the tests sized for a GPU.",
+    "(`.ci/run` from a clean clone); `-m slow` adds the tests sized for a GPU and the longest",
+    "runs of paths the others test in smaller runs.",
   ]
   for section, modules in COMMANDS.items():
     lines += ["", f"## {section}"]

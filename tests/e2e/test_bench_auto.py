@@ -4,6 +4,7 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from infer.timing import warmed_up
 from lab.bench_auto import OneKind, main, summary, variants
@@ -20,6 +21,7 @@ from helpers import run_cli, save_tiny_hf_model
 PROG = "python -m lab.bench_auto"
 
 
+@pytest.mark.slow  # (the lab tool's whole run; its variants: below)
 def test_variants_interleaved_with_prompt_lookup(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "auto.json"
   args = [

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from lab.bench_batch_file import batch_files, main
 
 from helpers import run_cli
 
 
+@pytest.mark.slow  # (the lab tool's whole run; batch files: test_generate.py)
 def test_each_method_decodes_the_file_with_ars_tokens_and_is_timed(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "batch_file.json"
   ours = ["--sets", "code", "docs", "--length", "48", "--num-prompts", "3", "--records", "3", "--file-per-set"]

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from lab.bench_long import distinct, main, segments
 
 from helpers import run_cli
@@ -21,6 +23,7 @@ def test_segments_and_distinct_n():
   assert distinct([1, 2, 1, 2, 1], 1) == 2 / 5 and distinct([1, 2, 1, 2, 1], 2) == 2 / 4 and distinct([1], 2) == 1.0
 
 
+@pytest.mark.slow  # (the lab tool's whole run)
 def test_long_outputs_by_length_and_penalty(tiny_with_tokenizer, tmp_path, capsys):
   """AR and TokenSwift (random heads) to two output lengths under two penalties: greedy
   tokens equal AR's at each, each row's segment follows from the run before, Distinct-n

@@ -3,11 +3,14 @@ library in this one, on a tiny target with the real tokenizer."""
 
 import json
 
+import pytest
+
 from lab.bench_serve import main
 
 from helpers import run_cli
 
 
+@pytest.mark.slow  # (the lab tool's whole run; the server: test_serve.py)
 def test_the_server_writes_what_generate_writes_and_is_timed_beside_it(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "serve.json"
   ours = ["--sets", "code", "--length", "48", "--num-prompts", "2", "--new-tokens", "5", "--concurrency", "1", "2"]

@@ -53,6 +53,7 @@ def test_the_floor_is_a_draft_that_is_the_target():
   assert loss(delta + 0.5) > loss(delta) + 1e-4  # (cross-entropy over entropy: the KL, > 0 elsewhere)
 
 
+@pytest.mark.slow  # (the lab tool's whole run)
 def test_the_cli_times_the_step_and_writes_json_and_a_plot(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(lab.bench_step, "SHAPES", {"tiny": TARGET})
   out = tmp_path / "step.json"

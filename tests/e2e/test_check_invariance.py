@@ -11,6 +11,7 @@ from helpers import run_cli
 PROG = "python -m lab.check_invariance"
 
 
+@pytest.mark.slow  # (the lab tool on the real model; batch invariance: test_verify.py)
 @pytest.mark.optimized
 @pytest.mark.xdist_group("smollm2")
 def test_real_target_and_prompt_and_bad_input(tmp_path, capsys, smollm2_gguf):

@@ -385,6 +385,7 @@ def test_real_model_longspec_is_lossless(real_run):
   assert generate(target.model, prompts, 32, Decoding(proposer=proposer), params).token_ids == reference
 
 
+@pytest.mark.slow  # (the tiny targets' GLIDE and TokenSwift tests run in CI)
 @pytest.mark.optimized
 @pytest.mark.xdist_group("smollm2")
 def test_real_model_glide_and_tokenswift_are_lossless(real_run):

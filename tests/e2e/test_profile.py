@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from lab.profile import back_to_back, busy_ns, graph_updates, host_summary, scope_of, summarize
 
 
+@pytest.mark.slow  # (the lab tool's whole run; its trace arithmetic: below)
 def test_profile_charges_the_loop_to_the_engine_scopes(tiny_with_tokenizer, tmp_path):
   out = tmp_path / "prof"
   proc = subprocess.run(

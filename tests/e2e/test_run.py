@@ -339,6 +339,7 @@ def test_bad_arguments(tiny_with_tokenizer, tmp_path, capsys):
   assert not (tmp_path / "new").exists()  # nothing was written
 
 
+@pytest.mark.slow  # (two processes; one process's runs: above)
 def test_two_processes_train_as_one(tiny_with_tokenizer, tmp_path, capsys):
   """A real two-process `jax.distributed` run on the CPU (one device each, gradients summed
   through gloo; each process reads its half of every batch) takes the steps one process

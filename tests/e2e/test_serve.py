@@ -21,6 +21,8 @@ from lab.bench_serve import get_json as get
 
 from helpers import run_cli
 
+pytestmark = pytest.mark.xdist_group("serve")  # (one worker: the module's server starts once)
+
 
 def post(url: str, body: bytes) -> tuple[int, dict]:
   request = urllib.request.Request(url, body, {"content-type": "application/json"})

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_num_cpu_devices", 8)
@@ -154,6 +156,7 @@ DECODING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # (every proposer over 2 and 4 devices; one step and `--devices`: this file and test_generate.py)
 def test_tensor_parallel_decoding_is_token_identical():
   """Every kind of proposer (AR, prompt lookup, LongSpec with copies, TokenSwift; `auto`'s
   AR and copy rounds in test_generate's `--devices` run) and the Pallas kernels decode over 2 devices (and

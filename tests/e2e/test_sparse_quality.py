@@ -8,6 +8,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from lab.sparse_quality import main, teacher_forced
@@ -54,6 +55,7 @@ def test_teacher_forcing_matches_one_pass_and_every_chunk_kept_is_dense(tmp_path
   assert whole_oracle["layer_similarity"].shape == (1, config.num_layers)
 
 
+@pytest.mark.slow  # (the lab tool's whole run)
 def test_quality_rows_and_plot(tiny_with_tokenizer, tmp_path, capsys):
   out = tmp_path / "quality.json"
   assert (

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from lab.trace_auto import main
 from longspec_jax import engine
 
@@ -11,6 +13,7 @@ PROG = "python -m lab.trace_auto"
 PRICES_MS = {"ar": 1.0, "chain": 1.1, "copy": 1.25, "draft": 2.5, "switch": 0.01}
 
 
+@pytest.mark.slow  # (the lab tool's whole run)
 def test_traces_every_generation_at_the_given_prices(tiny_with_tokenizer, tmp_path, capsys):
   prices = tmp_path / "bench.json"
   auto = {"method": "auto", "round_ms_by_kind": PRICES_MS, "copy_tokens": 3, "copy_matches": 2}
