@@ -455,7 +455,7 @@ class Slots:
     one token, spliced into the first slot, which stays free."""
     if self.busy.any():
       raise ValueError("compile a group's programs before any slot holds a request.")
-    chunks = [chunk or engine.prefill_chunk_tokens(1) for chunk in prefill_chunks]
+    chunks = list(dict.fromkeys(chunk or engine.prefill_chunk_tokens(1) for chunk in prefill_chunks))
     passes = set().union(*(engine.prefill_passes(longest, chunk, per_octave) for chunk in chunks))
     engine.compile_prefill(self.model, count, self.positions, passes)
     chunk = chunks[0]  # (a prompt of one token: one pass, whatever the chunk)
